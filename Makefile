@@ -1,0 +1,30 @@
+# pfl — `make train` and `make test` are all a fresh machine needs.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+METHOD ?= fedavg
+ARGS   ?=
+STAMP  := $(VENV)/.installed
+
+.PHONY: install train test lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+train: install
+	$(PY) -m pfl fit --config conf/default.yaml --config conf/method/$(METHOD).yaml $(ARGS)
+
+test: install
+	$(PY) -m pytest tests
+
+lint: install
+	$(VENV)/bin/ruff check pfl tests
+	$(VENV)/bin/ruff format --check pfl tests
+
+clean:
+	rm -rf runs wandb .pytest_cache

@@ -1,0 +1,5 @@
+import sys
+
+from pfl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,64 @@
+"""Assemble a run from a validated RunConfig: data, Fabric, outputs, the loop; then fit."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+
+from pfl.config import RunConfig, validate
+from pfl.data import build_data
+from pfl.loop import FederatedLoop
+from pfl.tracking import RunFiles, make_wandb_logger
+
+
+def _flat_config(cfg: RunConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {"seed": cfg.seed, "method": {"name": cfg.method.name, **cfg.method.hparams()}}
+    for group in ("trainer", "client", "data", "model", "eval", "tracking"):
+        out[group] = asdict(getattr(cfg, group))
+    return out
+
+
+def run_experiment(
+    cfg: RunConfig,
+    config_text: str | None = None,
+    resume_dir: Path | None = None,
+    run_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) one experiment; returns the summary also written to ``summary.json``."""
+    from pfl.cli import run_name
+
+    validate(cfg)
+    data = build_data(cfg.data, cfg.seed)
+    if resume_dir is not None:
+        run_dir = resume_dir
+    run_dir = run_dir or Path(cfg.tracking.root) / run_name(cfg)
+    files = RunFiles(run_dir)
+    if config_text is not None:
+        files.write_config(config_text)
+    loggers = []
+    if cfg.tracking.wandb:
+        loggers.append(make_wandb_logger(cfg.tracking.project, run_dir.name, run_dir, _flat_config(cfg), resume_dir is not None))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*precision.*")
+        fabric = L.Fabric(
+            accelerator=cfg.trainer.accelerator,
+            devices=cfg.trainer.devices,
+            precision=cfg.trainer.precision,
+            loggers=loggers,
+        )
+    loop = FederatedLoop(cfg, data, files, fabric)
+    if resume_dir is not None:
+        loop.resume(resume_dir)
+    summary = loop.fit()
+    summary["run_dir"] = str(run_dir)
+    for logger in loggers:
+        logger.finalize("success")
+    if loggers:
+        import wandb
+
+        wandb.finish()
+    return summary

@@ -1,0 +1,66 @@
+"""One contiguous buffer per model: parameters, gradients and float buffers as flat vectors.
+
+Every parameter of the wrapped module becomes a view into ``self.params`` and every gradient a view
+into ``self.grads``, so moving a whole model is one ``copy_`` and a method's vector arithmetic
+(proximal terms, auxiliary gradients) is one fused op. Models are only ever *loaded by copy*: a
+vector handed in from outside is never aliased, so training one client cannot move another's start.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class FlatModule:
+    """Owns ``module``'s storage: ``params`` (P), ``grads`` (P) and ``buffers`` (float buffers, B)."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        params = [p for p in module.parameters() if p.requires_grad]
+        buffers = [b for _, _, b in _buffer_owners(module)]
+        device = params[0].device if params else torch.device("cpu")
+        self.num_params = sum(p.numel() for p in params)
+        self.num_buffers = sum(b.numel() for b in buffers)
+        # Parameters and buffers share one storage so a full model state is a single vector.
+        self.state = torch.zeros(self.num_params + self.num_buffers, device=device)
+        self.params = self.state[: self.num_params]
+        self.buffers = self.state[self.num_params :]
+        self.grads = torch.zeros(self.num_params, device=device)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            self.params[offset : offset + n].copy_(p.data.reshape(-1))
+            p.data = self.params[offset : offset + n].view_as(p)
+            p.grad = self.grads[offset : offset + n].view_as(p)
+            offset += n
+        offset = 0
+        for owner, name, b in _buffer_owners(module):
+            n = b.numel()
+            self.buffers[offset : offset + n].copy_(b.reshape(-1))
+            owner._buffers[name] = self.buffers[offset : offset + n].view_as(b)
+            offset += n
+        # The optimizer sees one flat parameter: one kernel per step instead of one per tensor.
+        self.flat_param = nn.Parameter(self.params, requires_grad=False)
+        self.flat_param.grad = self.grads
+
+    def load(self, state: Tensor) -> None:
+        """Copy a full state vector (parameters then buffers) into the module."""
+        self.state.copy_(state)
+
+    def load_params(self, params: Tensor) -> None:
+        self.params.copy_(params)
+
+    def snapshot(self) -> Tensor:
+        """A detached copy of the full state vector."""
+        return self.state.detach().clone()
+
+    def zero_grad(self) -> None:
+        self.grads.zero_()
+
+
+def _buffer_owners(module: nn.Module):
+    for sub in module.modules():
+        for name, b in sub._buffers.items():
+            if b is not None and b.is_floating_point():
+                yield sub, name, b

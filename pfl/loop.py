@@ -1,0 +1,185 @@
+"""FederatedLoop: rounds, seeded client sampling, dispatch, aggregation, evaluation, checkpoints.
+
+The loop owns the round; the method supplies the local update and the server hooks. Lightning
+Fabric supplies the device, precision and loggers. Per-client state lives in a dict of tensors
+(the client store), never as one live model per client.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from pfl.checkpoint import load_checkpoint, save_checkpoint
+from pfl.client import TrainSettings, Worker
+from pfl.config import RunConfig
+from pfl.data.federated import FederatedData
+from pfl.flat import FlatModule
+from pfl.methods.base import ClientContext, State
+from pfl.metrics import evaluate_federation
+from pfl.models import build_model
+from pfl.seeding import numpy_rng, seed_everything
+from pfl.tracking import RunFiles
+
+TIMING_PREFIXES = ("throughput.", "time.")  # metrics that measure the machine, not the method
+
+
+def sample_clients(seed: int, round_idx: int, num_clients: int, count: int) -> np.ndarray:
+    """The sorted ids of the ``count`` clients sampled in ``round_idx`` (keyed, order-free)."""
+    if count >= num_clients:
+        return np.arange(num_clients)
+    return np.sort(numpy_rng(seed, round_idx, "sample").choice(num_clients, count, replace=False))
+
+
+def clients_per_round(cfg: RunConfig) -> int:
+    if cfg.trainer.clients_per_round is not None:
+        return cfg.trainer.clients_per_round
+    return max(1, int(round(cfg.trainer.fraction * cfg.data.num_clients)))
+
+
+class FederatedLoop:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        data: FederatedData,
+        files: RunFiles | None = None,
+        fabric: L.Fabric | None = None,
+    ):
+        self.cfg = cfg
+        self.method = cfg.method
+        self.files = files
+        self.fabric = fabric
+        seed_everything(cfg.seed, "init")
+        net = build_model(cfg.model, data.input_shape, data.num_classes)
+        c = cfg.client
+        settings = TrainSettings(c.epochs, c.batch_size, c.lr, c.momentum, c.weight_decay)
+        self.worker = Worker(net, data, settings, cfg.seed, fabric, cfg.eval.batch_size)
+        self.init_state = self.worker.snapshot()
+        self.server: State = self.method.init_server(self.init_state)
+        self.clients: dict[int, State] = {}
+        self.round = 0  # rounds completed
+        self.history: list[dict[str, Any]] = []
+        self.client_rows: list[dict[str, Any]] = []
+        self.train_samples = 0
+        self.train_seconds = 0.0
+
+    @property
+    def flat(self) -> FlatModule:
+        return self.worker.flat
+
+    def client(self, cid: int) -> ClientContext:
+        state = self.clients.setdefault(cid, {})
+        return ClientContext(cid, self.round, self.worker, state, self.init_state)
+
+    # -- one round --------------------------------------------------------------------------------
+    def run_round(self) -> None:
+        sampled = sample_clients(self.cfg.seed, self.round, self.worker.data.num_clients, clients_per_round(self.cfg))
+        results = {}
+        for cid in sampled.tolist():
+            ctx = self.client(cid)
+            results[cid] = self.method.local_update(ctx, self.method.payload(self.server, cid))
+            self.train_samples += sum(f.samples_seen for f in ctx.fits)
+            self.train_seconds += sum(f.seconds for f in ctx.fits)
+        self.method.aggregate(self.server, results)
+        # Drop empty entries so FedAvg-like methods keep no per-client memory.
+        for cid in sampled.tolist():
+            if not self.clients.get(cid):
+                self.clients.pop(cid, None)
+        self.round += 1
+
+    def evaluate(self) -> dict[str, float]:
+        metrics, rows = evaluate_federation(self.method, self.server, self.worker, self.client)
+        for cid in range(self.worker.data.num_clients):
+            if not self.clients.get(cid):
+                self.clients.pop(cid, None)
+        metrics["throughput.samples_per_s"] = self.train_samples / max(self.train_seconds, 1e-9)
+        self.client_rows = rows
+        return metrics
+
+    # -- the whole run ----------------------------------------------------------------------------
+    def fit(self) -> dict[str, Any]:
+        t = self.cfg.trainer
+        bar = tqdm(total=t.rounds, initial=self.round, desc=self.method.name, disable=not t.progress, dynamic_ncols=True)
+        metrics = self.history[-1] if self.history else {}
+        while self.round < t.rounds:
+            self.run_round()
+            bar.update(1)
+            last = self.round == t.rounds
+            if self.round % t.eval_every == 0 or last:
+                metrics = {"round": self.round, **self.evaluate()}
+                self.history.append(metrics)
+                self._log(metrics, bar)
+            if self.files is not None and (self.round % t.checkpoint_every == 0 or last):
+                self.save()
+        bar.close()
+        summary = self.summary(metrics)
+        if self.files is not None:
+            self.files.write_summary(summary)
+        return summary
+
+    def _log(self, metrics: dict[str, Any], bar: tqdm) -> None:
+        shown = {k: metrics[k] for k in ("pm.l_acc.mean", "gm.acc") if k in metrics}
+        bar.set_postfix({k: f"{v:.4f}" for k, v in shown.items()})
+        if self.fabric is not None and self.fabric.loggers:
+            self.fabric.log_dict({k: v for k, v in metrics.items() if k != "round"}, step=self.round)
+        if self.files is not None:
+            self.files.write_metrics(self.history)
+            self.files.write_clients(self.client_rows)
+
+    def summary(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "method": self.method.name,
+            "dataset": self.worker.data.name,
+            "num_clients": self.worker.data.num_clients,
+            "rounds": self.round,
+            "seed": self.cfg.seed,
+            "hparams": self.method.hparams(),
+            "metrics": {k: v for k, v in metrics.items() if k != "round"},
+        }
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "server": self.server,
+            "clients": self.clients,
+            "history": self.history,
+            "client_rows": self.client_rows,
+            "train_samples": self.train_samples,
+            "train_seconds": self.train_seconds,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        device = self.worker.device
+        self.round = state["round"]
+        self.server = {k: v.to(device) for k, v in state["server"].items()}
+        self.clients = {cid: {k: v.to(device) for k, v in s.items()} for cid, s in state["clients"].items()}
+        self.history = state["history"]
+        self.client_rows = state["client_rows"]
+        self.train_samples = state["train_samples"]
+        self.train_seconds = state["train_seconds"]
+
+    def save(self) -> None:
+        assert self.files is not None
+        save_checkpoint(self.files.dir, self.state_dict())
+
+    def resume(self, run_dir: Path) -> bool:
+        state = load_checkpoint(run_dir)
+        if state is None:
+            return False
+        self.load_state_dict(state)
+        return True
+
+
+def comparable_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """Metrics that must be identical for the same seed (everything but timings)."""
+    return {k: v for k, v in summary["metrics"].items() if not k.startswith(TIMING_PREFIXES)}
+
+
+__all__ = ["FederatedLoop", "clients_per_round", "comparable_metrics", "sample_clients", "torch"]

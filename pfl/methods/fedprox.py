@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+from pfl.errors import require
+from pfl.methods.base import ClientContext, State
+from pfl.methods.fedavg import FedAvg
+from pfl.optim.terms import Proximal
+
+
+class FedProx(FedAvg):
+    """FedProx: FedAvg whose local objective adds μ/2·‖θ − w‖² to stay near the global model w."""
+
+    name = "fedprox"
+    description = "FedAvg with a proximal term mu/2*||theta - w||^2 in the local objective"
+
+    def __init__(self, mu: float = 0.01, finetune_epochs: int = 0):
+        super().__init__(finetune_epochs)
+        require(mu >= 0, "method.mu", f"the proximal coefficient must be >= 0 (got {mu})")
+        self.mu = mu
+
+    def local_terms(self, client: ClientContext, payload: State) -> list:
+        return [Proximal(client.params(payload["global"]), self.mu)]

@@ -1,0 +1,1 @@
+"""Reusable optimisation pieces shared by methods."""

@@ -1,0 +1,75 @@
+"""Run outputs: config, per-round metrics, per-client table and summary on disk; W&B on top."""
+
+from __future__ import annotations
+
+import csv
+import json
+import netrc
+import os
+from pathlib import Path
+from typing import Any
+
+
+class RunFiles:
+    """Everything a run writes into ``runs/<name>/``; files are rewritten whole, so a resumed run
+    never leaves duplicate or partial rows."""
+
+    def __init__(self, run_dir: Path):
+        self.dir = run_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def write_config(self, text: str) -> None:
+        (self.dir / "config.yaml").write_text(text)
+
+    def write_metrics(self, history: list[dict[str, Any]]) -> None:
+        _write_csv(self.dir / "metrics.csv", history)
+
+    def write_clients(self, rows: list[dict[str, Any]]) -> None:
+        _write_csv(self.dir / "clients.csv", rows)
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        tmp = self.dir / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2, sort_keys=True))
+        os.replace(tmp, self.dir / "summary.json")
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+
+
+def wandb_mode() -> str:
+    """'online' when the user is logged in (API key in the environment or ~/.netrc), else 'offline'.
+    An explicit WANDB_MODE always wins."""
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    try:
+        if netrc.netrc().authenticators("api.wandb.ai"):
+            return "online"
+    except (FileNotFoundError, netrc.NetrcParseError):
+        pass
+    return "offline"
+
+
+def make_wandb_logger(project: str, name: str, run_dir: Path, config: dict[str, Any], resume: bool):
+    from lightning.pytorch.loggers import WandbLogger
+
+    mode = wandb_mode()
+    return WandbLogger(
+        project=project,
+        name=name,
+        id=name.replace("/", "-"),
+        save_dir=str(run_dir),
+        offline=mode != "online",
+        config=config,
+        resume="allow" if resume else None,
+    )
