@@ -20,7 +20,7 @@ train: install
 	$(PY) -m pfl fit --config conf/default.yaml --config conf/method/$(METHOD).yaml $(ARGS)
 
 test: install
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -q
 
 lint: install
 	$(VENV)/bin/ruff check pfl tests

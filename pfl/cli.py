@@ -80,7 +80,9 @@ def _method_from_argv(argv: list[str]) -> tuple[str, list[str]]:
 
 def _method_in_file(path: Path) -> str | None:
     if not path.exists():
-        raise ConfigError("--config", f"file not found: {path}", "give the path of an existing YAML file, e.g. conf/default.yaml")
+        raise ConfigError(
+            "--config", f"file not found: {path}", "give the path of an existing YAML file, e.g. conf/default.yaml"
+        )
     conf = OmegaConf.load(path)
     method = conf.get("method") if hasattr(conf, "get") else None
     if isinstance(method, str):
@@ -99,7 +101,9 @@ def _rewrite_resume(argv: list[str]) -> tuple[list[str], Path | None]:
         raise ConfigError("--resume", "needs a run directory", "e.g. --resume runs/fedavg-digits-s0-20260101-120000")
     run_dir = Path(argv[i + 1])
     if not (run_dir / "config.yaml").exists():
-        raise ConfigError("--resume", f"{run_dir} has no config.yaml", "pass a directory written by `python -m pfl fit`")
+        raise ConfigError(
+            "--resume", f"{run_dir} has no config.yaml", "pass a directory written by `python -m pfl fit`"
+        )
     rest = argv[:i] + argv[i + 2 :]
     return ["--config", str(run_dir / "config.yaml"), *rest], run_dir
 
@@ -117,7 +121,7 @@ def parse_fit_args(argv: list[str]) -> tuple[RunConfig, Namespace, ArgumentParse
     method = method_class(name)(**method_args)
     rest = ns.clone()
     del rest["method"]
-    init = parser.instantiate_classes(rest)
+    init = parser.instantiate(rest)
     cfg = RunConfig(method=method, seed=init.seed, **{g: init[g] for g in GROUPS})
     validate(cfg)
     return cfg, ns, parser, resume_dir
@@ -125,7 +129,9 @@ def parse_fit_args(argv: list[str]) -> tuple[RunConfig, Namespace, ArgumentParse
 
 def _explain(message: str, parser: ArgumentParser) -> str:
     if "unrecognized arguments" in message or "does not accept" in message or "No action for key" in message:
-        groups = {g: sorted(k.split(".", 1)[1] for k in _keys(parser) if k.startswith(g + ".")) for g in ["method", *GROUPS]}
+        groups = {
+            g: sorted(k.split(".", 1)[1] for k in _keys(parser) if k.startswith(g + ".")) for g in ["method", *GROUPS]
+        }
         listing = "; ".join(f"{g}: {', '.join(keys)}" for g, keys in groups.items())
         return f"{message.strip()}. Valid keys - {listing}"
     return message.strip()

@@ -64,7 +64,12 @@ def validate(cfg: RunConfig) -> None:
     """Raise ConfigError naming the first invalid field. Runs before any data or model is built."""
     t, c = cfg.trainer, cfg.client
     require(t.rounds >= 1, "trainer.rounds", f"must be >= 1 (got {t.rounds})")
-    require(0 < t.fraction <= 1, "trainer.fraction", f"must be in (0, 1] (got {t.fraction})", "e.g. 0.25 samples a quarter of the clients")
+    require(
+        0 < t.fraction <= 1,
+        "trainer.fraction",
+        f"must be in (0, 1] (got {t.fraction})",
+        "e.g. 0.25 samples a quarter of the clients",
+    )
     if t.clients_per_round is not None:
         require(
             1 <= t.clients_per_round <= cfg.data.num_clients,
@@ -73,8 +78,18 @@ def validate(cfg: RunConfig) -> None:
         )
     require(t.eval_every >= 1, "trainer.eval_every", f"must be >= 1 (got {t.eval_every})")
     require(t.checkpoint_every >= 1, "trainer.checkpoint_every", f"must be >= 1 (got {t.checkpoint_every})")
-    require(t.accelerator in ACCELERATORS, "trainer.accelerator", f"unknown accelerator {t.accelerator!r}", f"choose one of {', '.join(ACCELERATORS)}")
-    require(t.precision in PRECISIONS, "trainer.precision", f"unknown precision {t.precision!r}", f"choose one of {', '.join(PRECISIONS)}")
+    require(
+        t.accelerator in ACCELERATORS,
+        "trainer.accelerator",
+        f"unknown accelerator {t.accelerator!r}",
+        f"choose one of {', '.join(ACCELERATORS)}",
+    )
+    require(
+        t.precision in PRECISIONS,
+        "trainer.precision",
+        f"unknown precision {t.precision!r}",
+        f"choose one of {', '.join(PRECISIONS)}",
+    )
     require(t.devices >= 1, "trainer.devices", f"must be >= 1 (got {t.devices})")
     require(c.lr > 0, "client.lr", f"the learning rate must be > 0 (got {c.lr})")
     require(c.epochs >= 1, "client.epochs", f"must be >= 1 (got {c.epochs})")

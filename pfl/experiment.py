@@ -41,7 +41,9 @@ def run_experiment(
         files.write_config(config_text)
     loggers = []
     if cfg.tracking.wandb:
-        loggers.append(make_wandb_logger(cfg.tracking.project, run_dir.name, run_dir, _flat_config(cfg), resume_dir is not None))
+        loggers.append(
+            make_wandb_logger(cfg.tracking.project, run_dir.name, run_dir, _flat_config(cfg), resume_dir is not None)
+        )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*precision.*")
         fabric = L.Fabric(

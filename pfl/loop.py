@@ -7,7 +7,6 @@ Fabric supplies the device, precision and loggers. Per-client state lives in a d
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +104,9 @@ class FederatedLoop:
     # -- the whole run ----------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
         t = self.cfg.trainer
-        bar = tqdm(total=t.rounds, initial=self.round, desc=self.method.name, disable=not t.progress, dynamic_ncols=True)
+        bar = tqdm(
+            total=t.rounds, initial=self.round, desc=self.method.name, disable=not t.progress, dynamic_ncols=True
+        )
         metrics = self.history[-1] if self.history else {}
         while self.round < t.rounds:
             self.run_round()

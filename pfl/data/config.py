@@ -43,7 +43,9 @@ class DataConfig:
 
 
 def validate_data_config(cfg: DataConfig) -> None:
-    require(cfg.source in SOURCES, "data.source", f"unknown source {cfg.source!r}", f"choose one of {', '.join(SOURCES)}")
+    require(
+        cfg.source in SOURCES, "data.source", f"unknown source {cfg.source!r}", f"choose one of {', '.join(SOURCES)}"
+    )
     require(
         cfg.partition in PARTITIONS,
         "data.partition",

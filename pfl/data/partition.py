@@ -57,9 +57,7 @@ def _top_up(parts: list[list[int]], min_samples: int, rng: np.random.Generator) 
     return [np.sort(a) for a in arrays]
 
 
-def split_indices(
-    idx: np.ndarray, fractions: tuple[float, ...], rng: np.random.Generator
-) -> list[np.ndarray]:
+def split_indices(idx: np.ndarray, fractions: tuple[float, ...], rng: np.random.Generator) -> list[np.ndarray]:
     """Shuffle ``idx`` and cut it by ``fractions`` (the remainder goes to the first part)."""
     perm = rng.permutation(idx)
     sizes = [int(round(f * len(idx))) for f in fractions[1:]]

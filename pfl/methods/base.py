@@ -31,7 +31,15 @@ class ClientContext:
     init_state: Tensor
     fits: list[FitStats] = field(default_factory=list)
 
-    def fit(self, start: Tensor, *, epochs: int | None = None, terms: Sequence[Term] = (), purpose: str = "train", lr: float | None = None) -> Tensor:
+    def fit(
+        self,
+        start: Tensor,
+        *,
+        epochs: int | None = None,
+        terms: Sequence[Term] = (),
+        purpose: str = "train",
+        lr: float | None = None,
+    ) -> Tensor:
         """Train from ``start`` on this client's train split; returns the trained state vector."""
         stats = self.worker.fit(self.cid, start, self.round, epochs=epochs, terms=terms, purpose=purpose, lr=lr)
         self.fits.append(stats)
@@ -64,7 +72,8 @@ class Method:
 
     def aggregate(self, server: State, results: dict[int, dict[str, Any]]) -> None:
         """Combine the sampled clients' results (keyed by client id) into the server state."""
-        server["global"] = weighted_mean([r["state"] for r in results.values()], [r["weight"] for r in results.values()])
+        ordered = [results[cid] for cid in sorted(results)]
+        server["global"] = weighted_mean([r["state"] for r in ordered], [r["weight"] for r in ordered])
 
     def global_state(self, server: State) -> Tensor | None:
         return server.get("global") if self.has_global_model else None
@@ -84,7 +93,8 @@ class Method:
 
 
 def weighted_mean(vectors: Sequence[Tensor], weights: Sequence[float]) -> Tensor:
-    """Σ w_i v_i / Σ w_i, summed in the given order (callers pass clients sorted by id)."""
+    """Σ w_i v_i / Σ w_i, summed in the given order (callers pass clients sorted by id, so the result
+    does not depend on the order in which clients were trained)."""
     total = float(sum(weights))
     out = torch.zeros_like(vectors[0])
     for v, w in zip(vectors, weights, strict=True):

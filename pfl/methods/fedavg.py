@@ -21,7 +21,10 @@ class FedAvg(Method):
         self.finetune_epochs = finetune_epochs
 
     def local_update(self, client: ClientContext, payload: State) -> dict[str, Any]:
-        return {"state": client.fit(payload["global"], terms=self.local_terms(client, payload)), "weight": client.num_samples}
+        return {
+            "state": client.fit(payload["global"], terms=self.local_terms(client, payload)),
+            "weight": client.num_samples,
+        }
 
     def local_terms(self, client: ClientContext, payload: State) -> list:
         """Extra terms of the local objective (none for FedAvg)."""

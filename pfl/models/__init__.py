@@ -63,7 +63,9 @@ def _mlp(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn
 @register("cnn", "FedAvg-CNN: conv-pool blocks (model.channels) then FC model.fc (PGFed: 32/64 5x5, FC 512)")
 def _cnn(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     if len(input_shape) != 3:
-        raise ConfigError("model.name", f"cnn needs image inputs (C, H, W), got shape {input_shape}", "use mlp or logreg")
+        raise ConfigError(
+            "model.name", f"cnn needs image inputs (C, H, W), got shape {input_shape}", "use mlp or logreg"
+        )
     blocks: list[nn.Module] = []
     in_ch = input_shape[0]
     for ch in cfg.channels:
@@ -75,6 +77,8 @@ def _cnn(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn
             width = features(torch.zeros(1, *input_shape)).shape[1]
         except RuntimeError as err:
             raise ConfigError(
-                "model.channels", f"input {input_shape} is too small for {len(cfg.channels)} conv-pool blocks", "use fewer model.channels or model.padding"
+                "model.channels",
+                f"input {input_shape} is too small for {len(cfg.channels)} conv-pool blocks",
+                "use fewer model.channels or model.padding",
             ) from err
     return nn.Sequential(features, nn.Linear(width, cfg.fc), nn.ReLU(), nn.Linear(cfg.fc, num_classes))

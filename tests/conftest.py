@@ -1,0 +1,44 @@
+"""Shared test helpers: tiny, fast federations built from the real config objects."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from pfl.config import ClientConfig, RunConfig, TrackingConfig, TrainerConfig
+from pfl.data import DataConfig, build_data
+from pfl.loop import FederatedLoop
+from pfl.methods import method_class
+from pfl.models import ModelConfig
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+
+def tiny_config(method: str = "fedavg", method_args: dict[str, Any] | None = None, **groups: Any) -> RunConfig:
+    """A 6-client digits federation trained for 3 rounds; ``groups`` override whole groups or
+    single fields as ``trainer={"rounds": 5}``."""
+    cfg = RunConfig(
+        method=method_class(method)(**(method_args or {})),
+        seed=groups.pop("seed", 0),
+        trainer=TrainerConfig(rounds=3, eval_every=1, checkpoint_every=1, progress=False),
+        client=ClientConfig(epochs=1, batch_size=16, lr=0.1),
+        data=DataConfig(source="digits", num_clients=6, alpha=0.5, min_samples=20),
+        model=ModelConfig(name="mlp", hidden=[32]),
+        tracking=TrackingConfig(wandb=False),
+    )
+    for group, value in groups.items():
+        current = getattr(cfg, group)
+        setattr(cfg, group, replace(current, **value) if isinstance(value, dict) else value)
+    return cfg
+
+
+def make_loop(cfg: RunConfig, **kwargs: Any) -> FederatedLoop:
+    return FederatedLoop(cfg, build_data(cfg.data, cfg.seed), **kwargs)
+
+
+@pytest.fixture
+def tiny():
+    return tiny_config

@@ -1,0 +1,75 @@
+"""The command line: end-to-end run outputs and the errors bad input must give before training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pfl.cli import main
+
+TINY = [
+    "--data.num_clients", "5", "--trainer.rounds", "2", "--trainer.eval_every", "1",
+    "--model.hidden", "[16]", "--tracking.wandb", "false", "--trainer.progress", "false",
+]  # fmt: skip
+
+
+def run_cli(tmp_path: Path, *args: str) -> int:
+    return main(["fit", *TINY, "--tracking.root", str(tmp_path), "--tracking.name", "r", *args])
+
+
+def test_fit_writes_every_output(tmp_path):
+    assert run_cli(tmp_path, "--config", "conf/method/ditto.yaml", "--method.lam", "0.5") == 0
+    run = tmp_path / "r"
+    for name in ("config.yaml", "metrics.csv", "clients.csv", "summary.json", "checkpoint.pt"):
+        assert (run / name).exists(), name
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["method"] == "ditto" and summary["hparams"]["lam"] == 0.5
+    assert {"method", "dataset", "num_clients", "rounds", "seed", "metrics"} <= set(summary)
+    for key in ("pm.l_acc.mean", "pm.l_acc.std", "gm.acc", "throughput.samples_per_s"):
+        assert key in summary["metrics"], key
+    assert len((run / "clients.csv").read_text().splitlines()) == 1 + 5
+    assert len((run / "metrics.csv").read_text().splitlines()) == 1 + 2
+    assert "lam: 0.5" in (run / "config.yaml").read_text()
+
+
+def test_method_shorthand_and_interpolation(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("method:\n  name: fedprox\n  mu: 0.2\ntrainer:\n  rounds: 2\n  eval_every: ${trainer.rounds}\n")
+    assert run_cli(tmp_path, "--config", str(cfg)) == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["method"] == "fedprox" and summary["hparams"]["mu"] == 0.2
+
+
+def test_methods_lists_every_method(capsys):
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    for name in ("local", "fedavg", "fedprox", "ditto"):
+        assert name in out
+
+
+def test_help_shows_the_chosen_methods_options(capsys):
+    assert main(["fit", "--method", "ditto", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--method.lam" in out and "--method.personal_epochs" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "field", "hint"),
+    [
+        (["--method", "fedfoo"], "method.name", "fedavg"),
+        (["--trainer.fraction", "1.5"], "trainer.fraction", "(0, 1]"),
+        (["--trainer.fraction", "0"], "trainer.fraction", "(0, 1]"),
+        (["--client.lr", "-0.1"], "client.lr", "> 0"),
+        (["--config", "conf/nope.yaml"], "--config", "conf/nope.yaml"),
+        (["--method.foo", "1"], "unrecognized", "method: finetune_epochs"),
+        (["--method", "fedprox", "--method.mu", "-1"], "method.mu", ">= 0"),
+        (["--data.source", "imagenet"], "data.source", "digits"),
+    ],
+)
+def test_bad_input_fails_before_training(tmp_path, capsys, args, field, hint):
+    assert run_cli(tmp_path, *args) == 2
+    err = capsys.readouterr().err
+    assert field in err and hint in err, err
+    assert not (tmp_path / "r").exists()  # nothing was started
