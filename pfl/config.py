@@ -19,7 +19,7 @@ class TrainerConfig:
     fraction: float = 1.0  # share of clients sampled per round, in (0, 1]
     clients_per_round: int | None = None  # a fixed count instead of a fraction
     eval_every: int = 10
-    checkpoint_every: int = 10
+    checkpoint_every: int = 1  # a killed run loses at most this many rounds
     accelerator: str = "cpu"
     devices: int = 1
     precision: str = "32-true"

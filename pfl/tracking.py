@@ -64,12 +64,14 @@ def make_wandb_logger(project: str, name: str, run_dir: Path, config: dict[str, 
     from lightning.pytorch.loggers import WandbLogger
 
     mode = wandb_mode()
+    identity = {"name": name, "id": name.replace("/", "-")}
+    if os.environ.get("WANDB_SWEEP_ID"):
+        identity = {}  # a sweep agent has already chosen this run's id; a second id would conflict
     return WandbLogger(
         project=project,
-        name=name,
-        id=name.replace("/", "-"),
         save_dir=str(run_dir),
         offline=mode != "online",
         config=config,
         resume="allow" if resume else None,
+        **identity,
     )
