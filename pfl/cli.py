@@ -164,11 +164,27 @@ def list_methods() -> None:
         print(f"{name:<{width}}  {cls.description}")
 
 
+def sweep(argv: list[str]) -> None:
+    from pfl.sweep import run_sweep
+
+    parser = argparse.ArgumentParser(prog="python -m pfl sweep", description="Run a W&B sweep file locally.")
+    parser.add_argument("file", help="sweep YAML, e.g. sweeps/fedprox_mu.yaml")
+    parser.add_argument("--count", type=int, default=None, help="runs to draw (random) or keep (grid)")
+    parser.add_argument("--workers", type=int, default=1, help="runs in parallel")
+    parser.add_argument("--root", type=Path, default=None, help="directory for the runs")
+    args = parser.parse_args(argv)
+    dirs = run_sweep(args.file, args.count, args.workers, args.root)
+    from pfl.report import print_report
+
+    print_report(dirs)
+
+
 USAGE = """usage: python -m pfl <command> [options]
 
 commands:
   fit       run an experiment (python -m pfl fit --help)
   methods   list every method with a one-line description
+  sweep     run a W&B sweep file locally (python -m pfl sweep sweeps/fedprox_mu.yaml --workers 2)
 """
 
 
@@ -183,8 +199,10 @@ def main(argv: list[str] | None = None) -> int:
             fit(rest)
         elif command == "methods":
             list_methods()
+        elif command == "sweep":
+            sweep(rest)
         else:
-            raise ConfigError("command", f"unknown command {command!r}", "choose one of fit, methods")
+            raise ConfigError("command", f"unknown command {command!r}", "choose one of fit, methods, sweep")
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,0 +1,168 @@
+"""W&B sweep files, run without a W&B server: validate, expand (grid / random), run in workers.
+
+The same ``sweeps/*.yaml`` works with ``wandb sweep`` + ``wandb agent``. Expansion is done here
+rather than by the ``sweeps`` package, which pins numpy<2 and drops nested ``parameters:`` groups.
+Every expanded run is parsed by the ``fit`` parser before anything starts, so a typo in a key or
+an out-of-range value fails the whole sweep up front.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from pfl.errors import ConfigError, require
+
+SEARCH_METHODS = ("grid", "random", "bayes")
+DISTRIBUTIONS = ("uniform", "log_uniform_values", "int_uniform", "normal", "categorical")
+MACROS = ("${env}", "${interpreter}", "${program}", "${args}")
+
+
+@dataclass
+class SweepRun:
+    index: int
+    params: dict[str, Any]
+    argv: list[str]  # arguments after `python -m pfl`
+
+
+def load_sweep(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    require(path.exists(), "sweep", f"file not found: {path}", "pass a W&B sweep YAML such as sweeps/fedprox_mu.yaml")
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError("sweep", f"{path} is not valid YAML: {err}", "quote ${...} macros in flow lists") from None
+    require(isinstance(spec, dict), "sweep", f"{path} is not a YAML mapping")
+    validate_spec(spec)
+    return spec
+
+
+def validate_spec(spec: dict[str, Any]) -> None:
+    require(
+        spec.get("method") in SEARCH_METHODS, "sweep.method", f"got {spec.get('method')!r}", f"one of {SEARCH_METHODS}"
+    )
+    params = spec.get("parameters")
+    require(isinstance(params, dict) and params, "sweep.parameters", "missing or empty")
+    for key, p in params.items():
+        field = f"sweep.parameters.{key}"
+        require(isinstance(p, dict), field, "must be a mapping with values/value/distribution")
+        require("parameters" not in p, field, "nested parameter groups are not supported", "use dotted keys (a.b)")
+        if "values" in p:
+            require(isinstance(p["values"], list) and p["values"], field, "values must be a non-empty list")
+        elif "value" not in p:
+            dist = p.get("distribution", "uniform" if "min" in p else None)
+            require(dist in DISTRIBUTIONS, field, f"distribution {dist!r} is not supported", f"use {DISTRIBUTIONS}")
+            if dist != "categorical":
+                need = ("mu", "sigma") if dist == "normal" else ("min", "max")
+                require(all(k in p for k in need), field, f"{dist} needs {' and '.join(need)}")
+            require(spec["method"] != "grid", field, "grid search needs discrete values", "give values: [...]")
+    command = spec.get("command")
+    require(isinstance(command, list) and "${args}" in command, "sweep.command", "must be a list containing ${args}")
+    require(
+        any(c in ("pfl", "-m") for c in command) or spec.get("program"),
+        "sweep.command",
+        "must run pfl (`${interpreter} -m pfl fit ${args}`)",
+    )
+    metric = spec.get("metric")
+    if metric is not None:
+        require(isinstance(metric, dict) and "name" in metric, "sweep.metric", "needs a name")
+        require(metric.get("goal", "maximize") in ("maximize", "minimize"), "sweep.metric.goal", "maximize|minimize")
+
+
+def expand(spec: dict[str, Any], count: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
+    """Parameter sets of the sweep: the full grid (cut to ``count``) or ``count`` random draws.
+    Bayes has no model without a server, so it is expanded as random search."""
+    params = spec["parameters"]
+    if spec["method"] == "grid":
+        keys = list(params)
+        choices = [params[k]["values"] if "values" in params[k] else [params[k]["value"]] for k in keys]
+        grid = [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*choices)]
+        return grid[:count] if count else grid
+    require(count is not None and count >= 1, "--count", f"{spec['method']} search needs --count N")
+    rng = np.random.default_rng(seed)
+    return [{k: _draw(p, rng) for k, p in params.items()} for _ in range(count)]
+
+
+def _draw(p: dict[str, Any], rng: np.random.Generator) -> Any:
+    if "value" in p:
+        return p["value"]
+    if "values" in p:
+        return p["values"][int(rng.integers(len(p["values"])))]
+    dist = p.get("distribution", "uniform")
+    if dist == "uniform":
+        return float(rng.uniform(p["min"], p["max"]))
+    if dist == "log_uniform_values":
+        return float(math.exp(rng.uniform(math.log(p["min"]), math.log(p["max"]))))
+    if dist == "int_uniform":
+        return int(rng.integers(p["min"], p["max"] + 1))
+    return float(rng.normal(p["mu"], p["sigma"]))
+
+
+def command_argv(spec: dict[str, Any], params: dict[str, Any]) -> list[str]:
+    """The agent's command with its macros filled in, as arguments after ``python -m pfl``."""
+    args = [f"--{k}={_format(v)}" for k, v in params.items()]
+    out: list[str] = []
+    for token in spec["command"]:
+        if token == "${args}":
+            out += args
+        elif token not in ("${env}", "${interpreter}", "${program}"):
+            out.append(token)
+    if out[:2] == ["-m", "pfl"]:
+        out = out[2:]
+    return out
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def plan(path: str | Path, count: int | None = None, root: Path | None = None) -> tuple[list[SweepRun], Path]:
+    from pfl.cli import parse_fit_args
+
+    spec = load_sweep(path)
+    root = root or Path("runs") / "sweeps" / f"{Path(path).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    runs = []
+    for i, params in enumerate(expand(spec, count)):
+        argv = command_argv(spec, params)
+        require(argv[:1] == ["fit"], "sweep.command", "must call `pfl fit`")
+        argv += ["--tracking.root", str(root), "--tracking.name", f"run{i:03d}", "--trainer.progress", "false"]
+        parse_fit_args(argv[1:])  # raises ConfigError on any bad key or value, before anything runs
+        runs.append(SweepRun(i, params, argv))
+    return runs, root
+
+
+def run_sweep(path: str | Path, count: int | None = None, workers: int = 1, root: Path | None = None) -> list[Path]:
+    """Run every expanded run in ``workers`` processes; returns their run directories."""
+    runs, root = plan(path, count, root)
+    root.mkdir(parents=True, exist_ok=True)
+    threads = str(max(1, (os.cpu_count() or 1) // max(workers, 1)))
+    env = {**os.environ, "OMP_NUM_THREADS": threads}
+
+    def launch(run: SweepRun) -> tuple[SweepRun, int, str]:
+        proc = subprocess.run([sys.executable, "-m", "pfl", *run.argv], env=env, capture_output=True, text=True)
+        return run, proc.returncode, proc.stderr
+
+    failed = []
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for done, (run, code, err) in enumerate(pool.map(launch, runs), 1):
+            status = "ok" if code == 0 else f"FAILED ({code})"
+            print(f"[{done}/{len(runs)}] run{run.index:03d} {run.params} {status}", file=sys.stderr, flush=True)
+            if code != 0:
+                failed.append((run, err.strip().splitlines()[-1:] or [""]))
+    if failed:
+        lines = "; ".join(f"run{r.index:03d}: {e[0]}" for r, e in failed)
+        raise ConfigError("sweep", f"{len(failed)} of {len(runs)} runs failed: {lines}")
+    return [root / f"run{r.index:03d}" for r in runs]
