@@ -155,7 +155,12 @@ def fit(argv: list[str]) -> dict[str, Any]:
         build_fit_parser(name).print_help()
         return {}
     cfg, ns, parser, resume_dir = parse_fit_args(argv)
-    return run_experiment(cfg, parser.dump(ns), resume_dir=resume_dir)
+    summary = run_experiment(cfg, parser.dump(ns), resume_dir=resume_dir)
+    shown = {k: v for k, v in summary["metrics"].items() if k.endswith((".mean", ".std")) or k == "gm.acc"}
+    print(f"{summary['method']} on {summary['dataset']}: {summary['rounds']} rounds -> {summary['run_dir']}")
+    for key, value in shown.items():
+        print(f"  {key:<24} {value:.4f}")
+    return summary
 
 
 def list_methods() -> None:

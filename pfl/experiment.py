@@ -57,10 +57,21 @@ def run_experiment(
         loop.resume(resume_dir)
     summary = loop.fit()
     summary["run_dir"] = str(run_dir)
-    for logger in loggers:
-        logger.finalize("success")
     if loggers:
-        import wandb
-
-        wandb.finish()
+        _finish_wandb(loggers, loop.client_rows, run_dir)
     return summary
+
+
+def _finish_wandb(loggers: list, client_rows: list[dict[str, Any]], run_dir: Path) -> None:
+    """The per-client final table and the run's plots go to W&B too; then close the run."""
+    import wandb
+
+    for logger in loggers:
+        if client_rows:
+            columns = list(client_rows[0])
+            logger.log_table("clients", columns=columns, data=[[r.get(c) for c in columns] for r in client_rows])
+        plots = sorted(run_dir.glob("*.png"))
+        if plots:
+            logger.log_image("plots", images=[str(p) for p in plots], caption=[p.stem for p in plots])
+        logger.finalize("success")
+    wandb.finish()
