@@ -6,7 +6,7 @@ METHOD ?= fedavg
 ARGS   ?=
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train test lint bench clean
+.PHONY: install train test lint bench reproduce clean
 
 install: $(STAMP)
 
@@ -21,6 +21,9 @@ train: install
 
 test: install
 	$(PY) -m pytest tests -q
+
+reproduce: install
+	$(PY) -m pfl reproduce --out reproduce
 
 lint: install
 	$(VENV)/bin/ruff check pfl tests

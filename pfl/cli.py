@@ -190,6 +190,7 @@ commands:
   fit       run an experiment (python -m pfl fit --help)
   methods   list every method with a one-line description
   sweep     run a W&B sweep file locally (python -m pfl sweep sweeps/fedprox_mu.yaml --workers 2)
+  reproduce run the paper-reproduction suite, writes reproduce/REPORT.md (make reproduce)
 """
 
 
@@ -206,8 +207,12 @@ def main(argv: list[str] | None = None) -> int:
             list_methods()
         elif command == "sweep":
             sweep(rest)
+        elif command == "reproduce":
+            from pfl.reproduce import main as reproduce_main
+
+            reproduce_main(rest)
         else:
-            raise ConfigError("command", f"unknown command {command!r}", "choose one of fit, methods, sweep")
+            raise ConfigError("command", f"unknown command {command!r}", "choose one of fit, methods, sweep, reproduce")
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

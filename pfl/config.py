@@ -15,6 +15,20 @@ PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 
 @dataclass
 class TrainerConfig:
+    """Rounds, client sampling, schedules and devices.
+
+    Args:
+        rounds: communication rounds to run.
+        fraction: share of clients sampled per round, in (0, 1].
+        clients_per_round: a fixed number of sampled clients; overrides fraction when set.
+        eval_every: evaluate every this many rounds (and always after the last).
+        checkpoint_every: checkpoint every this many rounds; a killed run loses at most this many.
+        accelerator: cpu, cuda/gpu, mps or auto (Lightning Fabric).
+        devices: number of devices/processes.
+        precision: 32-true, bf16-mixed or 16-mixed (Lightning Fabric).
+        progress: show a progress bar.
+    """
+
     rounds: int = 50
     fraction: float = 1.0  # share of clients sampled per round, in (0, 1]
     clients_per_round: int | None = None  # a fixed count instead of a fraction
@@ -28,6 +42,16 @@ class TrainerConfig:
 
 @dataclass
 class ClientConfig:
+    """Local training on each client (SGD over the client's train split).
+
+    Args:
+        epochs: local epochs per round.
+        batch_size: mini-batch size.
+        lr: learning rate.
+        momentum: SGD momentum (state is reset at each local update unless a method keeps it).
+        weight_decay: L2 weight decay.
+    """
+
     epochs: int = 1
     batch_size: int = 32
     lr: float = 0.05
@@ -42,7 +66,16 @@ class EvalConfig:
 
 @dataclass
 class TrackingConfig:
-    wandb: bool = True  # offline unless logged in; false disables it
+    """Where results go.
+
+    Args:
+        wandb: log to Weights & Biases (offline unless logged in); false disables it.
+        project: W&B project name.
+        root: directory under which each run gets its own folder.
+        name: run folder name (default: <method>-<dataset>-s<seed>-<timestamp>).
+    """
+
+    wandb: bool = True
     project: str = "pfl"
     root: str = "runs"
     name: str | None = None

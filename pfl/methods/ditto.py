@@ -16,6 +16,11 @@ class Ditto(FedAvg):
 
     ``prox="exact"`` takes the λ-term as an exact proximal step after each SGD step (stable for any
     λ; λ → ∞ gives v = w). ``prox="gradient"`` adds λ(v − w) to the gradient, as the official code.
+
+    Args:
+        lam: λ, pull of the personal model towards the global model.
+        personal_epochs: local epochs on the personal model per participation.
+        prox: exact (proximal step, stable for any λ) or gradient (official code).
     """
 
     name = "ditto"

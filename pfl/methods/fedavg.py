@@ -11,6 +11,9 @@ class FedAvg(Method):
 
     FedAvg+FT: with ``finetune_epochs`` > 0 a client's P-model is the global model fine-tuned that
     many epochs on its train split; with 0 it is the global model itself.
+
+    Args:
+        finetune_epochs: epochs of fine-tuning the global model to get each P-model (0: none).
     """
 
     name = "fedavg"

@@ -7,7 +7,12 @@ from pfl.optim.terms import Proximal
 
 
 class FedProx(FedAvg):
-    """FedProx: FedAvg whose local objective adds μ/2·‖θ − w‖² to stay near the global model w."""
+    """FedProx: FedAvg whose local objective adds μ/2·‖θ − w‖² to stay near the global model w.
+
+    Args:
+        mu: proximal coefficient μ (0 is FedAvg).
+        finetune_epochs: epochs of fine-tuning the global model to get each P-model (0: none).
+    """
 
     name = "fedprox"
     description = "FedAvg with a proximal term mu/2*||theta - w||^2 in the local objective"
