@@ -95,7 +95,8 @@ def test_gtsrb_folder_layout_train_and_test(tmp_path):
     for c in (0, 1, 42):
         write_image(base / "GTSRB" / "Training" / f"{c:05d}" / f"{c:05d}_00000.ppm", 5 * c, size=11)
     write_image(base / "GTSRB" / "Final_Test" / "Images" / "00000.ppm", 77, size=13)
-    (base / "GT-final_test.csv").write_text("Filename;Width;Height;Roi.X1;Roi.Y1;Roi.X2;Roi.Y2;ClassId\n00000.ppm;13;13;0;0;13;13;7\n")
+    header = "Filename;Width;Height;Roi.X1;Roi.Y1;Roi.X2;Roi.Y2;ClassId"
+    (base / "GT-final_test.csv").write_text(f"{header}\n00000.ppm;13;13;0;0;13;13;7\n")
     x, y, classes = load_standard("gtsrb", tmp_path, False, 16)
     assert x.shape == (4, 3, 16, 16) and classes == 43  # resized to data.image_size
     assert y.tolist() == [0, 1, 42, 7] and np.allclose(x[3] * 255, 77)
@@ -114,7 +115,8 @@ def write_leaf(root: Path, users: dict[str, tuple[list, list]], split: str) -> N
 def test_leaf_shakespeare_and_femnist_json(tmp_path):
     line = "To be, or not to be, that is the question: Whether 'tis nobler in the mind to s"
     assert len(line) == 79
-    write_leaf(tmp_path / "sh", {"HAMLET": ([line + "u", "x" * 80], ["f", "y"]), "OPHELIA": (["o" * 80], ["!"])}, "train")
+    train = {"HAMLET": ([line + "u", "x" * 80], ["f", "y"]), "OPHELIA": (["o" * 80], ["!"])}
+    write_leaf(tmp_path / "sh", train, "train")
     write_leaf(tmp_path / "sh", {"HAMLET": (["z" * 80], ["a"]), "OPHELIA": (["q" * 80], ["b"])}, "test")
     x, y, classes, names, splits = load_leaf("leaf_shakespeare", tmp_path / "sh")
     assert names == ["HAMLET", "OPHELIA"] and classes == 80 and x.shape == (5, 80)
