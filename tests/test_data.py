@@ -117,6 +117,8 @@ def test_splits_big_client_and_cap():
     assert abs(sizes[0] - 0.5 * 1797) <= 1 and sizes[1:].max() < sizes[0] / 5
     capped = build_data(replace(DIGITS, max_client_samples=40), seed=0)
     assert all(len(c.train) + len(c.test) == 40 for c in capped.clients)
+    both = build_data(replace(DIGITS, partition="iid", max_client_samples=40, big_client_frac=0.3), seed=0)
+    assert label_histograms(both).sum(1).tolist() == [round(0.3 * 1617)] + [40] * 9
 
 
 def test_page_synthetic_shares_one_labelling_function():

@@ -175,7 +175,8 @@ def _client_splits(cfg: DataConfig, pool: Pool, parts: list[np.ndarray], rng: np
     fractions = (1 - cfg.test_frac - cfg.val_frac, cfg.test_frac, cfg.val_frac)
     splits = []
     for k, part in enumerate(parts):
-        if cfg.max_client_samples is not None and len(part) > cfg.max_client_samples:
+        big = k == 0 and cfg.big_client_frac > 0  # the cap shapes the others; the big client stays big
+        if cfg.max_client_samples is not None and len(part) > cfg.max_client_samples and not big:
             part = np.sort(rng.choice(part, cfg.max_client_samples, replace=False))
         if pool.ordered:
             train, test, val = contiguous_split(part, fractions)
