@@ -6,6 +6,7 @@ import gzip
 import json
 import pickle
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -39,8 +40,8 @@ def test_idx_loader_reads_gz_and_raw(tmp_path, source, folder):
     write_idx(raw / "train-labels-idx1-ubyte", train_y, gz=True)
     write_idx(raw / "t10k-images-idx3-ubyte", test_x, gz=False)
     write_idx(raw / "t10k-labels-idx1-ubyte", test_y, gz=False)
-    x, y, classes = load_standard(source, tmp_path, False, None)
-    assert x.shape == (17, 1, 28, 28) and classes == 10
+    x, y, classes, num_train = load_standard(source, tmp_path, False, None)
+    assert x.shape == (17, 1, 28, 28) and classes == 10 and num_train == 12
     assert np.allclose(x[:12, 0] * 255, train_x) and np.allclose(x[12:, 0] * 255, test_x)
     assert y.tolist() == [*train_y.tolist(), *test_y.tolist()]
 
@@ -58,15 +59,15 @@ def test_cifar10_and_cifar100_batches(tmp_path):
     base = tmp_path / "cifar-10-batches-py"
     written = [write_cifar_batch(base / f"data_batch_{i}", 3, b"labels", 10) for i in range(1, 6)]
     written.append(write_cifar_batch(base / "test_batch", 4, b"labels", 10))
-    x, y, classes = load_standard("cifar10", tmp_path, False, None)
-    assert x.shape == (19, 3, 32, 32) and classes == 10
+    x, y, classes, num_train = load_standard("cifar10", tmp_path, False, None)
+    assert x.shape == (19, 3, 32, 32) and classes == 10 and num_train == 15
     assert np.allclose(x[0] * 255, written[0][0][0].reshape(3, 32, 32))  # channel-first planes
     assert y.tolist() == sum((w[1] for w in written), [])
     base = tmp_path / "cifar-100-python"
     train = write_cifar_batch(base / "train", 6, b"fine_labels", 100)
     test = write_cifar_batch(base / "test", 2, b"fine_labels", 100)
-    x, y, classes = load_standard("cifar100", tmp_path, False, None)
-    assert x.shape == (8, 3, 32, 32) and classes == 100 and y.tolist() == train[1] + test[1]
+    x, y, classes, num_train = load_standard("cifar100", tmp_path, False, None)
+    assert x.shape == (8, 3, 32, 32) and classes == 100 and y.tolist() == train[1] + test[1] and num_train == 6
 
 
 def write_image(path: Path, value: int, size: int = 8) -> None:
@@ -84,8 +85,8 @@ def test_tiny_imagenet_folder_layout(tmp_path):
             write_image(base / "train" / w / "images" / f"{w}_{i}.JPEG", 40 * c + 10)
     write_image(base / "val" / "images" / "val_0.JPEG", 200)
     (base / "val" / "val_annotations.txt").write_text("val_0.JPEG\tn01641577\t0\t0\t8\t8\n")
-    x, y, classes = load_standard("tiny_imagenet", tmp_path, False, None)
-    assert classes == 3 and x.shape == (7, 3, 8, 8)
+    x, y, classes, num_train = load_standard("tiny_imagenet", tmp_path, False, None)
+    assert classes == 3 and x.shape == (7, 3, 8, 8) and num_train == 6
     assert y.tolist() == [0, 0, 1, 1, 2, 2, 2]
     assert abs(x[2].mean() * 255 - 50) < 2 and abs(x[-1].mean() * 255 - 200) < 2  # JPEG is lossy
 
@@ -97,8 +98,8 @@ def test_gtsrb_folder_layout_train_and_test(tmp_path):
     write_image(base / "GTSRB" / "Final_Test" / "Images" / "00000.ppm", 77, size=13)
     header = "Filename;Width;Height;Roi.X1;Roi.Y1;Roi.X2;Roi.Y2;ClassId"
     (base / "GT-final_test.csv").write_text(f"{header}\n00000.ppm;13;13;0;0;13;13;7\n")
-    x, y, classes = load_standard("gtsrb", tmp_path, False, 16)
-    assert x.shape == (4, 3, 16, 16) and classes == 43  # resized to data.image_size
+    x, y, classes, num_train = load_standard("gtsrb", tmp_path, False, 16)
+    assert x.shape == (4, 3, 16, 16) and classes == 43 and num_train == 3  # resized to data.image_size
     assert y.tolist() == [0, 1, 42, 7] and np.allclose(x[3] * 255, 77)
 
 
@@ -159,3 +160,10 @@ def test_on_disk_source_goes_through_the_partition_pipeline(tmp_path):
     assert data.num_clients == 5 and len(data.y) == 400
     for c in data.clients:
         assert len(np.unique(data.y[np.concatenate([c.train, c.test])].numpy())) == 2
+    write_idx(raw / "t10k-images-idx3-ubyte", RNG.integers(0, 256, (30, 28, 28)), gz=False)
+    write_idx(raw / "t10k-labels-idx1-ubyte", np.arange(30) % 10, gz=False)
+    official = build_data(replace(cfg, official_test=True, rotation_groups=0), seed=0)
+    assert official.global_test.tolist() == list(range(400, 430))  # PAGE: the official test set is the server's
+    assert max(c.train.max() for c in official.clients) < 400
+    with pytest.raises(ConfigError, match="data.official_test"):
+        build_data(DataConfig(official_test=True), seed=0)

@@ -71,6 +71,7 @@ class DataConfig:
     test_frac: float = 0.25
     val_frac: float = 0.0
     global_test_frac: float = 0.1
+    official_test: bool = False  # on-disk sources: the official test split is the server's test set (PAGE)
     rotation_groups: int = 0  # feature shift: client k rotated by 360°·(k mod G)/G (0: off)
     new_clients: float = 0.0  # fraction of clients held out, never trained on
     root: str | None = None  # directory of on-disk / LEAF / npz data
@@ -129,6 +130,13 @@ def validate_data_config(cfg: DataConfig) -> None:
         )
     if cfg.source in (*ON_DISK, "leaf_shakespeare", "femnist", "npz_dir"):
         require(cfg.root is not None, "data.root", f"{cfg.source} is read from disk", "set data.root to its directory")
+    if cfg.official_test:
+        require(
+            cfg.source in ON_DISK,
+            "data.official_test",
+            f"{cfg.source} has no official test split",
+            f"use one of {', '.join(ON_DISK)} or data.global_test_frac",
+        )
     if cfg.image_size is not None:
         require(cfg.image_size >= 1, "data.image_size", f"must be >= 1 (got {cfg.image_size})")
     s = cfg.synthetic
@@ -204,6 +212,12 @@ def build_data(cfg: DataConfig, seed: int) -> FederatedData:
     else:
         if pool.clients is not None:
             parts, global_test = _natural_global_test(cfg, pool, rng)
+        elif cfg.official_test:
+            assert pool.official_test is not None
+            if len(pool.official_test) == 0:
+                raise ConfigError("data.official_test", f"no official test files under {cfg.root}", "set it false")
+            global_test = pool.official_test
+            parts = _partition(cfg, y, np.arange(global_test[0]), rng)
         else:
             everything = np.arange(len(y))
             rest, global_test = split_indices(everything, (1 - cfg.global_test_frac, cfg.global_test_frac), rng)

@@ -1,6 +1,7 @@
 """Loaders for standard on-disk formats under ``data.root``. Each returns the samples of all official
 splits merged into one pool (PGFed's protocol: partition the union, then split per client), as
-float32 images (N, C, H, W) in [0, 1] and int64 labels.
+float32 images (N, C, H, W) in [0, 1] and int64 labels, plus the number of official training samples
+(they come first; the rest is the official test/validation split, PAGE's server test set).
 
 A missing dataset raises ConfigError with the path looked at and the layout expected; with
 ``data.download: true`` the torchvision datasets that can fetch themselves are downloaded first.
@@ -30,6 +31,7 @@ LAYOUTS = {
 }
 TORCHVISION = {"mnist": "MNIST", "fmnist": "FashionMNIST", "cifar10": "CIFAR10", "cifar100": "CIFAR100"}
 IMAGE_SUFFIXES = (".ppm", ".png", ".jpg", ".jpeg", ".bmp")
+Loaded = tuple[np.ndarray, np.ndarray, int, int]  # x, y, num_classes, num_train (official train first)
 
 
 def missing(source: str, root: Path, looked_at: Path) -> ConfigError:
@@ -78,7 +80,7 @@ def _find_idx(folder: Path, stem: str) -> Path | None:
     return None
 
 
-def load_idx(source: str, root: Path) -> tuple[np.ndarray, np.ndarray, int]:
+def load_idx(source: str, root: Path) -> Loaded:
     sub = root / TORCHVISION[source] / "raw"
     folder = sub if _find_idx(sub, "train-images-idx3-ubyte") else root
     xs, ys = [], []
@@ -92,11 +94,11 @@ def load_idx(source: str, root: Path) -> tuple[np.ndarray, np.ndarray, int]:
         xs.append(read_idx(images))
         ys.append(read_idx(labels))
     x = np.concatenate(xs)[:, None].astype(np.float32) / 255.0
-    return x, np.concatenate(ys).astype(np.int64), 10
+    return x, np.concatenate(ys).astype(np.int64), 10, len(ys[0])
 
 
 # -- CIFAR python batches ---------------------------------------------------------------------------
-def load_cifar(source: str, root: Path) -> tuple[np.ndarray, np.ndarray, int]:
+def load_cifar(source: str, root: Path) -> Loaded:
     if source == "cifar10":
         folder, classes, label_key = root / "cifar-10-batches-py", 10, b"labels"
         names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
@@ -104,15 +106,17 @@ def load_cifar(source: str, root: Path) -> tuple[np.ndarray, np.ndarray, int]:
         folder, names, classes, label_key = root / "cifar-100-python", ["train", "test"], 100, b"fine_labels"
     if not (folder / names[0]).exists():
         raise missing(source, root, folder)
-    xs, ys = [], []
+    xs, ys, read = [], [], []
     for name in names:
         if not (folder / name).exists():
             continue
+        read.append(name)
         with open(folder / name, "rb") as f:
             batch = pickle.load(f, encoding="bytes")
         xs.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
         ys.append(np.asarray(batch[label_key], dtype=np.int64))
-    return np.concatenate(xs).astype(np.float32) / 255.0, np.concatenate(ys), classes
+    num_train = sum(len(v) for name, v in zip(read, ys, strict=True) if not name.startswith("test"))
+    return np.concatenate(xs).astype(np.float32) / 255.0, np.concatenate(ys), classes, num_train
 
 
 # -- image folders (Tiny-ImageNet, GTSRB) -----------------------------------------------------------
@@ -130,7 +134,7 @@ def _stack(images: list[np.ndarray], labels: list[int]) -> tuple[np.ndarray, np.
     return np.stack(images).astype(np.float32) / 255.0, np.asarray(labels, dtype=np.int64)
 
 
-def load_tiny_imagenet(root: Path, size: int | None) -> tuple[np.ndarray, np.ndarray, int]:
+def load_tiny_imagenet(root: Path, size: int | None) -> Loaded:
     base = root / "tiny-imagenet-200" if (root / "tiny-imagenet-200").is_dir() else root
     if not (base / "wnids.txt").exists():
         raise missing("tiny_imagenet", root, base / "wnids.txt")
@@ -142,6 +146,7 @@ def load_tiny_imagenet(root: Path, size: int | None) -> tuple[np.ndarray, np.nda
             if path.suffix.lower() in IMAGE_SUFFIXES:
                 images.append(read_image(path, size))
                 labels.append(index[w])
+    num_train = len(labels)
     annotations = base / "val" / "val_annotations.txt"
     if annotations.exists():
         for line in annotations.read_text().splitlines():
@@ -152,10 +157,10 @@ def load_tiny_imagenet(root: Path, size: int | None) -> tuple[np.ndarray, np.nda
     if not images:
         raise missing("tiny_imagenet", root, base / "train")
     x, y = _stack(images, labels)
-    return x, y, len(wnids)
+    return x, y, len(wnids), num_train
 
 
-def load_gtsrb(root: Path, size: int) -> tuple[np.ndarray, np.ndarray, int]:
+def load_gtsrb(root: Path, size: int) -> Loaded:
     base = root / "gtsrb"
     train = next((d for d in (base / "GTSRB" / "Training", root) if d.is_dir() and _class_dirs(d)), None)
     if train is None:
@@ -166,6 +171,7 @@ def load_gtsrb(root: Path, size: int) -> tuple[np.ndarray, np.ndarray, int]:
             if path.suffix.lower() in IMAGE_SUFFIXES:
                 images.append(read_image(path, size))
                 labels.append(int(d.name))
+    num_train = len(labels)
     test_csv = base / "GT-final_test.csv"
     if test_csv.exists():
         import csv
@@ -175,16 +181,14 @@ def load_gtsrb(root: Path, size: int) -> tuple[np.ndarray, np.ndarray, int]:
                 images.append(read_image(base / "GTSRB" / "Final_Test" / "Images" / row["Filename"], size))
                 labels.append(int(row["ClassId"]))
     x, y = _stack(images, labels)
-    return x, y, max(43, int(y.max()) + 1)
+    return x, y, max(43, int(y.max()) + 1), num_train
 
 
 def _class_dirs(folder: Path) -> list[Path]:
     return sorted(d for d in folder.iterdir() if d.is_dir() and d.name.isdigit())
 
 
-def load_standard(
-    source: str, root: Path, download_ok: bool, image_size: int | None
-) -> tuple[np.ndarray, np.ndarray, int]:
+def load_standard(source: str, root: Path, download_ok: bool, image_size: int | None) -> Loaded:
     """Dispatch ``source`` to its loader, downloading first when asked and the files are absent."""
     loaders = {
         "mnist": lambda: load_idx("mnist", root),

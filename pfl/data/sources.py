@@ -37,6 +37,7 @@ class Pool:
     new_clients: list[int] | None = None  # ids held out by the source
     names: list[str] | None = None
     ordered: bool = False  # a client's samples are consecutive text windows
+    official_test: np.ndarray | None = None  # the source's own test split (centralised sources)
 
 
 def _group(xs: list[np.ndarray], ys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
@@ -88,7 +89,8 @@ def load_pool(cfg: DataConfig, rng: np.random.Generator) -> Pool:
         return _shakespeare(cfg, rng)
     root = Path(str(cfg.root)).expanduser()
     if cfg.source in ON_DISK:
-        return Pool(*disk.load_standard(cfg.source, root, cfg.download, cfg.image_size))
+        x, y, num_classes, num_train = disk.load_standard(cfg.source, root, cfg.download, cfg.image_size)
+        return Pool(x, y, num_classes, official_test=np.arange(num_train, len(y)))
     if cfg.source in LEAF:
         x, y, num_classes, names, splits = load_leaf(cfg.source, root)
         _check_count(cfg, len(splits), "users")
