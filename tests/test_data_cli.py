@@ -88,9 +88,10 @@ def test_paper_settings_each_have_an_embedded_analogue():
     names = {p.stem for p in (CONF / "data").glob("*.yaml")}
     assert set(EMBEDDED) <= names
     for stem in names - set(EMBEDDED):
-        text = (CONF / "data" / f"{stem}.yaml").read_text()
+        text = (CONF / "data" / f"{stem}.yaml").read_text().lower()
         analogue = text.split("analogue:")[1].split()[0].rstrip(".") if "analogue:" in text else None
         assert analogue is None or analogue in EMBEDDED, stem
+        assert analogue is not None, f"{stem} names no offline analogue"
 
 
 def test_embedded_config_runs_through_fit(tmp_path):
