@@ -191,7 +191,11 @@ commands:
   methods   list every method with a one-line description
   sweep     run a W&B sweep file locally (python -m pfl sweep sweeps/fedprox_mu.yaml --workers 2)
   reproduce run the paper-reproduction suite, writes reproduce/REPORT.md (make reproduce)
+  data      export a partition (npz) or print its statistics (python -m pfl data --help)
 """
+
+
+COMMANDS = ("fit", "methods", "sweep", "reproduce", "data")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,8 +215,12 @@ def main(argv: list[str] | None = None) -> int:
             from pfl.reproduce import main as reproduce_main
 
             reproduce_main(rest)
+        elif command == "data":
+            from pfl.commands.data import main as data_main
+
+            data_main(rest)
         else:
-            raise ConfigError("command", f"unknown command {command!r}", "choose one of fit, methods, sweep, reproduce")
+            raise ConfigError("command", f"unknown command {command!r}", f"choose one of {', '.join(COMMANDS)}")
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

