@@ -169,6 +169,7 @@ USAGE = """usage: python -m pfl <command> [options]
 commands:
   fit       run an experiment (python -m pfl fit --help)
   methods   list every method with a one-line description
+  report    table of finished runs (python -m pfl report --help)
 """
 
 
@@ -183,8 +184,12 @@ def main(argv: list[str] | None = None) -> int:
             fit(rest)
         elif command == "methods":
             list_methods()
+        elif command == "report":
+            from pfl.commands.report import main as report_main
+
+            return report_main(rest)
         else:
-            raise ConfigError("command", f"unknown command {command!r}", "choose one of fit, methods")
+            raise ConfigError("command", f"unknown command {command!r}", "choose one of fit, methods, report")
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

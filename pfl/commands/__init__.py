@@ -1,0 +1,1 @@
+"""Sub-commands of ``python -m pfl`` that live outside pfl/cli.py."""
