@@ -75,9 +75,9 @@ def score_segments(worker: Worker, state: Tensor, segments: dict[str, Tensor]) -
         o, t = out[start : start + len(seg)], y[start : start + len(seg)]
         start += len(seg)
         if worker.task == "classification":
-            scores[name] = float(
-                multiclass_accuracy(o, t, num_classes=o.shape[1], average="micro", validate_args=False)
-            )
+            acc = multiclass_accuracy(o, t, num_classes=o.shape[1], average="micro", validate_args=False)
+            # Back to the exact ratio correct / n: equal accuracies stay equal (PTR ties are real ties).
+            scores[name] = round(float(acc) * len(t)) / len(t)
         else:
             scores[name] = float(mean_absolute_error(o, t))
         scores[f"{name}_loss"] = float(worker.module.loss(o, t))
