@@ -248,3 +248,20 @@ def test_bad_eval_options_name_the_field():
     for field, value in (("select", "best"), ("reference", "fedavg"), ("pm_source", "x"), ("s_acc_others", 0.0)):
         with pytest.raises(ConfigError, match=f"eval.{field}"):
             validate(tiny_config("fedavg", eval={field: value}))
+
+
+def test_resume_keeps_communication_totals_and_round_history(tmp_path):
+    full = make_loop(tiny_config("fedavg", trainer={"rounds": 4}, data={"val_frac": 0.2}, eval={"select": "best_val"}))
+    expected = full.fit()
+    cut = tiny_config("fedavg", trainer={"rounds": 2}, data={"val_frac": 0.2}, eval={"select": "best_val"})
+    make_loop(cut, files=RunFiles(tmp_path)).fit()
+    resumed = make_loop(
+        tiny_config("fedavg", trainer={"rounds": 4}, data={"val_frac": 0.2}, eval={"select": "best_val"}),
+        files=RunFiles(tmp_path),
+    )
+    assert resumed.resume(tmp_path)
+    got = resumed.fit()
+    assert got["selected_round"] == expected["selected_round"]
+    for key in ("comm.up_bytes.total", "comm.down_bytes.total", "pm.l_acc.mean", "pm.s_acc.mean"):
+        assert got["metrics"][key] == expected["metrics"][key]
+    assert resumed.selected_rows == full.selected_rows
