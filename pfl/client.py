@@ -21,8 +21,6 @@ from pfl.flat import FlatModule
 from pfl.optim.terms import Term
 from pfl.seeding import seed_everything, torch_generator
 
-TASKS = ("classification", "regression")
-
 
 def task_of(data: FederatedData) -> str:
     """Regression when the targets are real numbers (the model then has one output), else classification."""

@@ -265,3 +265,16 @@ def test_resume_keeps_communication_totals_and_round_history(tmp_path):
     for key in ("comm.up_bytes.total", "comm.down_bytes.total", "pm.l_acc.mean", "pm.s_acc.mean"):
         assert got["metrics"][key] == expected["metrics"][key]
     assert resumed.selected_rows == full.selected_rows
+
+
+def test_full_eval_config_from_the_command_line(tmp_path):
+    from pfl.cli import main
+
+    args = ["--data.num_clients", "4", "--trainer.rounds", "2", "--trainer.eval_every", "1", "--model.hidden", "[8]"]
+    args += ["--tracking.wandb", "false", "--trainer.progress", "false", "--tracking.root", str(tmp_path)]
+    args += ["--tracking.name", "r", "--config", "conf/eval/full.yaml", "--eval.target", "0.0"]
+    assert main(["fit", *args]) == 0
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["metrics"]["rounds_to_target"] == 1 and s["reference"]["method"] == "local"
+    assert {"ptr", "r_acc.mean", "gain.mean", "pm.s_acc.mean", "comm.up_bytes.total"} <= set(s["metrics"])
+    assert main(["fit", *args, "--eval.select", "best"]) == 2  # bad input fails before training
