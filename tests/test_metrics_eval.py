@@ -278,3 +278,14 @@ def test_full_eval_config_from_the_command_line(tmp_path):
     assert s["metrics"]["rounds_to_target"] == 1 and s["reference"]["method"] == "local"
     assert {"ptr", "r_acc.mean", "gain.mean", "pm.s_acc.mean", "comm.up_bytes.total"} <= set(s["metrics"])
     assert main(["fit", *args, "--eval.select", "best"]) == 2  # bad input fails before training
+
+
+def test_validation_scores_average_over_clients_that_have_a_validation_split():
+    worker, state, correct = known_federation()
+    c0 = worker.data.clients[0]
+    worker.data.clients[0] = ClientSplit(c0.train, c0.test, worker.data.clients[1].test)  # acc 0.5 samples
+    ctx = lambda cid: ClientContext(cid, 0, worker, {}, state)  # noqa: E731
+    m, rows = evaluate_federation(FedAvg(), {"global": state}, worker, ctx)
+    assert m["pm.val_acc.mean"] == 0.5 and m["pm.val_acc.std"] == 0.0
+    assert "pm.val_acc" in rows[0] and "pm.val_acc" not in rows[1]
+    assert "pm.s_acc.mean" not in m  # no S/G-tests without EvalSets

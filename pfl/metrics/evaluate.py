@@ -130,8 +130,9 @@ def evaluate_federation(
     metrics: dict[str, float] = {}
     metrics.update(summarize(own, [r[own] for r in rows], tails=task == "classification"))
     for key in (f"pm.s_{score}", f"pm.g_{score}", f"pm.val_{score}", "pm.l_loss", "gm.l_loss"):
-        if key in rows[0]:
-            metrics.update(summarize(key, [r[key] for r in rows]))
+        values = [r[key] for r in rows if key in r]  # a tiny client may have no validation sample
+        if values:
+            metrics.update(summarize(key, values))
     if global_state is not None:
         key = f"gm.l_{score}"
         metrics.update(summarize(key, [r[key] for r in rows], tails=task == "classification"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -86,5 +87,8 @@ def ensure_local_reference(cfg: RunConfig, data, fabric: L.Fabric | None) -> dic
         "metric": metric,
         "values": [row[metric] for row in loop.selected_rows],
     }
-    (path / "reference.json").write_text(json.dumps(record, indent=2))
+    # Atomic: parallel sweep runs may build the same reference; a reader never sees half a file.
+    tmp = path / f"reference.json.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(record, indent=2))
+    os.replace(tmp, path / "reference.json")
     return {**record, "reused": False}
