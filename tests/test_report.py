@@ -76,3 +76,11 @@ def test_report_bad_input(tmp_path, capsys):
     assert main(["report"]) == 2
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "summary.json" in capsys.readouterr().err
+
+
+def test_rounds_to_target_cells_are_counts_fewest_is_best_and_null_reads_never(tmp_path):
+    a = write_run(tmp_path, "a", "fedavg", {"rounds_to_target": 30})
+    b = write_run(tmp_path, "b", "ditto", {"rounds_to_target": 20})
+    c = write_run(tmp_path, "c", "local", {"rounds_to_target": None})
+    lines = report([a, b, c], fmt="csv").splitlines()
+    assert lines == ["run,method,rounds_to_target", "a,fedavg,30", "b,ditto,20*", "c,local,never"]

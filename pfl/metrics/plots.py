@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
@@ -46,8 +47,11 @@ def plot_client_histogram(rows: list[dict[str, Any]], path: Path, keys: tuple[st
     """Histogram over clients of each per-client score in ``keys`` present in ``rows``."""
     present = [k for k in keys if rows and k in rows[0]]
     fig, ax = plt.subplots(figsize=(6, 4))
+    if present:  # shared bin edges so the series line up
+        values = [float(r[k]) for k in present for r in rows]
+        edges = np.histogram_bin_edges(values, bins=min(20, max(5, len(rows))))
     for key in present:
-        ax.hist([r[key] for r in rows], bins=min(20, max(5, len(rows))), alpha=0.6, label=key)
+        ax.hist([r[key] for r in rows], bins=edges, alpha=0.6, label=key)
     ax.set_xlabel("score per client")
     ax.set_ylabel("clients")
     if present:

@@ -63,7 +63,9 @@ def lower_is_better(key: str) -> bool:
 
 
 def _fmt(v: float) -> str:
-    if isinstance(v, float) and math.isnan(v):
+    if isinstance(v, int):  # counts (rounds_to_target) stay integers
+        return str(v)
+    if math.isnan(v):
         return "nan"
     return f"{v:.4g}" if abs(v) >= 1000 else f"{v:.4f}"
 
@@ -73,11 +75,17 @@ def build_table(summaries: list[dict[str, Any]], names: list[str], metrics: list
     read from their ``best_test.`` keys and their row name says so."""
     keys = list(metrics) if metrics else list(DEFAULT_METRICS)
     values: list[list[tuple[float | None, float | None]]] = []
-    for s in summaries:
+    never: set[tuple[int, int]] = set()  # measured but not reached (rounds_to_target: null)
+    for i, s in enumerate(summaries):
         prefix = "best_test." if s.get("select") == "best_test" else ""
-        values.append([lookup(s.get("metrics", {}), k, prefix) for k in keys])
+        m = s.get("metrics", {})
+        values.append([lookup(m, k, prefix) for k in keys])
+        never |= {(i, j) for j, k in enumerate(keys) if k in m and m[k] is None}
     if metrics is None:  # the default list shows only what was measured
-        keep = [j for j in range(len(keys)) if any(row[j][0] is not None for row in values)]
+        keep = [
+            j for j in range(len(keys)) if any(v[j][0] is not None or (i, j) in never for i, v in enumerate(values))
+        ]
+        never = {(i, keep.index(j)) for i, j in never if j in keep}
         keys = [keys[j] for j in keep]
         values = [[row[j] for j in keep] for row in values]
     best = [[False] * len(keys) for _ in values]
@@ -90,11 +98,14 @@ def build_table(summaries: list[dict[str, Any]], names: list[str], metrics: list
         for i, v in enumerate(col):
             best[i][j] = v == target
     rows = []
-    for s, name, row in zip(summaries, names, values, strict=True):
+    for i, (s, name, row) in enumerate(zip(summaries, names, values, strict=True)):
         label = name + (" [best_test]" if s.get("select") == "best_test" else "")
         cells = [label, s.get("method", "")]
-        for v, sd in row:
-            cells.append("-" if v is None else _fmt(v) + ("" if sd is None else f" ({_fmt(sd)})"))
+        for j, (v, sd) in enumerate(row):
+            if v is None:
+                cells.append("never" if (i, j) in never else "-")
+            else:
+                cells.append(_fmt(v) + ("" if sd is None else f" ({_fmt(sd)})"))
         rows.append(cells)
     return ["run", "method", *keys], rows, best
 
