@@ -178,10 +178,10 @@ def sweep(argv: list[str]) -> None:
     parser.add_argument("--workers", type=int, default=1, help="runs in parallel")
     parser.add_argument("--root", type=Path, default=None, help="directory for the runs")
     args = parser.parse_args(argv)
-    dirs = run_sweep(args.file, args.count, args.workers, args.root)
-    from pfl.report import print_report
+    from pfl.metrics.report import report
 
-    print_report(dirs)
+    dirs = run_sweep(args.file, args.count, args.workers, args.root)
+    print(report(dirs), end="")
 
 
 USAGE = """usage: python -m pfl <command> [options]
@@ -192,10 +192,11 @@ commands:
   sweep     run a W&B sweep file locally (python -m pfl sweep sweeps/fedprox_mu.yaml --workers 2)
   reproduce run the paper-reproduction suite, writes reproduce/REPORT.md (make reproduce)
   data      export a partition (npz) or print its statistics (python -m pfl data --help)
+  report    table of finished runs (python -m pfl report --help)
 """
 
 
-COMMANDS = ("fit", "methods", "sweep", "reproduce", "data")
+COMMANDS = ("fit", "methods", "sweep", "reproduce", "data", "report")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
             from pfl.commands.data import main as data_main
 
             data_main(rest)
+        elif command == "report":
+            from pfl.commands.report import main as report_main
+
+            return report_main(rest)
         else:
             raise ConfigError("command", f"unknown command {command!r}", f"choose one of {', '.join(COMMANDS)}")
     except ConfigError as err:

@@ -16,29 +16,42 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pfl.data.federated import FederatedData
+from pfl.data.federated import ClientSplit, FederatedData
 from pfl.flat import FlatModule
 from pfl.optim.terms import Term
 from pfl.seeding import seed_everything, torch_generator
 
 
+def task_of(data: FederatedData) -> str:
+    """Regression when the targets are real numbers (the model then has one output), else classification."""
+    return "regression" if data.y.is_floating_point() else "classification"
+
+
 class ClientModule(L.LightningModule):
-    """The local objective's data term: cross-entropy of the network on a batch.
+    """The local objective's data term: cross-entropy (classification) or mean squared error
+    (regression) of the network on a batch.
 
     Method-specific terms (proximal, auxiliary gradients, ...) are composed on top by the worker
     from ``pfl.optim.terms``, so this module stays the same for every method.
     """
 
-    def __init__(self, net: nn.Module):
+    def __init__(self, net: nn.Module, task: str = "classification"):
         super().__init__()
         self.net = net
+        self.task = task
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.net(x)
+        out = self.net(x)
+        return out.squeeze(-1) if self.task == "regression" else out
+
+    def loss(self, out: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
+        if self.task == "regression":
+            return F.mse_loss(out, y, reduction=reduction)
+        return F.cross_entropy(out, y, reduction=reduction)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int = 0) -> Tensor:
         x, y = batch
-        return F.cross_entropy(self.net(x), y)
+        return self.loss(self(x), y)
 
 
 @dataclass
@@ -88,9 +101,12 @@ class Worker:
     ):
         self.fabric = fabric
         self.device = fabric.device if fabric is not None else torch.device("cpu")
-        self.module = ClientModule(net.to(self.device))
+        self.task = task_of(data)
+        self.module = ClientModule(net.to(self.device), self.task)
         self.flat = FlatModule(self.module.net)
         self.data = data.to(self.device)
+        # Held-out clients (ids num_clients, num_clients + 1, ...): trained only when adapting to them.
+        self.new_clients = [c.to(self.device) for c in getattr(data, "new_clients", [])]
         self.settings = settings
         self.seed = seed
         self.eval_batch_size = eval_batch_size
@@ -120,7 +136,7 @@ class Worker:
         lr = self.settings.lr if lr is None else lr
         seed_everything(self.seed, round_idx, cid, purpose)
         gen = torch_generator(self.seed, round_idx, cid, purpose, "batches", device=self.device)
-        idx = self.data.clients[cid].train
+        idx = self.split(cid).train
         n, bs = len(idx), self.settings.batch_size
         group = self.optimizer.param_groups[0]
         group["lr"] = lr
@@ -160,6 +176,11 @@ class Worker:
     def snapshot(self) -> Tensor:
         return self.flat.snapshot()
 
+    def split(self, cid: int) -> ClientSplit:
+        """Client ``cid``'s index split; ids past the federation are the held-out new clients."""
+        n = self.data.num_clients
+        return self.data.clients[cid] if cid < n else self.new_clients[cid - n]
+
     # -- evaluation -----------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, state: Tensor, idx: Tensor) -> EvalStats:
@@ -169,8 +190,9 @@ class Worker:
         correct, loss_sum = 0, 0.0
         for s in range(0, len(idx), self.eval_batch_size):
             b = idx[s : s + self.eval_batch_size]
-            logits = self.module(self.data.x[b]).float()
+            out = self.module(self.data.x[b]).float()
             y = self.data.y[b]
-            correct += int((logits.argmax(1) == y).sum())
-            loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+            if self.task == "classification":
+                correct += int((out.argmax(1) == y).sum())
+            loss_sum += float(self.module.loss(out, y, reduction="sum"))
         return EvalStats(correct, loss_sum, len(idx))

@@ -59,9 +59,22 @@ class ClientConfig:
     weight_decay: float = 0.0
 
 
+SELECTS = ("final", "best_val", "best_test")
+REFERENCES = ("none", "local")
+PM_SOURCES = ("method", "local_update")
+
+
 @dataclass
 class EvalConfig:
+    """What is measured and which round is reported (docs/metrics.md defines every key)."""
+
     batch_size: int = 4096
+    target: float | None = None  # rounds_to_target: first evaluated round with pm.l_acc.mean >= target
+    select: str = "final"  # reported round: final | best_val (needs data.val_frac > 0) | best_test
+    s_acc_others: float = 0.5  # share of the other clients mixed into FedPG's S-test (official: half)
+    new_client_epochs: int = 1  # fine-tuning epochs before held-out new clients are evaluated
+    reference: str = "none"  # local: compare with a LOCAL run on the same split and seed (R-Acc, PTR, gain)
+    pm_source: str = "method"  # local_update: the model trained this round, before aggregation (FedPG)
 
 
 @dataclass
@@ -129,5 +142,17 @@ def validate(cfg: RunConfig) -> None:
     require(c.batch_size >= 1, "client.batch_size", f"must be >= 1 (got {c.batch_size})")
     require(0 <= c.momentum < 1, "client.momentum", f"must be in [0, 1) (got {c.momentum})")
     require(c.weight_decay >= 0, "client.weight_decay", f"must be >= 0 (got {c.weight_decay})")
-    require(cfg.eval.batch_size >= 1, "eval.batch_size", f"must be >= 1 (got {cfg.eval.batch_size})")
+    validate_eval(cfg.eval)
     validate_data_config(cfg.data)
+
+
+def validate_eval(e: EvalConfig) -> None:
+    require(e.batch_size >= 1, "eval.batch_size", f"must be >= 1 (got {e.batch_size})")
+    for name, value, choices in (
+        ("select", e.select, SELECTS),
+        ("reference", e.reference, REFERENCES),
+        ("pm_source", e.pm_source, PM_SOURCES),
+    ):
+        require(value in choices, f"eval.{name}", f"unknown value {value!r}", f"choose one of {', '.join(choices)}")
+    require(0 < e.s_acc_others <= 1, "eval.s_acc_others", f"must be in (0, 1] (got {e.s_acc_others})")
+    require(e.new_client_epochs >= 0, "eval.new_client_epochs", f"must be >= 0 (got {e.new_client_epochs})")

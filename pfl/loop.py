@@ -21,7 +21,10 @@ from pfl.config import RunConfig
 from pfl.data.federated import FederatedData
 from pfl.flat import FlatModule
 from pfl.methods.base import ClientContext, State
-from pfl.metrics import evaluate_federation
+from pfl.metrics.evaluate import evaluate_new_clients
+from pfl.metrics.plots import plot_client_histogram, plot_curves
+from pfl.metrics.reference import ensure_local_reference
+from pfl.metrics.session import EvalSession
 from pfl.models import build_model
 from pfl.seeding import numpy_rng, seed_everything
 from pfl.tracking import RunFiles
@@ -65,6 +68,8 @@ class FederatedLoop:
         self.round = 0  # rounds completed
         self.history: list[dict[str, Any]] = []
         self.client_rows: list[dict[str, Any]] = []
+        self.selected_rows: list[dict[str, Any]] = []  # client rows of the reported round
+        self.evals = EvalSession(cfg.eval, self.worker, cfg.seed)
         self.train_samples = 0
         self.train_seconds = 0.0
 
@@ -82,7 +87,9 @@ class FederatedLoop:
         results = {}
         for cid in sampled.tolist():
             ctx = self.client(cid)
-            results[cid] = self.method.local_update(ctx, self.method.payload(self.server, cid))
+            payload = self.method.payload(self.server, cid)
+            results[cid] = self.method.local_update(ctx, payload)
+            self.evals.observe(cid, payload, results[cid])  # bytes exchanged (+ trained model if kept)
             self.train_samples += sum(f.samples_seen for f in ctx.fits)
             self.train_seconds += sum(f.seconds for f in ctx.fits)
         self.method.aggregate(self.server, results)
@@ -92,8 +99,13 @@ class FederatedLoop:
                 self.clients.pop(cid, None)
         self.round += 1
 
+    @property
+    def own_key(self) -> str:
+        """Per-client key of the P-model's own-test score (pm.l_acc, or pm.mae for regression)."""
+        return self.evals.own_key
+
     def evaluate(self) -> dict[str, float]:
-        metrics, rows = evaluate_federation(self.method, self.server, self.worker, self.client)
+        metrics, rows = self.evals.evaluate(self.method, self.server, self.client, self.round)
         for cid in range(self.worker.data.num_clients):
             if not self.clients.get(cid):
                 self.clients.pop(cid, None)
@@ -107,6 +119,9 @@ class FederatedLoop:
         bar = tqdm(
             total=t.rounds, initial=self.round, desc=self.method.name, disable=not t.progress, dynamic_ncols=True
         )
+        self.evals.check()
+        if self.cfg.eval.reference == "local" and self.method.name != "local" and self.evals.reference is None:
+            self.evals.reference = ensure_local_reference(self.cfg, self.worker.data, self.fabric)
         metrics = self.history[-1] if self.history else {}
         while self.round < t.rounds:
             self.run_round()
@@ -121,7 +136,11 @@ class FederatedLoop:
         bar.close()
         summary = self.summary(metrics)
         if self.files is not None:
+            self.files.write_clients(self.selected_rows)
             self.files.write_summary(summary)
+            plot_curves(self.history, self.files.dir / "curves.png")
+            keys = (self.own_key, "gm.l_acc", "gm.l_mae")
+            plot_client_histogram(self.selected_rows, self.files.dir / "clients_hist.png", keys)
         return summary
 
     def _log(self, metrics: dict[str, Any], bar: tqdm) -> None:
@@ -134,15 +153,33 @@ class FederatedLoop:
             self.files.write_clients(self.client_rows)
 
     def summary(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        return {
+        """The reported round's metrics (eval.select; ``metrics`` when nothing was evaluated), plus
+        run-level ones: rounds_to_target, and new clients adapted from the final server state."""
+        self.selected_rows = self.client_rows
+        if self.history:
+            metrics, self.selected_rows = self.evals.select(self.history)
+        e = self.cfg.eval
+        run_level = self.evals.target_round(self.history)
+        run_level.update(
+            evaluate_new_clients(
+                self.method, self.server, self.worker, self.round, e.new_client_epochs, self.init_state
+            )
+        )
+        summary = {
             "method": self.method.name,
             "dataset": self.worker.data.name,
+            "task": self.worker.task,
             "num_clients": self.worker.data.num_clients,
             "rounds": self.round,
             "seed": self.cfg.seed,
             "hparams": self.method.hparams(),
-            "metrics": {k: v for k, v in metrics.items() if k != "round"},
+            "select": e.select,
+            "selected_round": metrics.get("round", self.round),
+            "metrics": {**{k: v for k, v in metrics.items() if k != "round"}, **run_level},
         }
+        if self.evals.reference is not None:
+            summary["reference"] = {k: v for k, v in self.evals.reference.items() if k != "values"}
+        return summary
 
     # -- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -154,6 +191,7 @@ class FederatedLoop:
             "client_rows": self.client_rows,
             "train_samples": self.train_samples,
             "train_seconds": self.train_seconds,
+            "evals": self.evals.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -165,6 +203,8 @@ class FederatedLoop:
         self.client_rows = state["client_rows"]
         self.train_samples = state["train_samples"]
         self.train_seconds = state["train_seconds"]
+        if "evals" in state:
+            self.evals.load_state_dict(state["evals"], device)
 
     def save(self) -> None:
         assert self.files is not None

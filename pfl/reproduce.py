@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pfl.methods import METHODS
+from pfl.metrics.report import build_table, render
 
 Summaries = dict[str, dict[str, Any]]
 
@@ -28,7 +29,7 @@ class Claim:
     base: list[str]
     runs: dict[str, list[str]]
     check: Callable[[Summaries], tuple[bool, str]]
-    metrics: tuple[str, ...] = ("pm.l_acc.mean", "pm.l_acc.std", "gm.acc")
+    metrics: tuple[str, ...] = ("pm.l_acc", "pm.l_acc.bottom5", "gm.acc", "gain", "ptr")
 
     def methods(self) -> set[str]:
         return {args[args.index("--method.name") + 1] for args in self.runs.values() if "--method.name" in args}
@@ -94,22 +95,15 @@ def run_claims(out: Path, only: list[str] | None = None, quick: bool = False) ->
             summaries[label] = run_experiment(cfg, parser.dump(ns))
         held, detail = claim.check(summaries)
         minutes = (time.perf_counter() - t0) / 60
-        sections += _table(summaries, claim.metrics)
-        plot = _bar_plot(summaries, claim.metrics[0], out / f"{claim.key}.png")
+        header, rows, best = build_table(list(summaries.values()), list(summaries), list(claim.metrics))
+        sections += render(header, rows, best).splitlines()
+        plot = _bar_plot(summaries, "pm.l_acc.mean", out / f"{claim.key}.png")
         sections += ["", f"![{claim.key}]({plot.name})", "", f"**Held: {'yes' if held else 'no'}** — {detail}."]
         sections += ["", f"({len(summaries)} runs, {minutes:.1f} min)", ""]
         (out / f"{claim.key}.json").write_text(json.dumps(summaries, indent=2, default=str))
     report = out / "REPORT.md"
     report.write_text("\n".join(sections) + "\n")
     return report
-
-
-def _table(summaries: Summaries, metrics: tuple[str, ...]) -> list[str]:
-    lines = ["| run | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
-    for label, s in summaries.items():
-        cells = [f"{s['metrics'][m]:.4f}" if m in s["metrics"] else "-" for m in metrics]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return lines
 
 
 def _bar_plot(summaries: Summaries, metric: str, path: Path) -> Path:

@@ -159,7 +159,8 @@ def run_sweep(path: str | Path, count: int | None = None, workers: int = 1, root
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for done, (run, code, err) in enumerate(pool.map(launch, runs), 1):
             status = "ok" if code == 0 else f"FAILED ({code})"
-            print(f"[{done}/{len(runs)}] run{run.index:03d} {run.params} {status}", file=sys.stderr, flush=True)
+            params = ", ".join(f"{k}={v}" for k, v in run.params.items())
+            print(f"[{done}/{len(runs)}] run{run.index:03d} {params}: {status}", flush=True)
             if code != 0:
                 failed.append((run, err.strip().splitlines()[-1:] or [""]))
     if failed:

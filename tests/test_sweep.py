@@ -84,6 +84,8 @@ command: ["${env}", "${interpreter}", -m, pfl, fit, --method.name, fedprox, --da
     from pfl.cli import main
 
     assert main(["sweep", str(sweep), "--workers", "2", "--root", str(tmp_path / "runs")]) == 0
-    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| run")]
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if line.startswith("| run")]
     assert len(table) == 4 + 1  # header + 4 rows
+    assert "run003 method.mu=0.5, client.lr=0.1: ok" in out
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["run000", "run001", "run002", "run003"]

@@ -51,7 +51,7 @@ class ClientContext:
 
     @property
     def num_samples(self) -> int:
-        return len(self.worker.data.clients[self.cid].train)
+        return len(self.worker.split(self.cid).train)
 
 
 class Method:
@@ -86,6 +86,16 @@ class Method:
     def personal_state(self, server: State, client: ClientContext) -> Tensor:
         """The client's personalized model used for evaluation."""
         raise NotImplementedError
+
+    def adapt_new_client(self, server: State, client: ClientContext, epochs: int) -> Tensor:
+        """The model of a client that never took part (``eval.new_client_epochs`` of fine-tuning):
+        the global model trained ``epochs`` on its train split, or the initial model for methods
+        without one. Methods with their own adaptation (e.g. FedORA's propagation) override this."""
+        start = self.global_state(server)
+        start = client.init_state if start is None else start
+        if epochs == 0:
+            return start
+        return client.fit(start, epochs=epochs, purpose="new_client")
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def hparams(self) -> dict[str, Any]:

@@ -1,5 +1,19 @@
-"""Evaluation of personalized and global models, aggregated over clients."""
+"""Evaluation protocols (personalized, global, FedPG S/G-tests, LOCAL reference, new clients),
+communication counting, figures and report tables. docs/metrics.md lists every key."""
 
-from pfl.metrics.evaluate import evaluate_federation, mean_std
+from pfl.metrics.comm import CommCounter, nbytes
+from pfl.metrics.evaluate import EvalSets, evaluate_federation, evaluate_new_clients
+from pfl.metrics.protocols import mean_std, reference_metrics, summarize, tail_count, tail_means
 
-__all__ = ["evaluate_federation", "mean_std"]
+__all__ = [
+    "CommCounter",
+    "EvalSets",
+    "evaluate_federation",
+    "evaluate_new_clients",
+    "mean_std",
+    "nbytes",
+    "reference_metrics",
+    "summarize",
+    "tail_count",
+    "tail_means",
+]

@@ -1,0 +1,92 @@
+"""Per-run evaluation state the loop keeps: communication totals, the models clients trained this
+round (FedPG's P-model for global-only methods), FedPG's fixed S/G test sets, per-round client rows
+and the LOCAL reference; plus the end-of-run choice of the reported round."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import Tensor
+
+from pfl.client import Worker
+from pfl.config import EvalConfig
+from pfl.errors import ConfigError
+from pfl.methods.base import ClientContext, Method, State
+from pfl.metrics.comm import CommCounter
+from pfl.metrics.evaluate import EvalSets, evaluate_federation, own_key
+from pfl.metrics.protocols import rounds_to_target, select_index
+
+BEST_TEST_PREFIX = "best_test."
+
+
+class EvalSession:
+    def __init__(self, cfg: EvalConfig, worker: Worker, seed: int):
+        self.cfg = cfg
+        self.worker = worker
+        self.seed = seed
+        self.comm = CommCounter()
+        self.trained: dict[int, Tensor] = {}  # pm_source=local_update: last model each client trained
+        self.rows: dict[int, list[dict[str, Any]]] = {}  # round -> per-client rows
+        self.reference: dict[str, Any] | None = None
+        self._sets: EvalSets | None = None
+
+    @property
+    def own_key(self) -> str:
+        return own_key(self.worker.task)
+
+    def check(self) -> None:
+        """Fail before training when the chosen protocol cannot be measured on this data."""
+        if self.cfg.select == "best_val" and any(len(c.val) == 0 for c in self.worker.data.clients):
+            raise ConfigError(
+                "eval.select", "best_val needs a validation split on every client", "set data.val_frac > 0"
+            )
+
+    # -- during a round ---------------------------------------------------------------------------
+    def observe(self, cid: int, payload: Any, result: Any) -> None:
+        """One client's exchange this round: count its bytes, keep its trained model if asked to."""
+        self.comm.exchange(payload, result)
+        if self.cfg.pm_source == "local_update":
+            if not isinstance(result, dict) or "state" not in result:
+                raise ConfigError(
+                    "eval.pm_source",
+                    "local_update needs a method that uploads its trained model as result['state']",
+                    "use eval.pm_source: method",
+                )
+            self.trained[cid] = result["state"]
+
+    # -- at an evaluation -------------------------------------------------------------------------
+    def evaluate(
+        self, method: Method, server: State, client: Callable[[int], ClientContext], round_idx: int
+    ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        if self._sets is None:
+            self._sets = EvalSets.build(self.worker, self.seed, self.cfg.s_acc_others)
+        personal = self.trained.get if self.cfg.pm_source == "local_update" else None
+        values = self.reference["values"] if self.reference is not None else None
+        metrics, rows = evaluate_federation(method, server, self.worker, client, self._sets, personal, values)
+        metrics.update(self.comm.metrics(round_idx))
+        self.rows[round_idx] = rows
+        return metrics, rows
+
+    # -- at the end -------------------------------------------------------------------------------
+    def select(self, history: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """(metrics of the reported round, its client rows); best_test keys carry a prefix."""
+        chosen = dict(history[select_index(history, self.cfg.select, self.worker.task)])
+        rows = self.rows.get(int(chosen["round"]), [])
+        if self.cfg.select == "best_test":
+            chosen = {k if k == "round" else BEST_TEST_PREFIX + k: v for k, v in chosen.items()}
+        return chosen, rows
+
+    def target_round(self, history: list[dict[str, Any]]) -> dict[str, Any]:
+        if self.cfg.target is None:
+            return {}
+        higher = self.worker.task == "classification"
+        return {"rounds_to_target": rounds_to_target(history, self.cfg.target, f"{self.own_key}.mean", higher)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"comm": self.comm.state_dict(), "trained": self.trained, "rows": self.rows}
+
+    def load_state_dict(self, state: dict[str, Any], device) -> None:
+        self.comm.load_state_dict(state["comm"])
+        self.trained = {cid: t.to(device) for cid, t in state["trained"].items()}
+        self.rows = state["rows"]
