@@ -21,7 +21,7 @@ class FedDyn(FedAvg):
     name = "feddyn"
     description = "dynamic regulariser -<g_i, theta> + alpha/2*||theta - w||^2 with server correction h"
 
-    def __init__(self, alpha: float = 0.01, finetune_epochs: int = 0):
+    def __init__(self, alpha: float = 0.1, finetune_epochs: int = 0):
         super().__init__(finetune_epochs)
         require(alpha >= 0, "method.alpha", f"must be >= 0 (got {alpha})")
         self.alpha = alpha

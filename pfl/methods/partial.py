@@ -107,7 +107,7 @@ class FedRep(FedPer):
     name = "fedrep"
     description = "head epochs with the body frozen, then body epochs with the head frozen; bodies averaged"
 
-    def __init__(self, personal_layers: int = 1, head_epochs: int = 5):
+    def __init__(self, personal_layers: int = 1, head_epochs: int = 1):
         super().__init__(personal_layers)
         require(head_epochs >= 0, "method.head_epochs", f"must be >= 0 (got {head_epochs})")
         self.head_epochs = head_epochs
