@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 
-from pfl.methods import METHODS
+from pfl.cli import main
+from pfl.methods import METHODS, method_class
 from pfl.methods.base import ClientContext
 from pfl.methods.heads import split_head
 from pfl.models import build_model
@@ -205,3 +209,25 @@ def test_fedrod_personal_model_adds_the_personal_head_and_the_generic_model_igno
     ctx1.state.clear()
     r2 = again.method.local_update(ctx1, again.method.payload(again.server, cid))
     assert torch.equal(r1["state"], r2["state"])
+
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+@pytest.mark.parametrize("path", sorted((CONF / "method").glob("*.yaml")), ids=lambda p: p.stem)
+def test_method_configs_build_their_method(path):
+    args = dict(yaml.safe_load(path.read_text())["method"])
+    method = method_class(args.pop("name"))(**args)
+    assert all(getattr(method, k) == v for k, v in args.items())
+
+
+def test_digits_experiment_runs_every_new_method_from_the_cli(tmp_path):
+    exp = str(CONF / "experiment" / "pgfed_digits_dir03.yaml")
+    for name in ("pgfed_official", "fedrod"):
+        rc = main(
+            ["fit", "--config", exp, "--config", str(CONF / "method" / f"{name}.yaml"), "--trainer.rounds", "1"]
+            + ["--trainer.progress", "false", "--tracking.root", str(tmp_path), "--tracking.name", name]
+        )
+        assert rc == 0
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        assert summary["num_clients"] == 25 and summary["metrics"]["pm.l_acc.mean"] > 0
