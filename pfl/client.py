@@ -124,23 +124,7 @@ class Worker:
         (optimizer state kept per client across rounds); ``loss_fn(net, x, y)`` replaces the
         cross-entropy data term (custom losses and forwards).
         """
-        try:
-            self._loss_fn = loss_fn
-            return self._fit(cid, start, round_idx, epochs, terms, purpose, lr, momentum_buffer)
-        finally:
-            self._loss_fn = None
-
-    def _fit(
-        self,
-        cid: int,
-        start: Tensor,
-        round_idx: int,
-        epochs: int | None,
-        terms: Sequence[Term],
-        purpose: str,
-        lr: float | None,
-        momentum_buffer: Tensor | None,
-    ) -> FitStats:
+        self._loss_fn = loss_fn  # every fit sets it, so a custom loss never leaks into the next one
         self.flat.load(start)
         epochs = self.settings.epochs if epochs is None else epochs
         lr = self.settings.lr if lr is None else lr
@@ -185,11 +169,14 @@ class Worker:
         return None if buf is None else buf.detach().clone()
 
     def _loss(self, batch: tuple[Tensor, Tensor], step: int) -> Tensor:
-        if self._loss_fn is not None:
-            return self._loss_fn(self.module.net, *batch)
         if self.fabric is not None:
             with self.fabric.autocast():
-                return self.module.training_step(batch, step)
+                return self._data_loss(batch, step)
+        return self._data_loss(batch, step)
+
+    def _data_loss(self, batch: tuple[Tensor, Tensor], step: int) -> Tensor:
+        if self._loss_fn is not None:
+            return self._loss_fn(self.module.net, *batch)
         return self.module.training_step(batch, step)
 
     def snapshot(self) -> Tensor:
