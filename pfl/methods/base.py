@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from pfl.client import FitStats, LossFn, Worker
+from pfl.flat import FlatModule
 from pfl.optim.terms import Term
 
 State = dict[str, Tensor]
@@ -70,7 +71,7 @@ class ClientContext:
         return self.worker.mean_gradient(self.cid, state)
 
     @property
-    def flat(self):
+    def flat(self) -> FlatModule:
         return self.worker.flat
 
     def params(self, state: Tensor) -> Tensor:
