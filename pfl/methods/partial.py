@@ -124,16 +124,18 @@ class FedRep(FedPer):
 
 class FedBABU(PartialSharing):
     """FedBABU (Oh et al. 2022): the body is trained and averaged while the head stays at its random
-    initialisation everywhere; a client's P-model is the global model fine-tuned ``finetune_epochs``."""
+    initialisation everywhere; a client's P-model is the global model fine-tuned ``finetune_epochs``
+    (all layers) at ``finetune_lr`` (the authors' code: 0.001; null = client.lr)."""
 
     name = "fedbabu"
     description = "body-only federated training with the head frozen at init; P-model = fine-tuned global"
     has_global_model = True  # global body + the initial head
 
-    def __init__(self, head_layers: int = 1, finetune_epochs: int = 1):
+    def __init__(self, head_layers: int = 1, finetune_epochs: int = 1, finetune_lr: float | None = 0.001):
         require(head_layers >= 0, "method.head_layers", f"must be >= 0 (got {head_layers})")
         require(finetune_epochs >= 0, "method.finetune_epochs", f"must be >= 0 (got {finetune_epochs})")
-        self.head_layers, self.finetune_epochs = head_layers, finetune_epochs
+        require(finetune_lr is None or finetune_lr > 0, "method.finetune_lr", "must be > 0, or null for client.lr")
+        self.head_layers, self.finetune_epochs, self.finetune_lr = head_layers, finetune_epochs, finetune_lr
 
     def shared_mask(self, flat: FlatModule) -> Tensor:
         self._check_layers("head_layers", self.head_layers, flat)
@@ -152,7 +154,7 @@ class FedBABU(PartialSharing):
         start = self.compose(server["global"][self._mask], client.init_state)
         if self.finetune_epochs == 0:
             return start
-        return client.fit(start, epochs=self.finetune_epochs, purpose="finetune")
+        return client.fit(start, epochs=self.finetune_epochs, purpose="finetune", lr=self.finetune_lr)
 
 
 __all__ = ["FedBABU", "FedPer", "FedRep", "LGFedAvg", "PartialSharing"]
