@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-METHOD ?= fedavg
+METHOD ?= pgfed
 ARGS   ?=
 STAMP  := $(VENV)/.installed
 

@@ -8,7 +8,7 @@ run epochs of index-batched steps, read the vector out. Nothing is rebuilt per c
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import lightning as L
@@ -52,6 +52,9 @@ class ClientModule(L.LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int = 0) -> Tensor:
         x, y = batch
         return self.loss(self(x), y)
+
+
+LossFn = Callable[[nn.Module, Tensor, Tensor], Tensor]  # (net, x, y) -> scalar loss
 
 
 @dataclass
@@ -113,6 +116,7 @@ class Worker:
         self.optimizer = torch.optim.SGD(
             [self.flat.flat_param], lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay
         )
+        self._loss_fn: LossFn | None = None
 
     # -- training -------------------------------------------------------------------------------
     def fit(
@@ -125,12 +129,18 @@ class Worker:
         terms: Sequence[Term] = (),
         purpose: str = "train",
         lr: float | None = None,
+        momentum_buffer: Tensor | None = None,
+        loss_fn: LossFn | None = None,
     ) -> FitStats:
         """Train client ``cid`` from ``start`` (a full state vector) on its train split.
 
         Every random draw is keyed by (seed, round, client, purpose): the result does not depend on
         which clients were trained before this one, nor on which process trains it.
+        ``momentum_buffer`` restores SGD momentum saved by ``momentum_buffer()`` after an earlier fit
+        (optimizer state kept per client across rounds); ``loss_fn(net, x, y)`` replaces the
+        cross-entropy data term (custom losses and forwards).
         """
+        self._loss_fn = loss_fn  # every fit sets it, so a custom loss never leaks into the next one
         self.flat.load(start)
         epochs = self.settings.epochs if epochs is None else epochs
         lr = self.settings.lr if lr is None else lr
@@ -141,6 +151,8 @@ class Worker:
         group = self.optimizer.param_groups[0]
         group["lr"] = lr
         self.optimizer.state.clear()  # fresh momentum per local update unless a method restores it
+        if momentum_buffer is not None:
+            self.optimizer.state[self.flat.flat_param]["momentum_buffer"] = momentum_buffer.clone()
         self.module.train()
         params, grads = self.flat.params, self.flat.grads
         steps, loss_sum, last_epoch_batches = 0, torch.zeros((), device=self.device), 0
@@ -167,10 +179,20 @@ class Worker:
         mean_loss = float(loss_sum) / max(last_epoch_batches, 1)
         return FitStats(n, n * epochs, steps, mean_loss, seconds)
 
+    def momentum_buffer(self) -> Tensor | None:
+        """A copy of the optimizer's momentum after the last fit (None without momentum)."""
+        buf = self.optimizer.state.get(self.flat.flat_param, {}).get("momentum_buffer")
+        return None if buf is None else buf.detach().clone()
+
     def _loss(self, batch: tuple[Tensor, Tensor], step: int) -> Tensor:
         if self.fabric is not None:
             with self.fabric.autocast():
-                return self.module.training_step(batch, step)
+                return self._data_loss(batch, step)
+        return self._data_loss(batch, step)
+
+    def _data_loss(self, batch: tuple[Tensor, Tensor], step: int) -> Tensor:
+        if self._loss_fn is not None:
+            return self._loss_fn(self.module.net, *batch)
         return self.module.training_step(batch, step)
 
     def snapshot(self) -> Tensor:
@@ -180,6 +202,44 @@ class Worker:
         """Client ``cid``'s index split; ids past the federation are the held-out new clients."""
         n = self.data.num_clients
         return self.data.clients[cid] if cid < n else self.new_clients[cid - n]
+
+    # -- building blocks for methods with their own local loop ------------------------------------
+    def batches(self, cid: int, round_idx: int, purpose: str, epochs: int) -> Iterator[Tensor]:
+        """The index batches ``fit`` would draw for (cid, round, purpose): same keys, same order."""
+        seed_everything(self.seed, round_idx, cid, purpose)
+        gen = torch_generator(self.seed, round_idx, cid, purpose, "batches", device=self.device)
+        idx = self.split(cid).train
+        n, bs = len(idx), self.settings.batch_size
+        for _ in range(epochs):
+            order = idx[torch.randperm(n, generator=gen, device=self.device)]
+            for s in range(0, n, bs):
+                yield order[s : s + bs]
+
+    def gradient(self, b: Tensor, loss_fn: LossFn | None = None) -> Tensor:
+        """Set ``flat.grads`` to the gradient of the loss on pool samples ``b`` at the current
+        parameters; returns the (detached) loss."""
+        self.module.train()
+        self.flat.grads.zero_()
+        x, y = self.data.x[b], self.data.y[b]
+        loss = loss_fn(self.module.net, x, y) if loss_fn is not None else self.module.loss(self.module.net(x), y)
+        loss.backward()
+        return loss.detach()
+
+    def mean_gradient(self, cid: int, state: Tensor) -> tuple[Tensor, float]:
+        """One full pass over client ``cid``'s train split at ``state`` (in index order): the mean of
+        the batch-mean gradients and the sample-mean loss (PGFed's uploaded ∇f_i and f_i)."""
+        self.flat.load(state)
+        idx = self.split(cid).train
+        total = torch.zeros_like(self.flat.grads)
+        loss_sum, batches = 0.0, 0
+        for s in range(0, len(idx), self.settings.batch_size):
+            b = idx[s : s + self.settings.batch_size]
+            loss = self.gradient(b)
+            total += self.flat.grads
+            loss_sum += float(loss) * len(b)
+            batches += 1
+        self.flat.grads.zero_()
+        return total / max(batches, 1), loss_sum / max(len(idx), 1)
 
     # -- evaluation -----------------------------------------------------------------------------
     @torch.no_grad()

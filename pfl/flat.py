@@ -43,6 +43,15 @@ class FlatModule:
         # The optimizer sees one flat parameter: one kernel per step instead of one per tensor.
         self.flat_param = nn.Parameter(self.params, requires_grad=False)
         self.flat_param.grad = self.grads
+        # Where each named parameter lives in ``params`` (for head/body splits and custom forwards).
+        self.param_slices: dict[str, slice] = {}
+        self.param_shapes: dict[str, torch.Size] = {}
+        offset = 0
+        for name, p in module.named_parameters():
+            if p.requires_grad:
+                self.param_slices[name] = slice(offset, offset + p.numel())
+                self.param_shapes[name] = p.shape
+                offset += p.numel()
 
     def load(self, state: Tensor) -> None:
         """Copy a full state vector (parameters then buffers) into the module."""
@@ -57,6 +66,42 @@ class FlatModule:
 
     def zero_grad(self) -> None:
         self.grads.zero_()
+
+    # -- parameter groups ---------------------------------------------------------------------
+    def layer_slices(self) -> dict[str, slice]:
+        """Parametrised modules in order (name prefix -> slice of ``params``), e.g. the CNN's
+        ``{"0.0": conv1, "0.3": conv2, "1": fc1, "3": fc2}``. Parameters are laid out module by
+        module, so every layer is one contiguous slice."""
+        layers: dict[str, slice] = {}
+        for name, sl in self.param_slices.items():
+            prefix = name.rsplit(".", 1)[0] if "." in name else ""
+            if prefix in layers:
+                layers[prefix] = slice(layers[prefix].start, sl.stop)
+            else:
+                layers[prefix] = sl
+        return layers
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_slices())
+
+    def tail_slice(self, k: int) -> slice:
+        """The parameters of the last ``k`` layers (k = 1: the classifier head; k = 0: empty)."""
+        layers = list(self.layer_slices().values())
+        if not 0 <= k <= len(layers):
+            raise ValueError(f"the model has {len(layers)} layers, cannot take the last {k}")
+        start = layers[-k].start if k > 0 else self.num_params
+        return slice(start, self.num_params)
+
+    def state_mask(self, sl: slice) -> Tensor:
+        """A boolean mask over the full state vector that is True on parameter slice ``sl``."""
+        mask = torch.zeros(self.num_params + self.num_buffers, dtype=torch.bool, device=self.state.device)
+        mask[sl] = True
+        return mask
+
+    def param_dict(self, params: Tensor) -> dict[str, Tensor]:
+        """Named views of a flat parameter vector, for ``torch.func.functional_call``."""
+        return {n: params[sl].view(self.param_shapes[n]) for n, sl in self.param_slices.items()}
 
 
 def _buffer_owners(module: nn.Module):

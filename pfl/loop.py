@@ -63,6 +63,7 @@ class FederatedLoop:
         settings = TrainSettings(c.epochs, c.batch_size, c.lr, c.momentum, c.weight_decay)
         self.worker = Worker(net, data, settings, cfg.seed, fabric, cfg.eval.batch_size)
         self.init_state = self.worker.snapshot()
+        self.method.setup(self.worker, clients_per_round(cfg))
         self.server: State = self.method.init_server(self.init_state)
         self.clients: dict[int, State] = {}
         self.round = 0  # rounds completed

@@ -14,7 +14,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from pfl.client import FitStats, Worker
+from pfl.client import FitStats, LossFn, Worker
+from pfl.flat import FlatModule
 from pfl.optim.terms import Term
 
 State = dict[str, Tensor]
@@ -39,11 +40,39 @@ class ClientContext:
         terms: Sequence[Term] = (),
         purpose: str = "train",
         lr: float | None = None,
+        keep_momentum: bool = False,
+        loss_fn: LossFn | None = None,
     ) -> Tensor:
-        """Train from ``start`` on this client's train split; returns the trained state vector."""
-        stats = self.worker.fit(self.cid, start, self.round, epochs=epochs, terms=terms, purpose=purpose, lr=lr)
+        """Train from ``start`` on this client's train split; returns the trained state vector.
+
+        ``keep_momentum``: the optimizer's momentum continues from this client's previous fit (kept
+        in ``state["momentum"]``, so it checkpoints) instead of starting from zero."""
+        buf = self.state.get("momentum") if keep_momentum else None
+        stats = self.worker.fit(
+            self.cid,
+            start,
+            self.round,
+            epochs=epochs,
+            terms=terms,
+            purpose=purpose,
+            lr=lr,
+            momentum_buffer=buf,
+            loss_fn=loss_fn,
+        )
+        if keep_momentum:
+            saved = self.worker.momentum_buffer()
+            if saved is not None:
+                self.state["momentum"] = saved
         self.fits.append(stats)
         return self.worker.snapshot()
+
+    def mean_gradient(self, state: Tensor) -> tuple[Tensor, float]:
+        """Mean batch gradient and mean loss over one full pass of the train split at ``state``."""
+        return self.worker.mean_gradient(self.cid, state)
+
+    @property
+    def flat(self) -> FlatModule:
+        return self.worker.flat
 
     def params(self, state: Tensor) -> Tensor:
         """The trainable-parameter part of a full state vector (what proximal terms act on)."""
@@ -62,6 +91,11 @@ class Method:
     has_global_model: ClassVar[bool] = True
 
     # -- server side ----------------------------------------------------------------------------
+    def setup(self, worker: Worker, clients_per_round: int) -> None:  # noqa: B027 - optional hook
+        """Called once by the loop before ``init_server``: the model layout (``worker.flat``), the
+        number of clients and the per-round sample size, for methods whose server state or
+        exchanged parts depend on them. Keep what is stored here in ``_private`` attributes."""
+
     def init_server(self, init_state: Tensor) -> State:
         """The server's state before round 0."""
         return {"global": init_state.clone()}

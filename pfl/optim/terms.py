@@ -7,6 +7,7 @@ step). Methods compose them instead of re-writing the same arithmetic.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 
@@ -50,3 +51,37 @@ class LinearTerm(Term):
 
     def on_grad(self, params: Tensor, grads: Tensor) -> None:
         grads.add_(self.vector)
+
+
+class Freeze(Term):
+    """Keeps ``params[sl]`` fixed: zeroes its gradient (so momentum never builds up there) and
+    restores the values after every step (exact even with weight decay)."""
+
+    def __init__(self, params: Tensor, sl: slice):
+        self.sl, self.values = sl, params[sl].detach().clone()
+
+    def on_grad(self, params: Tensor, grads: Tensor) -> None:
+        grads[self.sl].zero_()
+
+    def on_step(self, params: Tensor, lr: float) -> None:
+        params[self.sl].copy_(self.values)
+
+
+class ExtraParamSGD(Term):
+    """SGD (with optional momentum) on a tensor that lives outside the model, e.g. APFL's personal
+    model or FedRoD's personal head, whose gradient a custom loss fills during the same backward."""
+
+    def __init__(self, tensor: Tensor, lr: float | None = None, momentum: float = 0.0):
+        self.tensor, self.lr, self.momentum = tensor, lr, momentum
+        self.buf: Tensor | None = None
+
+    def on_step(self, params: Tensor, lr: float) -> None:
+        grad = self.tensor.grad
+        if grad is None:
+            return
+        with torch.no_grad():
+            if self.momentum:
+                self.buf = grad.clone() if self.buf is None else self.buf.mul_(self.momentum).add_(grad)
+                grad = self.buf
+            self.tensor.sub_(grad, alpha=self.lr if self.lr is not None else lr)
+        self.tensor.grad = None

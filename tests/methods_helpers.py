@@ -1,0 +1,28 @@
+"""Helpers for method tests: run a round while keeping what was exchanged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pfl.loop import FederatedLoop, clients_per_round, sample_clients
+
+
+def exchanged_round(loop: FederatedLoop) -> tuple[dict[int, dict], dict[int, dict[str, Any]]]:
+    """One round exactly as ``FederatedLoop.run_round`` does it, returning (payloads, results)."""
+    sampled = sample_clients(loop.cfg.seed, loop.round, loop.worker.data.num_clients, clients_per_round(loop.cfg))
+    payloads, results = {}, {}
+    for cid in sampled.tolist():
+        payloads[cid] = {k: v.clone() for k, v in loop.method.payload(loop.server, cid).items()}
+        results[cid] = loop.method.local_update(loop.client(cid), payloads[cid])
+    loop.method.aggregate(loop.server, results)
+    for cid in sampled.tolist():
+        if not loop.clients.get(cid):
+            loop.clients.pop(cid, None)
+    loop.round += 1
+    return payloads, results
+
+
+def tensor_bytes(d: dict[str, Any]) -> int:
+    return sum(v.numel() * v.element_size() for v in d.values() if isinstance(v, torch.Tensor))

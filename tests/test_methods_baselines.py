@@ -1,0 +1,233 @@
+"""The PGFed table's baselines: properties only a correct implementation has."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+from pfl.cli import main
+from pfl.methods import METHODS, method_class
+from pfl.methods.base import ClientContext
+from pfl.methods.heads import split_head
+from pfl.models import build_model
+from pfl.seeding import seed_everything, torch_generator
+from tests.conftest import make_loop, tiny_config
+from tests.methods_helpers import exchanged_round
+
+HALF = {"fraction": 0.5}
+NEW = ("apfl", "pfedme", "perfedavg", "fedrep", "fedper", "lgfedavg", "fedrod", "fedbabu", "fedfomo", "feddyn")
+
+
+def _fit(name, args=None, **groups):
+    loop = make_loop(tiny_config(name, args, **{"trainer": HALF, **groups}))
+    loop.fit()
+    return loop
+
+
+@pytest.mark.parametrize("name", NEW + ("pgfed", "pgfedmo", "pgfed_ce"))
+def test_registered_runs_and_resumes_identically(name):
+    assert name in METHODS
+    cfg = tiny_config(name, trainer=HALF)
+    a = make_loop(cfg)
+    a.run_round(), a.run_round()
+    b = make_loop(cfg)
+    b.load_state_dict(copy.deepcopy(a.state_dict()))
+    a.run_round(), b.run_round()
+    assert a.evaluate()["pm.l_acc.mean"] == b.evaluate()["pm.l_acc.mean"]
+    for key, value in a.server.items():
+        assert torch.equal(value, b.server[key]), key
+
+
+def test_fedper_without_personal_layers_is_fedavg():
+    a, b = _fit("fedavg"), _fit("fedper", {"personal_layers": 0})
+    assert torch.equal(a.server["global"], b.server["global"])
+    assert a.evaluate()["pm.l_acc.mean"] == b.evaluate()["pm.l_acc.mean"]
+    c = _fit("fedper", {"personal_layers": 1})
+    assert not torch.equal(a.server["global"], c.server["global"])
+
+
+def test_lgfedavg_with_all_layers_global_is_fedavg():
+    a, b = _fit("fedavg"), _fit("lgfedavg", {"global_layers": 2})  # the tiny MLP has 2 layers
+    assert torch.equal(a.server["global"], b.server["global"])
+    assert a.evaluate()["pm.l_acc.mean"] == b.evaluate()["pm.l_acc.mean"]
+
+
+def test_layer_counts_are_checked():
+    from pfl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="method.global_layers"):
+        make_loop(tiny_config("lgfedavg", {"global_layers": 3}))
+
+
+def test_fedrep_head_epochs_leave_the_body_untouched(monkeypatch):
+    calls = []
+    original = ClientContext.fit
+
+    def spy(self, start, **kw):
+        out = original(self, start, **kw)
+        calls.append((kw.get("purpose", "train"), start.clone(), out.clone()))
+        return out
+
+    monkeypatch.setattr(ClientContext, "fit", spy)
+    loop = make_loop(tiny_config("fedrep", {"head_epochs": 2}, trainer=HALF))
+    loop.run_round()
+    head = loop.worker.flat.tail_slice(1)
+    body = slice(0, head.start)
+    heads = [c for c in calls if c[0] == "head"]
+    bodies = [c for c in calls if c[0] == "train"]
+    assert heads and len(heads) == len(bodies)
+    for (_, s, o), (_, s2, o2) in zip(heads, bodies, strict=True):
+        assert torch.equal(o[body], s[body]) and not torch.equal(o[head], s[head])
+        assert torch.equal(s2, o) and torch.equal(o2[head], s2[head]) and not torch.equal(o2[body], s2[body])
+
+
+def test_fedbabu_head_stays_at_init_and_only_the_body_is_exchanged():
+    loop = make_loop(tiny_config("fedbabu", trainer=HALF))
+    head = loop.worker.flat.tail_slice(1)
+    for _ in range(3):
+        payloads, results = exchanged_round(loop)
+    assert torch.equal(loop.server["global"][head], loop.init_state[head])
+    assert not torch.equal(loop.server["global"][: head.start], loop.init_state[: head.start])
+    for r in results.values():
+        assert r["shared"].numel() == head.start  # body only (the MLP has no buffers)
+    personal = loop.method.personal_state(loop.server, loop.client(0))  # fine-tuned: the head moves
+    assert not torch.equal(personal[head], loop.init_state[head])
+
+
+def test_feddyn_alpha_zero_is_fedavg():
+    a, b = _fit("fedavg"), _fit("feddyn", {"alpha": 0.0})
+    assert torch.equal(a.server["global"], b.server["global"])
+
+
+def test_feddyn_server_and_client_updates_match_the_formulas():
+    alpha = 0.1
+    loop = make_loop(tiny_config("feddyn", {"alpha": alpha}, trainer=HALF))
+    w0 = loop.server["global"].clone()
+    _, results = exchanged_round(loop)
+    n = loop.worker.data.num_clients
+    total = sum(r["weight"] for r in results.values())
+    mean = sum(r["state"] * (r["weight"] / total) for r in results.values())
+    h = -(alpha / n) * sum(r["state"] - w0 for r in results.values())
+    torch.testing.assert_close(loop.server["h"], h)
+    torch.testing.assert_close(loop.server["global"], mean - h / alpha)
+    for cid, r in results.items():
+        torch.testing.assert_close(loop.clients[cid]["g"], -alpha * (r["state"] - w0))
+
+
+def test_apfl_mixing_zero_is_fedavg_on_the_personal_side():
+    apfl = make_loop(tiny_config("apfl", {"mix": 0.0}, trainer=HALF))
+    fa = make_loop(tiny_config("fedavg", trainer=HALF))
+    for _ in range(3):
+        _, fa_results = exchanged_round(fa)
+        exchanged_round(apfl)
+        for cid, r in fa_results.items():
+            assert torch.equal(apfl.clients[cid]["personal"], r["state"])
+    assert torch.equal(apfl.server["global"], fa.server["global"])
+    mixed = _fit("apfl", {"mix": 0.5})
+    assert torch.equal(mixed.server["global"], fa.server["global"])  # v never feeds back into w
+    assert not torch.equal(mixed.clients[next(iter(mixed.clients))]["personal"], fa.server["global"])
+
+
+def test_pfedme_with_unit_proximal_steps_is_fedavg():
+    """K = 1, λ·η_p = 1 and λ·η = 1 make θ ← w − η∇f(θ) and w ← θ: plain SGD, i.e. FedAvg."""
+    lr = 0.1
+    a = _fit("fedavg", client={"lr": lr})
+    b = _fit("pfedme", {"lam": 1 / lr, "inner_steps": 1, "personal_lr": lr, "beta": 1.0}, client={"lr": lr})
+    torch.testing.assert_close(a.server["global"], b.server["global"], rtol=1e-4, atol=1e-5)
+    c = _fit("pfedme", client={"lr": lr})
+    assert not torch.allclose(a.server["global"], c.server["global"], atol=1e-3)
+
+
+def test_perfedavg_zero_inner_step_is_sgd_on_every_second_batch():
+    cfg = tiny_config(
+        "perfedavg",
+        {"inner_lr": 0.0, "outer_lr": 0.05},
+        data={"num_clients": 1, "min_samples": 1},
+        client={"epochs": 2, "batch_size": 16},
+        trainer={"rounds": 2},
+    )
+    loop = make_loop(cfg)
+    loop.fit()
+    seed_everything(cfg.seed, "init")
+    net = build_model(cfg.model, loop.worker.data.input_shape, loop.worker.data.num_classes)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    data, idx = loop.worker.data, loop.worker.data.clients[0].train
+    for r in range(2):
+        gen = torch_generator(cfg.seed, r, 0, "train", "batches")
+        batches = []
+        for _ in range(2):
+            order = idx[torch.randperm(len(idx), generator=gen)]
+            batches += [order[s : s + 16] for s in range(0, len(idx), 16)]
+        for b in batches[1 : len(batches) // 2 * 2 : 2]:
+            opt.zero_grad()
+            F.cross_entropy(net(data.x[b]), data.y[b]).backward()
+            opt.step()
+    expected = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+    torch.testing.assert_close(loop.server["global"], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_fedfomo_with_only_its_own_model_is_local():
+    a, b = _fit("local"), _fit("fedfomo", {"num_models": 0})
+    assert a.clients.keys() == b.clients.keys()
+    for cid in a.clients:
+        assert torch.equal(a.clients[cid]["personal"], b.clients[cid]["personal"])
+    c = _fit("fedfomo", {"num_models": 8}, trainer={"fraction": 0.5, "rounds": 4})
+    assert float(c.server["P"].abs().sum()) > 0  # downloads happened and were weighed
+
+
+def test_fedrod_personal_model_adds_the_personal_head_and_the_generic_model_ignores_it():
+    loop = make_loop(tiny_config("fedrod", trainer=HALF))
+    loop.run_round()
+    cid = next(iter(loop.clients))
+    ctx = loop.client(cid)
+    flat, data = loop.worker.flat, loop.worker.data
+    x = data.x[data.clients[cid].test]
+    net = loop.worker.module.net
+    body, head = split_head(net)
+    flat.load(loop.server["global"])
+    with torch.no_grad():
+        z = body(x)
+        ph = ctx.state["head"]
+        w, b = ph[: head.weight.numel()].view_as(head.weight), ph[head.weight.numel() :]
+        expected = head(z) + F.linear(z, w, b)
+        flat.load(loop.method.personal_state(loop.server, ctx))
+        torch.testing.assert_close(net(x), expected, rtol=1e-5, atol=1e-5)
+    assert float(ph.abs().sum()) > 0
+    # The generic model is trained by balanced softmax alone: the personal head does not feed back.
+    again = make_loop(tiny_config("fedrod", trainer=HALF))
+    again.method._counts = loop.method._counts
+    ctx0 = again.client(cid)
+    ctx0.state["head"] = torch.randn_like(ph)
+    r1 = again.method.local_update(ctx0, again.method.payload(again.server, cid))
+    ctx1 = again.client(cid)
+    ctx1.state.clear()
+    r2 = again.method.local_update(ctx1, again.method.payload(again.server, cid))
+    assert torch.equal(r1["state"], r2["state"])
+
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+@pytest.mark.parametrize("path", sorted((CONF / "method").glob("*.yaml")), ids=lambda p: p.stem)
+def test_method_configs_build_their_method(path):
+    args = dict(yaml.safe_load(path.read_text())["method"])
+    method = method_class(args.pop("name"))(**args)
+    assert all(getattr(method, k) == v for k, v in args.items())
+
+
+def test_digits_experiment_runs_every_new_method_from_the_cli(tmp_path):
+    exp = str(CONF / "experiment" / "pgfed_digits_dir03.yaml")
+    for name in ("pgfed_official", "fedrod"):
+        rc = main(
+            ["fit", "--config", exp, "--config", str(CONF / "method" / f"{name}.yaml"), "--trainer.rounds", "1"]
+            + ["--trainer.progress", "false", "--tracking.root", str(tmp_path), "--tracking.name", name]
+        )
+        assert rc == 0
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        assert summary["num_clients"] == 25 and summary["metrics"]["pm.l_acc.mean"] > 0
