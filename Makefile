@@ -22,7 +22,8 @@ train: install
 	$(PY) -m pfl fit --config conf/default.yaml --config conf/method/$(METHOD).yaml $(ARGS)
 
 test: install
-	$(PY) -m pytest tests -q
+	# one thread per process: the models are small, and two threads fight over two cores
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests -q
 
 reproduce: install
 	$(PY) -m pfl reproduce --out reproduce

@@ -39,10 +39,11 @@ def sample_clients(seed: int, round_idx: int, num_clients: int, count: int) -> n
     return np.sort(numpy_rng(seed, round_idx, "sample").choice(num_clients, count, replace=False))
 
 
-def clients_per_round(cfg: RunConfig) -> int:
+def clients_per_round(cfg: RunConfig, num_clients: int) -> int:
+    """Clients sampled per round out of the ``num_clients`` that train (held-out new clients excluded)."""
     if cfg.trainer.clients_per_round is not None:
-        return cfg.trainer.clients_per_round
-    return max(1, int(round(cfg.trainer.fraction * cfg.data.num_clients)))
+        return min(cfg.trainer.clients_per_round, num_clients)
+    return max(1, int(round(cfg.trainer.fraction * num_clients)))
 
 
 class FederatedLoop:
@@ -63,7 +64,7 @@ class FederatedLoop:
         settings = TrainSettings(c.epochs, c.batch_size, c.lr, c.momentum, c.weight_decay)
         self.worker = Worker(net, data, settings, cfg.seed, fabric, cfg.eval.batch_size)
         self.init_state = self.worker.snapshot()
-        self.method.setup(self.worker, clients_per_round(cfg))
+        self.method.setup(self.worker, clients_per_round(cfg, self.worker.data.num_clients))
         self.server: State = self.method.init_server(self.init_state)
         self.clients: dict[int, State] = {}
         self.round = 0  # rounds completed
@@ -82,9 +83,13 @@ class FederatedLoop:
         state = self.clients.setdefault(cid, {})
         return ClientContext(cid, self.round, self.worker, state, self.init_state)
 
+    def sampled_clients(self) -> np.ndarray:
+        n = self.worker.data.num_clients
+        return sample_clients(self.cfg.seed, self.round, n, clients_per_round(self.cfg, n))
+
     # -- one round --------------------------------------------------------------------------------
     def run_round(self) -> None:
-        sampled = sample_clients(self.cfg.seed, self.round, self.worker.data.num_clients, clients_per_round(self.cfg))
+        sampled = self.sampled_clients()
         results = {}
         for cid in sampled.tolist():
             ctx = self.client(cid)

@@ -6,12 +6,12 @@ from typing import Any
 
 import torch
 
-from pfl.loop import FederatedLoop, clients_per_round, sample_clients
+from pfl.loop import FederatedLoop
 
 
 def exchanged_round(loop: FederatedLoop) -> tuple[dict[int, dict], dict[int, dict[str, Any]]]:
     """One round exactly as ``FederatedLoop.run_round`` does it, returning (payloads, results)."""
-    sampled = sample_clients(loop.cfg.seed, loop.round, loop.worker.data.num_clients, clients_per_round(loop.cfg))
+    sampled = loop.sampled_clients()
     payloads, results = {}, {}
     for cid in sampled.tolist():
         payloads[cid] = {k: v.clone() for k, v in loop.method.payload(loop.server, cid).items()}
