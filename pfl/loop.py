@@ -19,6 +19,7 @@ from pfl.checkpoint import load_checkpoint, save_checkpoint
 from pfl.client import TrainSettings, Worker
 from pfl.config import RunConfig
 from pfl.data.federated import FederatedData
+from pfl.distributed import Cohort
 from pfl.flat import FlatModule
 from pfl.methods.base import ClientContext, State
 from pfl.metrics import evaluate_federation
@@ -67,6 +68,8 @@ class FederatedLoop:
         self.client_rows: list[dict[str, Any]] = []
         self.train_samples = 0
         self.train_seconds = 0.0
+        self.cohort = Cohort.from_fabric(fabric)
+        self._sizes = data.sizes("train")
 
     @property
     def flat(self) -> FlatModule:
@@ -79,12 +82,19 @@ class FederatedLoop:
     # -- one round --------------------------------------------------------------------------------
     def run_round(self) -> None:
         sampled = sample_clients(self.cfg.seed, self.round, self.worker.data.num_clients, clients_per_round(self.cfg))
-        results = {}
-        for cid in sampled.tolist():
+        results, fits = {}, []
+        mine = self.cohort.share(sampled.tolist(), self._sizes)
+        for cid in mine:
             ctx = self.client(cid)
             results[cid] = self.method.local_update(ctx, self.method.payload(self.server, cid))
-            self.train_samples += sum(f.samples_seen for f in ctx.fits)
-            self.train_seconds += sum(f.seconds for f in ctx.fits)
+            fits += ctx.fits
+        if self.cohort.world_size > 1:
+            # Every rank aggregates the full, id-sorted result dict and stores every client's new state.
+            states = {cid: self.clients.get(cid, {}) for cid in mine}
+            results, states, fits = self.cohort.exchange(results, states, fits, self.worker.device)
+            self.clients.update(states)
+        self.train_samples += sum(f.samples_seen for f in fits)
+        self.train_seconds += sum(f.seconds for f in fits)
         self.method.aggregate(self.server, results)
         # Drop empty entries so FedAvg-like methods keep no per-client memory.
         for cid in sampled.tolist():
@@ -105,7 +115,11 @@ class FederatedLoop:
     def fit(self) -> dict[str, Any]:
         t = self.cfg.trainer
         bar = tqdm(
-            total=t.rounds, initial=self.round, desc=self.method.name, disable=not t.progress, dynamic_ncols=True
+            total=t.rounds,
+            initial=self.round,
+            desc=self.method.name,
+            disable=not (t.progress and self.cohort.is_zero),
+            dynamic_ncols=True,
         )
         metrics = self.history[-1] if self.history else {}
         while self.round < t.rounds:
