@@ -94,9 +94,12 @@ class Worker:
         self.settings = settings
         self.seed = seed
         self.eval_batch_size = eval_batch_size
-        self.optimizer = torch.optim.SGD(
-            [self.flat.flat_param], lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay
-        )
+        hp = {"lr": settings.lr, "momentum": settings.momentum, "weight_decay": settings.weight_decay}
+        # With terms: one optimizer over the flat vector, gradients accumulated into flat views that
+        # the terms read and change. Without: the per-tensor optimizer on fresh gradients, which is
+        # exactly what a plain PyTorch loop does (the same update, fewer passes over memory).
+        self.optimizer = torch.optim.SGD([self.flat.flat_param], **hp)
+        self.tensor_optimizer = torch.optim.SGD(self.flat.tensors, **hp)
 
     # -- training -------------------------------------------------------------------------------
     def fit(
@@ -122,11 +125,13 @@ class Worker:
         gen = torch_generator(self.seed, round_idx, cid, purpose, "batches", device=self.device)
         idx = self.data.clients[cid].train
         n, bs = len(idx), self.settings.batch_size
-        group = self.optimizer.param_groups[0]
-        group["lr"] = lr
-        self.optimizer.state.clear()  # fresh momentum per local update unless a method restores it
+        optimizer = self.optimizer if terms else self.tensor_optimizer
+        optimizer.param_groups[0]["lr"] = lr
+        optimizer.state.clear()  # fresh momentum per local update unless a method restores it
         self.module.train()
         params, grads = self.flat.params, self.flat.grads
+        if not terms:
+            self.flat.release_grads()
         steps, loss_sum, last_epoch_batches = 0, torch.zeros((), device=self.device), 0
         t0 = time.perf_counter()
         for epoch in range(epochs):
@@ -135,12 +140,15 @@ class Worker:
                 loss_sum.zero_()
             for start_i in range(0, n, bs):
                 b = order[start_i : start_i + bs]
-                grads.zero_()
+                if terms:
+                    grads.zero_()
+                else:
+                    optimizer.zero_grad(set_to_none=True)
                 loss = self._loss((self.data.x[b], self.data.y[b]), steps)
                 loss.backward()
                 for term in terms:
                     term.on_grad(params, grads)
-                self.optimizer.step()
+                optimizer.step()
                 for term in terms:
                     term.on_step(params, lr)
                 steps += 1
@@ -148,6 +156,8 @@ class Worker:
                     loss_sum += loss.detach()
                     last_epoch_batches += 1
         seconds = time.perf_counter() - t0
+        if not terms:
+            self.flat.attach_grads()  # callers outside fit may rely on p.grad viewing flat.grads
         mean_loss = float(loss_sum) / max(last_epoch_batches, 1)
         return FitStats(n, n * epochs, steps, mean_loss, seconds)
 
