@@ -184,3 +184,23 @@ class Worker:
             correct += int((logits.argmax(1) == y).sum())
             loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
         return EvalStats(correct, loss_sum, len(idx))
+
+    @torch.no_grad()
+    def evaluate_many(self, state: Tensor, splits: Sequence[Tensor]) -> list[EvalStats]:
+        """``evaluate`` of one model on many index sets (e.g. every client's test split) in one pass:
+        batches run over their concatenation and stats are split back per set by index_add."""
+        self.flat.load(state)
+        self.module.eval()
+        sizes = torch.tensor([len(s) for s in splits], device=self.device)
+        idx = torch.cat(list(splits)) if splits else torch.zeros(0, dtype=torch.long, device=self.device)
+        owner = torch.repeat_interleave(torch.arange(len(splits), device=self.device), sizes)
+        correct = torch.zeros(len(splits), dtype=torch.long, device=self.device)
+        loss_sum = torch.zeros(len(splits), dtype=torch.float64, device=self.device)
+        for s in range(0, len(idx), self.eval_batch_size):
+            b, who = idx[s : s + self.eval_batch_size], owner[s : s + self.eval_batch_size]
+            logits = self.module(self.data.x[b]).float()
+            y = self.data.y[b]
+            correct.index_add_(0, who, (logits.argmax(1) == y).long())
+            loss_sum.index_add_(0, who, F.cross_entropy(logits, y, reduction="none").double())
+        rows = zip(correct.tolist(), loss_sum.tolist(), sizes.tolist(), strict=True)
+        return [EvalStats(int(c), float(v), int(n)) for c, v, n in rows]

@@ -10,6 +10,7 @@ import numpy as np
 
 from pfl.client import Worker
 from pfl.methods.base import ClientContext, Method, State
+from pfl.metrics.shared import SharedStates
 
 
 def mean_std(values: list[float] | np.ndarray) -> tuple[float, float]:
@@ -28,10 +29,14 @@ def evaluate_federation(
     data = worker.data
     global_state = method.global_state(server)
     rows: list[dict[str, Any]] = []
+    tests = [c.test for c in data.clients]
+    shared: SharedStates | None = None
     for cid in range(data.num_clients):
         ctx = client(cid)
         test = data.clients[cid].test
-        pm = worker.evaluate(method.personal_state(server, ctx), test)
+        # The global model and the common init are shared by many clients: one batched pass each.
+        shared = shared or SharedStates(worker, tests, [global_state, ctx.init_state])
+        pm = shared.stats(method.personal_state(server, ctx), cid)
         row = {
             "client": cid,
             "n_train": len(data.clients[cid].train),
@@ -40,7 +45,7 @@ def evaluate_federation(
             "pm.l_loss": pm.loss,
         }
         if global_state is not None:
-            gm = worker.evaluate(global_state, test)
+            gm = shared.stats(global_state, cid)
             row["gm.l_acc"], row["gm.l_loss"] = gm.acc, gm.loss
         rows.append(row)
     metrics: dict[str, float] = {}
