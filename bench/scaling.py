@@ -21,6 +21,13 @@ def rss_mb() -> float:
     return pages * resource.getpagesize() / 2**20
 
 
+def peak_rss_mb() -> float:
+    """This process's RSS high-water mark (VmHWM; ru_maxrss would include the parent's before exec)."""
+    with open("/proc/self/status") as fh:
+        kb = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))
+    return kb / 1024
+
+
 def store_bytes(loop: FederatedLoop) -> int:
     """Bytes the loop keeps per client (the client store): the method's per-client state only."""
     return sum(t.numel() * t.element_size() for s in loop.clients.values() for t in s.values())
@@ -56,7 +63,7 @@ def scaling_point(method: str, num_clients: int, rounds: int, per_round: int = 1
         "bytes_per_stored_client": nbytes / stored if stored else 0.0,
         "model_bytes": loop.init_state.numel() * loop.init_state.element_size(),
         "rss_growth_mb": rss_mb() - rss0,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_mb(),
     }
 
 
