@@ -3,6 +3,7 @@ optimizer steps on the identical batches (same init, sampled clients and keyed b
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -58,30 +59,34 @@ class PlainFedAvg:
         return torch.cat([p.reshape(-1) for p in self.global_params])
 
 
-def time_rounds(step, rounds: int) -> float:
+def timed(step) -> float:
     t0 = time.perf_counter()
-    for _ in range(rounds):
-        step()
-    return (time.perf_counter() - t0) / rounds
+    step()
+    return time.perf_counter() - t0
 
 
-def overhead(loop: FederatedLoop, plain: PlainFedAvg, rounds: int, repeats: int = 3) -> dict[str, float]:
-    """Seconds per round of both (best of ``repeats`` interleaved blocks, after one warm-up round
-    each); checks that both computed the same global model."""
-    loop.run_round(), plain.run_round()
-    best_pfl, best_plain = float("inf"), float("inf")
-    for _ in range(repeats):
-        best_plain = min(best_plain, time_rounds(plain.run_round, rounds))
-        best_pfl = min(best_pfl, time_rounds(loop.run_round, rounds))
+def overhead(loop: FederatedLoop, plain: PlainFedAvg, rounds: int) -> dict[str, float]:
+    """Per-round seconds of both, run in lockstep (round r of one, then round r of the other, the
+    order alternating) so that both see the same machine load; the ratio is the median of the
+    per-round ratios. Checks that both computed the same global model."""
+    loop.run_round(), plain.run_round()  # warm-up
+    pfl_s, plain_s = [], []
+    for r in range(rounds):
+        if r % 2:
+            plain_s.append(timed(plain.run_round))
+            pfl_s.append(timed(loop.run_round))
+        else:
+            pfl_s.append(timed(loop.run_round))
+            plain_s.append(timed(plain.run_round))
     n = loop.flat.num_params
     torch.testing.assert_close(loop.server["global"][:n], plain.flat(), rtol=1e-4, atol=1e-5)
     t0 = time.perf_counter()
     loop.evaluate()
     eval_s = time.perf_counter() - t0
     return {
-        "pfl_round_s": best_pfl,
-        "plain_round_s": best_plain,
-        "ratio": best_pfl / best_plain,
+        "pfl_round_s": statistics.median(pfl_s),
+        "plain_round_s": statistics.median(plain_s),
+        "ratio": statistics.median(a / b for a, b in zip(pfl_s, plain_s, strict=True)),
         "eval_s": eval_s,
         "params": n,
     }

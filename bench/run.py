@@ -21,12 +21,12 @@ import torch
 
 from bench.common import bench_config, make_loop, mnist_like
 from bench.overhead import PlainFedAvg, overhead
-from bench.scaling import method_cost
+from bench.scaling import interleaved_round_s, method_costs
 from bench.vmap import compare
 from pfl.methods import METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
-ROUNDS = {"mlp": 10, "cnn": 2}  # rounds per timed block
+ROUNDS = {"mlp": 10, "cnn": 2}  # rounds per measurement unit
 
 
 def run_overhead() -> list[dict]:
@@ -35,32 +35,32 @@ def run_overhead() -> list[dict]:
         cfg = bench_config("fedavg", model, 100, 10)
         loop = make_loop(cfg, mnist_like(100))
         plain = PlainFedAvg(cfg, loop.worker.data)
-        rows.append({"model": model, **overhead(loop, plain, ROUNDS[model], repeats=4)})
+        rows.append({"model": model, **overhead(loop, plain, 4 * ROUNDS[model])})
     return rows
 
 
 def run_scaling(threads: int) -> list[dict]:
     rows = []
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    sizes = [10, 100, 1000]
     for method in ("fedavg", "ditto"):
-        for n in (10, 100, 1000):
+        # Memory (and eval time) per N in a fresh process each; rounds/s with the N's interleaved.
+        for n in sizes:
             cmd = [sys.executable, "-m", "bench.scaling", method, str(n), "10", str(threads)]
             out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        for n, round_s in interleaved_round_s(method, sizes, 20).items():
+            row = next(r for r in rows if r["method"] == method and r["num_clients"] == n)
+            row["round_s"], row["rounds_per_s"] = round_s, 1 / round_s
     return rows
 
 
 def run_methods() -> list[dict]:
     rows = []
     for model in ("mlp", "cnn"):
-        base = None
-        for name in METHODS:
-            row = method_cost(name, model, ROUNDS[model] * 2)
-            base = row["samples_per_s"] if name == "fedavg" else base
-            rows.append(row)
-        for row in rows:
-            if row["model"] == model:
-                row["relative_to_fedavg"] = row["samples_per_s"] / base
+        costs = method_costs(list(METHODS), model, 2 * ROUNDS[model])
+        base = next(r["samples_per_s"] for r in costs if r["method"] == "fedavg")
+        rows += [{**r, "relative_to_fedavg": r["samples_per_s"] / base} for r in costs]
     return rows
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import resource
+import statistics
 import sys
 import time
 
@@ -67,10 +68,42 @@ def scaling_point(method: str, num_clients: int, rounds: int, per_round: int = 1
     }
 
 
-def method_cost(method: str, model: str, rounds: int) -> dict:
-    loop = make_loop(bench_config(method, model, 100, 10))
-    round_s, samples = timed_rounds(loop, rounds)
-    return {"method": method, "model": model, "round_s": round_s, "samples_per_s": samples / (round_s * rounds)}
+def interleaved_round_s(method: str, sizes: list[int], rounds: int, per_round: int = 10) -> dict[int, float]:
+    """Median seconds per round for each N, the N's taking rounds in turn (same machine load)."""
+    loops = {n: make_loop(bench_config(method, "mlp", n, per_round)) for n in sizes}
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for loop in loops.values():
+        loop.run_round()  # warm-up
+    for _ in range(rounds):
+        for n, loop in loops.items():
+            t0 = time.perf_counter()
+            loop.run_round()
+            times[n].append(time.perf_counter() - t0)
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
+def method_costs(methods: list[str], model: str, rounds: int) -> list[dict]:
+    """Samples/s of every method on the same federation, rounds interleaved across methods so
+    that all of them see the same machine load."""
+    loops = {m: make_loop(bench_config(m, model, 100, 10)) for m in methods}
+    for loop in loops.values():
+        loop.run_round()  # warm-up
+    seconds = dict.fromkeys(methods, 0.0)
+    samples0 = {m: loop.train_samples for m, loop in loops.items()}
+    for _ in range(rounds):
+        for m, loop in loops.items():
+            t0 = time.perf_counter()
+            loop.run_round()
+            seconds[m] += time.perf_counter() - t0
+    return [
+        {
+            "method": m,
+            "model": model,
+            "round_s": seconds[m] / rounds,
+            "samples_per_s": (loops[m].train_samples - samples0[m]) / seconds[m],
+        }
+        for m in methods
+    ]
 
 
 if __name__ == "__main__":
