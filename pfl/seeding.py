@@ -33,8 +33,8 @@ def seed_everything(*keys: int | str) -> None:
     """Seed torch's global RNGs (used by dropout and initialisers) from the keys.
 
     Called once per client fit, so it avoids ``torch.manual_seed``: that also queues a lazy seeding
-    call with a formatted stack trace for every uninitialised backend (~0.1-0.5 ms per call, and a
-    list that grows with every call). The CPU stream is the same as ``torch.manual_seed``'s.
+    call with a freshly formatted stack trace for every uninitialised backend (~0.1-0.5 ms per call).
+    The CPU stream is the same as ``torch.manual_seed``'s.
     """
     seed = derive_seed(*keys)
     torch.default_generator.manual_seed(seed)
