@@ -32,8 +32,12 @@ reproduce: install
 	$(PY) -m pfl reproduce --out reproduce
 
 lint: install
-	$(VENV)/bin/ruff check pfl tests
-	$(VENV)/bin/ruff format --check pfl tests
+	$(VENV)/bin/ruff check pfl tests bench
+	$(VENV)/bin/ruff format --check pfl tests bench
+
+# Overhead vs plain PyTorch, scaling with N, per-method cost (~3 min on 2 cores); docs/performance.md
+bench: install
+	$(PY) -m bench.run
 
 clean:
 	rm -rf runs wandb .pytest_cache

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import OmegaConf
 
 from pfl.config import ClientConfig, EvalConfig, RunConfig, TrackingConfig, TrainerConfig, validate
@@ -156,6 +157,8 @@ def fit(argv: list[str]) -> dict[str, Any]:
         return {}
     cfg, ns, parser, resume_dir = parse_fit_args(argv)
     summary = run_experiment(cfg, parser.dump(ns), resume_dir=resume_dir)
+    if rank_zero_only.rank != 0:  # the other ranks of a multi-process run stay quiet
+        return summary
     shown = {k: v for k, v in summary["metrics"].items() if k.endswith((".mean", ".std")) or k == "gm.acc"}
     print(f"{summary['method']} on {summary['dataset']}: {summary['rounds']} rounds -> {summary['run_dir']}")
     for key, value in shown.items():

@@ -113,9 +113,13 @@ class Worker:
         self.settings = settings
         self.seed = seed
         self.eval_batch_size = eval_batch_size
-        self.optimizer = torch.optim.SGD(
-            [self.flat.flat_param], lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay
-        )
+        hp = {"lr": settings.lr, "momentum": settings.momentum, "weight_decay": settings.weight_decay}
+        # With terms: one optimizer over the flat vector, gradients accumulated into flat views that
+        # the terms read and change. Without: the per-tensor optimizer on fresh gradients, which is
+        # exactly what a plain PyTorch loop does (the same update, fewer passes over memory).
+        self.optimizer = torch.optim.SGD([self.flat.flat_param], **hp)
+        self.tensor_optimizer = torch.optim.SGD(self.flat.tensors, **hp)
+        self._last_optimizer = self.optimizer
         self._loss_fn: LossFn | None = None
 
     # -- training -------------------------------------------------------------------------------
@@ -148,13 +152,16 @@ class Worker:
         gen = torch_generator(self.seed, round_idx, cid, purpose, "batches", device=self.device)
         idx = self.split(cid).train
         n, bs = len(idx), self.settings.batch_size
-        group = self.optimizer.param_groups[0]
-        group["lr"] = lr
-        self.optimizer.state.clear()  # fresh momentum per local update unless a method restores it
+        optimizer = self.optimizer if terms else self.tensor_optimizer
+        optimizer.param_groups[0]["lr"] = lr
+        optimizer.state.clear()  # fresh momentum per local update unless a method restores it
         if momentum_buffer is not None:
-            self.optimizer.state[self.flat.flat_param]["momentum_buffer"] = momentum_buffer.clone()
+            self._restore_momentum(optimizer, momentum_buffer)
+        self._last_optimizer = optimizer
         self.module.train()
         params, grads = self.flat.params, self.flat.grads
+        if not terms:
+            self.flat.release_grads()
         steps, loss_sum, last_epoch_batches = 0, torch.zeros((), device=self.device), 0
         t0 = time.perf_counter()
         for epoch in range(epochs):
@@ -163,12 +170,15 @@ class Worker:
                 loss_sum.zero_()
             for start_i in range(0, n, bs):
                 b = order[start_i : start_i + bs]
-                grads.zero_()
+                if terms:
+                    grads.zero_()
+                else:
+                    optimizer.zero_grad(set_to_none=True)
                 loss = self._loss((self.data.x[b], self.data.y[b]), steps)
                 loss.backward()
                 for term in terms:
                     term.on_grad(params, grads)
-                self.optimizer.step()
+                optimizer.step()
                 for term in terms:
                     term.on_step(params, lr)
                 steps += 1
@@ -176,13 +186,31 @@ class Worker:
                     loss_sum += loss.detach()
                     last_epoch_batches += 1
         seconds = time.perf_counter() - t0
+        if not terms:
+            self.flat.attach_grads()  # callers outside fit may rely on p.grad viewing flat.grads
         mean_loss = float(loss_sum) / max(last_epoch_batches, 1)
         return FitStats(n, n * epochs, steps, mean_loss, seconds)
 
     def momentum_buffer(self) -> Tensor | None:
-        """A copy of the optimizer's momentum after the last fit (None without momentum)."""
-        buf = self.optimizer.state.get(self.flat.flat_param, {}).get("momentum_buffer")
-        return None if buf is None else buf.detach().clone()
+        """A flat copy of the optimizer's momentum after the last fit (None without momentum),
+        whichever of the two optimizers that fit used."""
+        opt = self._last_optimizer
+        if opt is self.optimizer:
+            buf = opt.state.get(self.flat.flat_param, {}).get("momentum_buffer")
+            return None if buf is None else buf.detach().clone()
+        bufs = [opt.state.get(p, {}).get("momentum_buffer") for p in self.flat.tensors]
+        if any(b is None for b in bufs):
+            return None
+        return torch.cat([b.detach().reshape(-1) for b in bufs])
+
+    def _restore_momentum(self, optimizer: torch.optim.Optimizer, buf: Tensor) -> None:
+        if optimizer is self.optimizer:
+            optimizer.state[self.flat.flat_param]["momentum_buffer"] = buf.clone()
+            return
+        offset = 0
+        for p in self.flat.tensors:
+            optimizer.state[p]["momentum_buffer"] = buf[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
 
     def _loss(self, batch: tuple[Tensor, Tensor], step: int) -> Tensor:
         if self.fabric is not None:

@@ -11,6 +11,7 @@ from pfl.models import ModelConfig
 
 ACCELERATORS = ("cpu", "cuda", "gpu", "mps", "auto")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+STRATEGIES = ("auto", "ddp")  # ddp: one process per device; sampled clients are split across them
 
 
 @dataclass
@@ -35,7 +36,9 @@ class TrainerConfig:
     eval_every: int = 10
     checkpoint_every: int = 1  # a killed run loses at most this many rounds
     accelerator: str = "cpu"
-    devices: int = 1
+    devices: int = 1  # processes per node; > 1 splits each round's clients across them (pfl.distributed)
+    num_nodes: int = 1
+    strategy: str = "auto"
     precision: str = "32-true"
     progress: bool = True
 
@@ -137,6 +140,13 @@ def validate(cfg: RunConfig) -> None:
         f"choose one of {', '.join(PRECISIONS)}",
     )
     require(t.devices >= 1, "trainer.devices", f"must be >= 1 (got {t.devices})")
+    require(t.num_nodes >= 1, "trainer.num_nodes", f"must be >= 1 (got {t.num_nodes})")
+    require(
+        t.strategy in STRATEGIES,
+        "trainer.strategy",
+        f"unknown strategy {t.strategy!r}",
+        f"choose one of {', '.join(STRATEGIES)} (ddp runs one process per device, launched by pfl or torchrun)",
+    )
     require(c.lr > 0, "client.lr", f"the learning rate must be > 0 (got {c.lr})")
     require(c.epochs >= 1, "client.epochs", f"must be >= 1 (got {c.epochs})")
     require(c.batch_size >= 1, "client.batch_size", f"must be >= 1 (got {c.batch_size})")

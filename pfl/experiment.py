@@ -22,6 +22,19 @@ def _flat_config(cfg: RunConfig) -> dict[str, Any]:
     return out
 
 
+def make_fabric(cfg: RunConfig) -> L.Fabric:
+    t = cfg.trainer
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*precision.*")
+        return L.Fabric(
+            accelerator=t.accelerator,
+            devices=t.devices,
+            num_nodes=t.num_nodes,
+            strategy=t.strategy,
+            precision=t.precision,
+        )
+
+
 def run_experiment(
     cfg: RunConfig,
     config_text: str | None = None,
@@ -33,25 +46,22 @@ def run_experiment(
 
     validate(cfg)
     data = build_data(cfg.data, cfg.seed)
+    fabric = make_fabric(cfg)
+    # Several processes (trainer.devices / num_nodes): fabric.launch() starts the other local ranks
+    # (or joins the ones torchrun/SLURM started). Only rank 0 writes files and logs.
+    fabric.launch()
     if resume_dir is not None:
         run_dir = resume_dir
-    run_dir = run_dir or Path(cfg.tracking.root) / run_name(cfg)
-    files = RunFiles(run_dir)
-    if config_text is not None:
+    run_dir = fabric.broadcast(run_dir or Path(cfg.tracking.root) / run_name(cfg))  # one name on every rank
+    files = RunFiles(run_dir) if fabric.is_global_zero else None
+    if files is not None and config_text is not None:
         files.write_config(config_text)
     loggers = []
-    if cfg.tracking.wandb:
+    if cfg.tracking.wandb and fabric.is_global_zero:
         loggers.append(
             make_wandb_logger(cfg.tracking.project, run_dir.name, run_dir, _flat_config(cfg), resume_dir is not None)
         )
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*precision.*")
-        fabric = L.Fabric(
-            accelerator=cfg.trainer.accelerator,
-            devices=cfg.trainer.devices,
-            precision=cfg.trainer.precision,
-            loggers=loggers,
-        )
+        fabric.loggers.extend(loggers)
     loop = FederatedLoop(cfg, data, files, fabric)
     if resume_dir is not None:
         loop.resume(resume_dir)

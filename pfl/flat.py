@@ -28,12 +28,15 @@ class FlatModule:
         self.buffers = self.state[self.num_params :]
         self.grads = torch.zeros(self.num_params, device=device)
         offset = 0
+        self._grad_views: list[tuple[Tensor, Tensor]] = []
         for p in params:
             n = p.numel()
             self.params[offset : offset + n].copy_(p.data.reshape(-1))
             p.data = self.params[offset : offset + n].view_as(p)
-            p.grad = self.grads[offset : offset + n].view_as(p)
+            self._grad_views.append((p, self.grads[offset : offset + n].view_as(p)))
             offset += n
+        self.tensors = [p for p, _ in self._grad_views]  # the parameters as the module sees them
+        self.attach_grads()
         offset = 0
         for owner, name, b in _buffer_owners(module):
             n = b.numel()
@@ -102,6 +105,18 @@ class FlatModule:
     def param_dict(self, params: Tensor) -> dict[str, Tensor]:
         """Named views of a flat parameter vector, for ``torch.func.functional_call``."""
         return {n: params[sl].view(self.param_shapes[n]) for n, sl in self.param_slices.items()}
+
+    def attach_grads(self) -> None:
+        """Make every ``p.grad`` a view into ``self.grads`` again (backward accumulates into it)."""
+        for p, view in self._grad_views:
+            p.grad = view
+
+    def release_grads(self) -> None:
+        """Set every ``p.grad`` to None so backward hands over fresh gradients instead of adding
+        them into zeroed views (saves a memset and an add pass over P per step when no term needs
+        the flat gradient)."""
+        for p, _ in self._grad_views:
+            p.grad = None
 
 
 def _buffer_owners(module: nn.Module):

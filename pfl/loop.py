@@ -19,6 +19,7 @@ from pfl.checkpoint import load_checkpoint, save_checkpoint
 from pfl.client import TrainSettings, Worker
 from pfl.config import RunConfig
 from pfl.data.federated import FederatedData
+from pfl.distributed import Cohort
 from pfl.flat import FlatModule
 from pfl.methods.base import ClientContext, State
 from pfl.metrics.evaluate import evaluate_new_clients
@@ -74,6 +75,8 @@ class FederatedLoop:
         self.evals = EvalSession(cfg.eval, self.worker, cfg.seed)
         self.train_samples = 0
         self.train_seconds = 0.0
+        self.cohort = Cohort.from_fabric(fabric)
+        self._sizes = data.sizes("train")
 
     @property
     def flat(self) -> FlatModule:
@@ -90,14 +93,24 @@ class FederatedLoop:
     # -- one round --------------------------------------------------------------------------------
     def run_round(self) -> None:
         sampled = self.sampled_clients()
-        results = {}
-        for cid in sampled.tolist():
+        # Payloads are a function of the server state, which every rank holds: each rank knows what
+        # every sampled client received, so byte counts agree without a second exchange.
+        payloads = {cid: self.method.payload(self.server, cid) for cid in sampled.tolist()}
+        results, fits = {}, []
+        mine = self.cohort.share(sampled.tolist(), self._sizes)
+        for cid in mine:
             ctx = self.client(cid)
-            payload = self.method.payload(self.server, cid)
-            results[cid] = self.method.local_update(ctx, payload)
-            self.evals.observe(cid, payload, results[cid])  # bytes exchanged (+ trained model if kept)
-            self.train_samples += sum(f.samples_seen for f in ctx.fits)
-            self.train_seconds += sum(f.seconds for f in ctx.fits)
+            results[cid] = self.method.local_update(ctx, payloads[cid])
+            fits += ctx.fits
+        if self.cohort.world_size > 1:
+            # Every rank aggregates the full, id-sorted result dict and stores every client's new state.
+            states = {cid: self.clients.get(cid, {}) for cid in mine}
+            results, states, fits = self.cohort.exchange(results, states, fits, self.worker.device)
+            self.clients.update(states)
+        for cid in sampled.tolist():
+            self.evals.observe(cid, payloads[cid], results[cid])  # bytes exchanged (+ trained model if kept)
+        self.train_samples += sum(f.samples_seen for f in fits)
+        self.train_seconds += sum(f.seconds for f in fits)
         self.method.aggregate(self.server, results)
         # Drop empty entries so FedAvg-like methods keep no per-client memory.
         for cid in sampled.tolist():
@@ -123,7 +136,11 @@ class FederatedLoop:
     def fit(self) -> dict[str, Any]:
         t = self.cfg.trainer
         bar = tqdm(
-            total=t.rounds, initial=self.round, desc=self.method.name, disable=not t.progress, dynamic_ncols=True
+            total=t.rounds,
+            initial=self.round,
+            desc=self.method.name,
+            disable=not (t.progress and self.cohort.is_zero),
+            dynamic_ncols=True,
         )
         self.evals.check()
         if self.cfg.eval.reference == "local" and self.method.name != "local" and self.evals.reference is None:

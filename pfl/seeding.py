@@ -30,5 +30,13 @@ def torch_generator(*keys: int | str, device: torch.device | str = "cpu") -> tor
 
 
 def seed_everything(*keys: int | str) -> None:
-    """Seed torch's global RNGs (used by dropout and initialisers) from the keys."""
-    torch.manual_seed(derive_seed(*keys))
+    """Seed torch's global RNGs (used by dropout and initialisers) from the keys.
+
+    Called once per client fit, so it avoids ``torch.manual_seed``: that also queues a lazy seeding
+    call with a freshly formatted stack trace for every uninitialised backend (~0.1-0.5 ms per call).
+    The CPU stream is the same as ``torch.manual_seed``'s.
+    """
+    seed = derive_seed(*keys)
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():  # is_available() would probe the driver on every call
+        torch.cuda.manual_seed_all(seed)

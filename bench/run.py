@@ -1,0 +1,163 @@
+"""``make bench``: overhead vs plain PyTorch, scaling with N, per-method cost, vectorized clients.
+
+Writes bench/results.json and prints the tables that docs/performance.md quotes. Every timing is
+the best of a few interleaved blocks after a warm-up round, on ``--threads`` intra-op threads
+(default 1: on a shared 2-core machine one thread gives repeatable numbers, and both sides of every
+ratio run under the same setting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from bench.common import bench_config, make_loop, mnist_like
+from bench.overhead import PlainFedAvg, overhead
+from bench.scaling import interleaved_round_s, method_costs
+from bench.vmap import compare
+from pfl.methods import METHODS
+
+ROOT = Path(__file__).resolve().parents[1]
+ROUNDS = {"mlp": 10, "cnn": 2}  # rounds per measurement unit
+
+
+def run_overhead() -> list[dict]:
+    rows = []
+    for model in ("cnn", "mlp"):
+        cfg = bench_config("fedavg", model, 100, 10)
+        loop = make_loop(cfg, mnist_like(100))
+        plain = PlainFedAvg(cfg, loop.worker.data)
+        rows.append({"model": model, **overhead(loop, plain, 4 * ROUNDS[model])})
+    return rows
+
+
+def run_scaling(threads: int) -> list[dict]:
+    rows = []
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    sizes = [10, 100, 1000]
+    for method in ("fedavg", "ditto"):
+        # Memory (and eval time) per N in a fresh process each; rounds/s with the N's interleaved.
+        for n in sizes:
+            cmd = [sys.executable, "-m", "bench.scaling", method, str(n), "10", str(threads)]
+            out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        for n, round_s in interleaved_round_s(method, sizes, 20).items():
+            row = next(r for r in rows if r["method"] == method and r["num_clients"] == n)
+            row["round_s"], row["rounds_per_s"] = round_s, 1 / round_s
+    return rows
+
+
+def run_methods() -> list[dict]:
+    rows = []
+    for model in ("mlp", "cnn"):
+        costs = method_costs(list(METHODS), model, 2 * ROUNDS[model])
+        base = next(r["samples_per_s"] for r in costs if r["method"] == "fedavg")
+        rows += [{**r, "relative_to_fedavg": r["samples_per_s"] / base} for r in costs]
+    return rows
+
+
+def run_vmap() -> list[dict]:
+    rows = []
+    for model in ("mlp", "cnn"):
+        loop = make_loop(bench_config("fedavg", model, 100, 10))
+        compare(loop, 1)  # warm-up
+        rows.append({"model": model, **compare(loop, ROUNDS[model] * 2)})
+    return rows
+
+
+def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    head = "| " + " | ".join(title for _, title, _ in columns) + " |"
+    sep = "|" + "---|" * len(columns)
+    body = ["| " + " | ".join(format(r[k], f) for k, _, f in columns) + " |" for r in rows]
+    return "\n".join([head, sep, *body])
+
+
+def report(results: dict) -> str:
+    parts = [
+        f"threads={results['threads']}  torch {results['torch']}  {results['cpu']}",
+        "\nOverhead: FedAvg, 100 clients, 10 sampled, 2 local epochs, batch 10 (s per round)",
+        table(
+            results["overhead"],
+            [
+                ("model", "model", "s"),
+                ("params", "params", "d"),
+                ("plain_round_s", "plain PyTorch", ".4f"),
+                ("pfl_round_s", "pfl", ".4f"),
+                ("ratio", "ratio", ".3f"),
+                ("eval_s", "pfl eval (all clients)", ".4f"),
+            ],
+        ),
+        "\nScaling: MLP, 10 sampled per round; client store = what the loop keeps per client",
+        table(
+            results["scaling"],
+            [
+                ("method", "method", "s"),
+                ("num_clients", "N", "d"),
+                ("rounds_per_s", "rounds/s", ".1f"),
+                ("eval_s", "eval s", ".3f"),
+                ("stored_clients", "stored clients", "d"),
+                ("store_mb", "store MB", ".2f"),
+                ("bytes_per_stored_client", "B/stored client", ".0f"),
+                ("model_bytes", "B/model", "d"),
+                ("rss_growth_mb", "RSS growth MB", ".1f"),
+                ("peak_rss_mb", "peak RSS MB", ".0f"),
+            ],
+        ),
+        "\nPer-method cost: 100 clients, 10 sampled (local samples processed per second)",
+        table(
+            results["methods"],
+            [
+                ("model", "model", "s"),
+                ("method", "method", "s"),
+                ("round_s", "s/round", ".4f"),
+                ("samples_per_s", "samples/s", ".0f"),
+                ("relative_to_fedavg", "vs FedAvg", ".2f"),
+            ],
+        ),
+        "\nVectorized clients (functional_call + vmap) vs sequential worker, FedAvg round",
+        table(
+            results["vmap"],
+            [
+                ("model", "model", "s"),
+                ("sequential_round_s", "sequential s", ".4f"),
+                ("vmap_round_s", "vmap s", ".4f"),
+                ("max_abs_diff", "max |diff|", ".1e"),
+            ],
+        ),
+        f"\ntotal {results['seconds']:.0f} s",
+    ]
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    results = {
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "cpu": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "overhead": run_overhead(),
+        "scaling": run_scaling(args.threads),
+        "methods": run_methods(),
+        "vmap": run_vmap(),
+    }
+    results["seconds"] = time.perf_counter() - t0
+    args.out.write_text(json.dumps(results, indent=2))
+    print(report(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()
