@@ -144,26 +144,31 @@ def plan(path: str | Path, count: int | None = None, root: Path | None = None) -
     return runs, root
 
 
+def run_parallel(jobs: dict[str, list[str]], workers: int = 1, what: str = "sweep") -> None:
+    """Run ``python -m pfl <argv>`` for every job in ``workers`` processes, printing progress; the
+    cores are split between workers. Raises ConfigError naming every failed job."""
+    threads = str(max(1, (os.cpu_count() or 1) // max(workers, 1)))
+    env = {**os.environ, "OMP_NUM_THREADS": threads}
+
+    def launch(item: tuple[str, list[str]]) -> tuple[str, int, str]:
+        name, argv = item
+        proc = subprocess.run([sys.executable, "-m", "pfl", *argv], env=env, capture_output=True, text=True)
+        return name, proc.returncode, proc.stderr
+
+    failed = []
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for done, (name, code, err) in enumerate(pool.map(launch, jobs.items()), 1):
+            print(f"[{done}/{len(jobs)}] {name}: {'ok' if code == 0 else f'FAILED ({code})'}", flush=True)
+            if code != 0:
+                failed.append(f"{name}: {(err.strip().splitlines() or [''])[-1]}")
+    if failed:
+        raise ConfigError(what, f"{len(failed)} of {len(jobs)} runs failed: {'; '.join(failed)}")
+
+
 def run_sweep(path: str | Path, count: int | None = None, workers: int = 1, root: Path | None = None) -> list[Path]:
     """Run every expanded run in ``workers`` processes; returns their run directories."""
     runs, root = plan(path, count, root)
     root.mkdir(parents=True, exist_ok=True)
-    threads = str(max(1, (os.cpu_count() or 1) // max(workers, 1)))
-    env = {**os.environ, "OMP_NUM_THREADS": threads}
-
-    def launch(run: SweepRun) -> tuple[SweepRun, int, str]:
-        proc = subprocess.run([sys.executable, "-m", "pfl", *run.argv], env=env, capture_output=True, text=True)
-        return run, proc.returncode, proc.stderr
-
-    failed = []
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for done, (run, code, err) in enumerate(pool.map(launch, runs), 1):
-            status = "ok" if code == 0 else f"FAILED ({code})"
-            params = ", ".join(f"{k}={v}" for k, v in run.params.items())
-            print(f"[{done}/{len(runs)}] run{run.index:03d} {params}: {status}", flush=True)
-            if code != 0:
-                failed.append((run, err.strip().splitlines()[-1:] or [""]))
-    if failed:
-        lines = "; ".join(f"run{r.index:03d}: {e[0]}" for r, e in failed)
-        raise ConfigError("sweep", f"{len(failed)} of {len(runs)} runs failed: {lines}")
+    names = [f"run{r.index:03d} " + ", ".join(f"{k}={v}" for k, v in r.params.items()) for r in runs]
+    run_parallel({name: r.argv for name, r in zip(names, runs, strict=True)}, workers)
     return [root / f"run{r.index:03d}" for r in runs]
