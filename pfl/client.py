@@ -148,10 +148,7 @@ class Worker:
         self.flat.load(start)
         epochs = self.settings.epochs if epochs is None else epochs
         lr = self.settings.lr if lr is None else lr
-        seed_everything(self.seed, round_idx, cid, purpose)
-        gen = torch_generator(self.seed, round_idx, cid, purpose, "batches", device=self.device)
-        idx = self.split(cid).train
-        n, bs = len(idx), self.settings.batch_size
+        n = len(self.split(cid).train)
         optimizer = self.optimizer if terms else self.tensor_optimizer
         optimizer.param_groups[0]["lr"] = lr
         optimizer.state.clear()  # fresh momentum per local update unless a method restores it
@@ -164,27 +161,22 @@ class Worker:
             self.flat.release_grads()
         steps, loss_sum, last_epoch_batches = 0, torch.zeros((), device=self.device), 0
         t0 = time.perf_counter()
-        for epoch in range(epochs):
-            order = idx[torch.randperm(n, generator=gen, device=self.device)]
+        for epoch, b in self.epoch_batches(cid, round_idx, purpose, epochs):
+            if terms:
+                grads.zero_()
+            else:
+                optimizer.zero_grad(set_to_none=True)
+            loss = self._loss((self.data.x[b], self.data.y[b]), steps)
+            loss.backward()
+            for term in terms:
+                term.on_grad(params, grads)
+            optimizer.step()
+            for term in terms:
+                term.on_step(params, lr)
+            steps += 1
             if epoch == epochs - 1:
-                loss_sum.zero_()
-            for start_i in range(0, n, bs):
-                b = order[start_i : start_i + bs]
-                if terms:
-                    grads.zero_()
-                else:
-                    optimizer.zero_grad(set_to_none=True)
-                loss = self._loss((self.data.x[b], self.data.y[b]), steps)
-                loss.backward()
-                for term in terms:
-                    term.on_grad(params, grads)
-                optimizer.step()
-                for term in terms:
-                    term.on_step(params, lr)
-                steps += 1
-                if epoch == epochs - 1:
-                    loss_sum += loss.detach()
-                    last_epoch_batches += 1
+                loss_sum += loss.detach()
+                last_epoch_batches += 1
         seconds = time.perf_counter() - t0
         if not terms:
             self.flat.attach_grads()  # callers outside fit may rely on p.grad viewing flat.grads
@@ -232,16 +224,22 @@ class Worker:
         return self.data.clients[cid] if cid < n else self.new_clients[cid - n]
 
     # -- building blocks for methods with their own local loop ------------------------------------
-    def batches(self, cid: int, round_idx: int, purpose: str, epochs: int) -> Iterator[Tensor]:
-        """The index batches ``fit`` would draw for (cid, round, purpose): same keys, same order."""
+    def epoch_batches(self, cid: int, round_idx: int, purpose: str, epochs: int) -> Iterator[tuple[int, Tensor]]:
+        """(epoch, index batch) pairs of client ``cid``'s train split, reshuffled every epoch from
+        generators keyed by (seed, round, client, purpose); also seeds dropout and initialisers."""
         seed_everything(self.seed, round_idx, cid, purpose)
         gen = torch_generator(self.seed, round_idx, cid, purpose, "batches", device=self.device)
         idx = self.split(cid).train
         n, bs = len(idx), self.settings.batch_size
-        for _ in range(epochs):
+        for epoch in range(epochs):
             order = idx[torch.randperm(n, generator=gen, device=self.device)]
             for s in range(0, n, bs):
-                yield order[s : s + bs]
+                yield epoch, order[s : s + bs]
+
+    def batches(self, cid: int, round_idx: int, purpose: str, epochs: int) -> Iterator[Tensor]:
+        """The index batches ``fit`` draws for (cid, round, purpose): same keys, same order."""
+        for _, b in self.epoch_batches(cid, round_idx, purpose, epochs):
+            yield b
 
     def gradient(self, b: Tensor, loss_fn: LossFn | None = None) -> Tensor:
         """Set ``flat.grads`` to the gradient of the loss on pool samples ``b`` at the current
