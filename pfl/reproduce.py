@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pfl.methods import METHODS
+from pfl.metrics.protocols import reference_metrics
 from pfl.metrics.report import build_table, render
 
 Summaries = dict[str, dict[str, Any]]
@@ -74,9 +75,12 @@ CLAIMS = [
 ]
 
 
-def run_claims(out: Path, only: list[str] | None = None, quick: bool = False, workers: int = 1) -> Path:
+def run_claims(
+    out: Path, only: list[str] | None = None, quick: bool = False, workers: int = 1, reuse: bool = False
+) -> Path:
     """Run the claims (``quick``: 10 % of the rounds, for smoke tests) in ``workers`` processes and
-    write ``out/REPORT.md``."""
+    write ``out/REPORT.md``. ``reuse`` keeps runs that already have a summary (an interrupted suite
+    continues where it stopped)."""
     from pfl.cli import parse_fit_args
     from pfl.sweep import run_parallel
 
@@ -98,13 +102,20 @@ def run_claims(out: Path, only: list[str] | None = None, quick: bool = False, wo
                 rounds = parse_fit_args(argv)[0].trainer.rounds // 10 or 1
                 argv += ["--trainer.rounds", str(rounds), "--trainer.eval_every", str(rounds)]
             parse_fit_args(argv)  # every run's configuration is checked before the first one starts
-            jobs[label] = ["fit", *argv]
+            if not (reuse and (out / claim.key / label / "summary.json").exists()):
+                jobs[label] = ["fit", *argv]
         t0 = time.perf_counter()
         run_parallel(jobs, workers, what=claim.key)
         minutes = (time.perf_counter() - t0) / 60
         summaries: Summaries = {
             label: json.loads((out / claim.key / label / "summary.json").read_text()) for label in claim.runs
         }
+        if "local" in summaries:
+            add_gain_over_local(summaries, out / claim.key)
+            sections += [
+                "Gain, R-Acc and PTR are per client against the suite's own `local` run (same split, seed).",
+                "",
+            ]
         held, detail = claim.check(summaries)
         header, rows, best = build_table(list(summaries.values()), list(summaries), list(claim.metrics))
         sections += render(header, rows, best).splitlines()
@@ -114,6 +125,28 @@ def run_claims(out: Path, only: list[str] | None = None, quick: bool = False, wo
     report = out / "REPORT.md"
     report.write_text("\n".join(sections) + "\n")
     return report
+
+
+def add_gain_over_local(summaries: Summaries, root: Path) -> None:
+    """Add gain.{mean,std}, r_acc.mean and ptr of every run's P-models against the ``local`` run,
+    client by client from the runs' clients.csv (all runs share the split and the seed)."""
+    import csv
+
+    def per_client(label: str) -> list[float]:
+        with open(root / label / "clients.csv") as fh:
+            return [float(row["pm.l_acc"]) for row in csv.DictReader(fh)]
+
+    reference = per_client("local")
+    for label, summary in summaries.items():
+        comp = reference_metrics(per_client(label), reference)
+        summary["metrics"].update(
+            {
+                "gain.mean": comp["gain.mean"],
+                "gain.std": comp["gain.std"],
+                "r_acc.mean": comp["r.mean"],
+                "ptr": comp["ptr"],
+            }
+        )
 
 
 def _bar_plot(summaries: Summaries, metric: str, path: Path) -> Path:
@@ -143,5 +176,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", nargs="*", default=None, help=f"claims to run: {', '.join(c.key for c in CLAIMS)}")
     parser.add_argument("--quick", action="store_true", help="10%% of the rounds (smoke test, not a reproduction)")
     parser.add_argument("--workers", type=int, default=2, help="runs in parallel (cores are split between them)")
+    parser.add_argument("--reuse", action="store_true", help="keep runs that already finished (continue a suite)")
     args = parser.parse_args(argv)
-    print(run_claims(args.out, args.only, args.quick, args.workers))
+    print(run_claims(args.out, args.only, args.quick, args.workers, args.reuse))

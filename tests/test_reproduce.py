@@ -29,9 +29,27 @@ def test_report_has_table_plot_and_verdict(tmp_path, monkeypatch):
     assert "**Held: yes**" in report or "**Held: no**" in report
     assert (tmp_path / "tiny.png").exists() and (tmp_path / "tiny" / "ditto" / "summary.json").exists()
     assert "Not run: methods not available yet: nope" in report
+    assert "against the suite's own `local` run" in report
+    ditto_mtime = (tmp_path / "tiny" / "ditto" / "summary.json").stat().st_mtime
+    rep.run_claims(tmp_path, reuse=True)  # finished runs are kept, not re-run
+    assert (tmp_path / "tiny" / "ditto" / "summary.json").stat().st_mtime == ditto_mtime
 
 
 def test_best_by_names_the_winner():
     summaries = {"a": {"metrics": {"m": 0.5}}, "b": {"metrics": {"m": 0.7}}}
     assert rep._best_by("m", "b")(summaries)[0] is True
     assert rep._best_by("m", "a")(summaries)[0] is False
+
+
+def test_gain_over_local_is_computed_client_by_client(tmp_path):
+    for label, accs in {"local": [0.5, 0.8, 1.0], "m": [0.75, 0.8, 0.9]}.items():
+        (tmp_path / label).mkdir()
+        rows = "\n".join(f"{i},{a}" for i, a in enumerate(accs))
+        (tmp_path / label / "clients.csv").write_text("client,pm.l_acc\n" + rows + "\n")
+    summaries = {"local": {"metrics": {}}, "m": {"metrics": {}}}
+    rep.add_gain_over_local(summaries, tmp_path)
+    m = summaries["m"]["metrics"]
+    assert abs(m["gain.mean"] - (0.25 + 0.0 - 0.1) / 3) < 1e-12
+    assert abs(m["ptr"] - 2 / 3) < 1e-12  # the tie at 0.8 passes
+    assert abs(m["r_acc.mean"] - (0.5 + 0.0 - 0.1) / 3) < 1e-12
+    assert summaries["local"]["metrics"]["gain.mean"] == 0 and summaries["local"]["metrics"]["ptr"] == 1
