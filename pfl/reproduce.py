@@ -29,7 +29,8 @@ class Claim:
     base: list[str]
     runs: dict[str, list[str]]
     check: Callable[[Summaries], tuple[bool, str]]
-    metrics: tuple[str, ...] = ("pm.l_acc", "pm.l_acc.bottom5", "gm.acc", "gain", "ptr")
+    winner: str | None = None  # the run the claim is about (highlighted in the plot)
+    metrics: tuple[str, ...] = ("pm.l_acc", "pm.l_acc.top5", "pm.l_acc.bottom5", "gain", "r_acc.mean", "ptr")
 
     def methods(self) -> set[str]:
         return {args[args.index("--method.name") + 1] for args in self.runs.values() if "--method.name" in args}
@@ -71,6 +72,7 @@ CLAIMS = [
         base=PGFED_BASE,
         runs={m: _method(m, "--config", f"conf/method/{m}.yaml") for m in PGFED_METHODS},
         check=_best_by("pm.l_acc.mean", "pgfed"),
+        winner="pgfed",
     ),
 ]
 
@@ -119,9 +121,10 @@ def run_claims(
         held, detail = claim.check(summaries)
         header, rows, best = build_table(list(summaries.values()), list(summaries), list(claim.metrics))
         sections += render(header, rows, best).splitlines()
-        plot = _bar_plot(summaries, "pm.l_acc.mean", out / f"{claim.key}.png")
+        plot = _bar_plot(summaries, "pm.l_acc.mean", out / f"{claim.key}.png", claim.winner)
         sections += ["", f"![{claim.key}]({plot.name})", "", f"**Held: {'yes' if held else 'no'}** — {detail}."]
-        sections += ["", f"({len(summaries)} runs, {minutes:.1f} min with {workers} worker(s))", ""]
+        timing = f"{len(jobs)} run, {minutes:.1f} min with {workers} worker(s)" if jobs else "no new run"
+        sections += ["", f"({len(summaries)} runs: {timing}; {len(summaries) - len(jobs)} reused)", ""]
     report = out / "REPORT.md"
     report.write_text("\n".join(sections) + "\n")
     return report
@@ -149,7 +152,7 @@ def add_gain_over_local(summaries: Summaries, root: Path) -> None:
         )
 
 
-def _bar_plot(summaries: Summaries, metric: str, path: Path) -> Path:
+def _bar_plot(summaries: Summaries, metric: str, path: Path, highlight: str | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -159,8 +162,12 @@ def _bar_plot(summaries: Summaries, metric: str, path: Path) -> Path:
     means = [summaries[k]["metrics"].get(metric, 0.0) for k in labels]
     stds = [summaries[k]["metrics"].get(metric.replace(".mean", ".std"), 0.0) for k in labels]
     fig, ax = plt.subplots(figsize=(max(5, 0.6 * len(labels)), 3.5))
-    ax.bar(labels, means, yerr=stds, capsize=3, color="tab:blue")
-    ax.set_ylabel(metric)
+    colors = ["tab:orange" if k == highlight else "tab:blue" for k in labels]
+    ax.bar(labels, means, yerr=stds, capsize=3, color=colors)
+    low = min(m - s for m, s in zip(means, stds, strict=True))
+    ax.set_ylim(max(0.0, low - 0.05), min(1.0, max(m + s for m, s in zip(means, stds, strict=True)) + 0.02))
+    ax.set_ylabel(f"{metric} (± std over clients)")
+    ax.grid(axis="y", alpha=0.3)
     ax.tick_params(axis="x", rotation=60)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
