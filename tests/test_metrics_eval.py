@@ -75,13 +75,19 @@ def test_eval_sets_are_seeded_and_fixed():
     assert all(torch.equal(x, y) for x, y in zip(a.s + a.g, b.s + b.g, strict=True))
 
 
-def test_one_model_call_per_client_not_per_sample():
+def test_one_model_call_per_distinct_model_not_per_client_or_sample():
     worker, state, _ = known_federation()
     calls = []
     worker.module.net.register_forward_hook(lambda *_: calls.append(1))
     ctx = lambda cid: ClientContext(cid, 0, worker, {}, state)  # noqa: E731
-    evaluate_federation(FedAvg(), {"global": state}, worker, ctx, EvalSets.build(worker, 0, 0.5))
+    sets = EvalSets.build(worker, 0, 0.5)
+    shared, _ = evaluate_federation(FedAvg(), {"global": state}, worker, ctx, sets)
+    assert len(calls) == 1  # FedAvg's P-models are the global model: one pass scores them all
+    calls.clear()
+    own = {cid: state.clone() for cid in range(worker.data.num_clients)}  # equal values, distinct models
+    apart, _ = evaluate_federation(FedAvg(), {"global": state}, worker, ctx, sets, personal=own.__getitem__)
     assert len(calls) == worker.data.num_clients + 1  # each P-model once, the global model once
+    assert shared == apart  # batching changes the passes, not the numbers
 
 
 # -- communication ------------------------------------------------------------------------------

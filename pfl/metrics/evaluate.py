@@ -102,6 +102,15 @@ def evaluate_federation(
     score = SCORE[task]
     own = own_key(task)
     rows: list[dict[str, Any]] = []
+    # Clients whose P-model is the same tensor (the global model for FedAvg, the common init before
+    # a client first trains) are scored in one batched pass, together with the global model's own
+    # segments: one forward pass per distinct model, not one per client.
+    global_state = method.global_state(server)
+    groups: dict[int, tuple[Tensor, dict[str, Tensor]]] = {}
+
+    def add(state: Tensor, key: str, idx: Tensor) -> None:
+        groups.setdefault(id(state), (state, {}))[1][key] = idx
+
     for cid in range(data.num_clients):
         split = data.clients[cid]
         state = personal(cid) if personal is not None else None
@@ -110,20 +119,28 @@ def evaluate_federation(
         segments = {"l": split.test, "val": split.val}
         if sets is not None:
             segments.update(s=sets.s[cid], g=sets.g[cid])
-        r = score_segments(worker, state, segments)
+        for seg, idx in segments.items():
+            add(state, f"{cid}:{seg}", idx)
+    if global_state is not None:
+        for cid in range(data.num_clients):
+            add(global_state, f"gm:c{cid}", data.clients[cid].test)
+        add(global_state, "gm:global", data.global_test)
+    scores: dict[str, float] = {}
+    for state, segments in groups.values():
+        scores.update(score_segments(worker, state, segments))
+
+    for cid in range(data.num_clients):
+        split = data.clients[cid]
         row: dict[str, Any] = {"client": cid, "n_train": len(split.train), "n_test": len(split.test)}
-        row[own], row["pm.l_loss"] = r["l"], r["l_loss"]
+        row[own], row["pm.l_loss"] = scores[f"{cid}:l"], scores[f"{cid}:l_loss"]
         for seg in ("s", "g", "val"):
-            if seg in r:
-                row[f"pm.{seg}_{score}"] = r[seg]
+            if f"{cid}:{seg}" in scores:
+                row[f"pm.{seg}_{score}"] = scores[f"{cid}:{seg}"]
         rows.append(row)
 
-    global_state = method.global_state(server)
     gm_scores: dict[str, float] = {}
     if global_state is not None:
-        segments = {f"c{cid}": data.clients[cid].test for cid in range(data.num_clients)}
-        segments["global"] = data.global_test
-        gm_scores = score_segments(worker, global_state, segments)
+        gm_scores = {k.removeprefix("gm:"): v for k, v in scores.items() if k.startswith("gm:")}
         for cid, row in enumerate(rows):
             row[f"gm.l_{score}"], row["gm.l_loss"] = gm_scores[f"c{cid}"], gm_scores[f"c{cid}_loss"]
 
