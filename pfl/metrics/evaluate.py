@@ -107,8 +107,14 @@ def evaluate_federation(
     # segments: one forward pass per distinct model, not one per client.
     global_state = method.global_state(server)
     groups: dict[int, tuple[Tensor, dict[str, Tensor]]] = {}
+    aliases: dict[str, str] = {}  # the same model on the same index set is scored once
+    first_key: dict[tuple[int, int], str] = {}
 
     def add(state: Tensor, key: str, idx: Tensor) -> None:
+        seen = first_key.setdefault((id(state), id(idx)), key)
+        if seen != key:
+            aliases[key] = seen
+            return
         groups.setdefault(id(state), (state, {}))[1][key] = idx
 
     for cid in range(data.num_clients):
@@ -128,6 +134,10 @@ def evaluate_federation(
     scores: dict[str, float] = {}
     for state, segments in groups.values():
         scores.update(score_segments(worker, state, segments))
+    for key, seen in aliases.items():
+        for suffix in ("", "_loss"):
+            if seen + suffix in scores:
+                scores[key + suffix] = scores[seen + suffix]
 
     for cid in range(data.num_clients):
         split = data.clients[cid]
