@@ -30,6 +30,10 @@ def test_pathological_clients_hold_exactly_k_labels():
     for k in (2, 3):
         data = build_data(replace(DIGITS, partition="pathological", classes_per_client=k), seed=1)
         assert ((label_histograms(data) > 0).sum(1) == k).all()
+    pairs = build_data(replace(DIGITS, partition="pathological", num_clients=20), seed=0)
+    held = label_histograms(pairs) > 0
+    assert set(held.sum(0).tolist()) == {4}  # every class held by the same number of clients
+    assert len({tuple(np.flatnonzero(h)) for h in held}) > 10  # the class pairs vary
     labels = np.repeat(np.arange(10), 50)
     parts = pathological_partition(labels, 7, 2, numpy_rng(0), lognormal_weights(7, 1.0, numpy_rng(1)))
     assert [len(np.unique(labels[p])) for p in parts] == [2] * 7
