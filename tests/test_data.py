@@ -153,7 +153,7 @@ def test_mnist5k_bundled_subset():
 
 
 def test_play_roles_parses_speakers_in_capitals():
-    text = "ACT I.\n\nHAMLET.\nTo be, or not to be.\n[Aside.]\nThat is it.\n\nFIRST WITCH.\nHail!\n\nHAMLET.\nAy.\n"
+    text = "ACT I.\n\nHAMLET.\nTo be, or not to be.\n[Aside.]\nThat is it.\n\nFIRST WITCH\nHail!\n\nHAMLET.\nAy.\n"
     assert play_roles(text) == {"HAMLET": ["To be, or not to be. That is it.", "Ay."], "FIRST WITCH": ["Hail!"]}
     assert LEAF_LETTERS[encode_text("a")[0]] == "a" and LEAF_LETTERS[encode_text("é")[0]] == " "
 
