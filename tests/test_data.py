@@ -207,3 +207,13 @@ def test_bad_data_config_names_the_field(change, field):
     with pytest.raises(ConfigError) as err:
         build_data(replace(DIGITS, **change), seed=0)
     assert err.value.field == field
+
+
+def test_loop_trains_and_evaluates_only_the_training_clients(tiny):
+    from conftest import make_loop
+
+    cfg = tiny(data={"num_clients": 10, "new_clients": 0.3, "val_frac": 0.1}, trainer={"rounds": 1})
+    loop = make_loop(cfg)
+    loop.run_round()
+    loop.evaluate()
+    assert len(loop.client_rows) == 7 and len(loop.worker.data.new_clients) == 3
