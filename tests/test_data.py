@@ -30,6 +30,10 @@ def test_pathological_clients_hold_exactly_k_labels():
     for k in (2, 3):
         data = build_data(replace(DIGITS, partition="pathological", classes_per_client=k), seed=1)
         assert ((label_histograms(data) > 0).sum(1) == k).all()
+    pairs = build_data(replace(DIGITS, partition="pathological", num_clients=20), seed=0)
+    held = label_histograms(pairs) > 0
+    assert set(held.sum(0).tolist()) == {4}  # every class held by the same number of clients
+    assert len({tuple(np.flatnonzero(h)) for h in held}) > 10  # the class pairs vary
     labels = np.repeat(np.arange(10), 50)
     parts = pathological_partition(labels, 7, 2, numpy_rng(0), lognormal_weights(7, 1.0, numpy_rng(1)))
     assert [len(np.unique(labels[p])) for p in parts] == [2] * 7
@@ -149,7 +153,7 @@ def test_mnist5k_bundled_subset():
 
 
 def test_play_roles_parses_speakers_in_capitals():
-    text = "ACT I.\n\nHAMLET.\nTo be, or not to be.\n[Aside.]\nThat is it.\n\nFIRST WITCH.\nHail!\n\nHAMLET.\nAy.\n"
+    text = "ACT I.\n\nHAMLET.\nTo be, or not to be.\n[Aside.]\nThat is it.\n\nFIRST WITCH\nHail!\n\nHAMLET.\nAy.\n"
     assert play_roles(text) == {"HAMLET": ["To be, or not to be. That is it.", "Ay."], "FIRST WITCH": ["Hail!"]}
     assert LEAF_LETTERS[encode_text("a")[0]] == "a" and LEAF_LETTERS[encode_text("é")[0]] == " "
 
@@ -203,3 +207,13 @@ def test_bad_data_config_names_the_field(change, field):
     with pytest.raises(ConfigError) as err:
         build_data(replace(DIGITS, **change), seed=0)
     assert err.value.field == field
+
+
+def test_loop_trains_and_evaluates_only_the_training_clients(tiny):
+    from conftest import make_loop
+
+    cfg = tiny(data={"num_clients": 10, "new_clients": 0.3, "val_frac": 0.1}, trainer={"rounds": 1})
+    loop = make_loop(cfg)
+    loop.run_round()
+    loop.evaluate()
+    assert len(loop.client_rows) == 7 and len(loop.worker.data.new_clients) == 3

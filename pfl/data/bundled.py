@@ -13,8 +13,8 @@ from pfl.errors import ConfigError
 LEAF_LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
 _LOOKUP = np.full(65536, LEAF_LETTERS.index(" "), dtype=np.int64)
 _LOOKUP[[ord(c) for c in LEAF_LETTERS]] = np.arange(len(LEAF_LETTERS))
-# A speaker line: the name in capitals, then a full stop, alone on its line ("FIRST WITCH.").
-_SPEAKER = re.compile(r"^([A-Z][A-Z' \-]*[A-Z])\.\s*$")
+# A speaker line: the name in capitals, alone on its line, usually with a full stop ("FIRST WITCH.").
+_SPEAKER = re.compile(r"^(?!ACT\b|SCENE\b)([A-Z][A-Z' \-]*[A-Z])\.?\s*$")
 
 
 def load_digits() -> tuple[np.ndarray, np.ndarray, int]:

@@ -45,16 +45,15 @@ def download(source: str, root: Path) -> None:
     """Fetch ``source`` into ``root`` with torchvision (needs a network)."""
     import torchvision.datasets as tvd
 
-    if source == "gtsrb":
-        for split in ("train", "test"):
-            tvd.GTSRB(str(root), split=split, download=True)
-        return
-    if source not in TORCHVISION:
+    if source != "gtsrb" and source not in TORCHVISION:
         raise ConfigError("data.download", f"torchvision cannot download {source}", f"place it as {LAYOUTS[source]}")
-    cls = getattr(tvd, TORCHVISION[source])
     try:
-        for train in (True, False):
-            cls(str(root), train=train, download=True)
+        if source == "gtsrb":
+            for split in ("train", "test"):
+                tvd.GTSRB(str(root), split=split, download=True)
+        else:
+            for train in (True, False):
+                getattr(tvd, TORCHVISION[source])(str(root), train=train, download=True)
     except Exception as err:  # network errors come in many types; the fix is the same
         raise ConfigError(
             "data.download", f"downloading {source} into {root} failed: {err}", f"place it as {LAYOUTS[source]}"

@@ -79,16 +79,22 @@ def pathological_partition(
 ) -> list[np.ndarray]:
     """Pat-k: every client holds exactly ``classes_per_client`` distinct classes.
 
-    Classes are dealt round-robin over a seeded class order, so each class has (almost) the same
-    number of holders; a class's samples are split over its holders in proportion to ``weights``.
+    Each client takes k of the classes held by the fewest clients so far (ties broken at random), so
+    every class has almost the same number of holders and the class combinations vary; a class's
+    samples are split over its holders in proportion to ``weights``.
     """
-    classes = rng.permutation(np.unique(labels))
+    classes = np.unique(labels)
     k = classes_per_client
     if k > len(classes):
         raise ConfigError(
             "data.classes_per_client", f"{k} classes per client but the data has {len(classes)}", "lower it"
         )
-    owned = [[classes[(i * k + j) % len(classes)] for j in range(k)] for i in range(num_clients)]
+    counts = np.zeros(len(classes), dtype=np.int64)
+    owned = []
+    for _ in range(num_clients):
+        pick = np.lexsort((rng.random(len(classes)), counts))[:k]
+        counts[pick] += 1
+        owned.append(classes[pick].tolist())
     holders: dict[int, list[int]] = {}
     for client, cs in enumerate(owned):
         for c in cs:

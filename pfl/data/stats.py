@@ -76,6 +76,10 @@ def plot_heatmap(data: FederatedData, path: Path) -> None:
     hist = label_histograms(data, [*data.clients, *data.new_clients])
     fig, ax = plt.subplots(figsize=(min(2 + 0.25 * data.num_classes, 20), min(2 + 0.15 * len(hist), 30)))
     image = ax.imshow(hist, aspect="auto", cmap="viridis", interpolation="nearest")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("class")
     ax.set_ylabel("client")
     ax.set_title(f"{data.name}: samples per client and class")
