@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -140,12 +139,6 @@ def _explain(message: str, parser: ArgumentParser) -> str:
 
 def _keys(parser: ArgumentParser) -> list[str]:
     return [a.dest for a in parser._actions if a.dest not in ("help", "config", "print_config")]
-
-
-def run_name(cfg: RunConfig) -> str:
-    if cfg.tracking.name:
-        return cfg.tracking.name
-    return f"{cfg.method.name}-{cfg.data.source}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def fit(argv: list[str]) -> dict[str, Any]:

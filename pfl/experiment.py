@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -35,6 +36,12 @@ def make_fabric(cfg: RunConfig) -> L.Fabric:
         )
 
 
+def run_name(cfg: RunConfig) -> str:
+    if cfg.tracking.name:
+        return cfg.tracking.name
+    return f"{cfg.method.name}-{cfg.data.source}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
 def run_experiment(
     cfg: RunConfig,
     config_text: str | None = None,
@@ -42,8 +49,6 @@ def run_experiment(
     run_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) one experiment; returns the summary also written to ``summary.json``."""
-    from pfl.cli import run_name
-
     validate(cfg)
     data = build_data(cfg.data, cfg.seed)
     fabric = make_fabric(cfg)

@@ -12,7 +12,6 @@ from typing import Any
 
 import lightning as L
 import numpy as np
-import torch
 from tqdm.auto import tqdm
 
 from pfl.checkpoint import load_checkpoint, save_checkpoint
@@ -246,4 +245,4 @@ def comparable_metrics(summary: dict[str, Any]) -> dict[str, float]:
     return {k: v for k, v in summary["metrics"].items() if not k.startswith(TIMING_PREFIXES)}
 
 
-__all__ = ["FederatedLoop", "clients_per_round", "comparable_metrics", "sample_clients", "torch"]
+__all__ = ["FederatedLoop", "clients_per_round", "comparable_metrics", "sample_clients"]

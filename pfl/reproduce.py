@@ -153,10 +153,7 @@ def add_gain_over_local(summaries: Summaries, root: Path) -> None:
 
 
 def _bar_plot(summaries: Summaries, metric: str, path: Path, highlight: str | None = None) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from pfl.metrics.plots import plt, save_figure
 
     labels = list(summaries)
     means = [summaries[k]["metrics"].get(metric, 0.0) for k in labels]
@@ -169,9 +166,7 @@ def _bar_plot(summaries: Summaries, metric: str, path: Path, highlight: str | No
     ax.set_ylabel(f"{metric} (± std over clients)")
     ax.grid(axis="y", alpha=0.3)
     ax.tick_params(axis="x", rotation=60)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
     return path
 
 

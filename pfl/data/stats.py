@@ -68,16 +68,13 @@ def federation_stats(data: FederatedData) -> dict[str, Any]:
 
 def plot_heatmap(data: FederatedData, path: Path) -> None:
     """A clients x classes heatmap of sample counts (training clients, then new clients)."""
-    import matplotlib
+    from matplotlib.ticker import MaxNLocator
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from pfl.metrics.plots import plt, save_figure
 
     hist = label_histograms(data, [*data.clients, *data.new_clients])
     fig, ax = plt.subplots(figsize=(min(2 + 0.25 * data.num_classes, 20), min(2 + 0.15 * len(hist), 30)))
     image = ax.imshow(hist, aspect="auto", cmap="viridis", interpolation="nearest")
-    from matplotlib.ticker import MaxNLocator
-
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("class")
@@ -86,7 +83,4 @@ def plot_heatmap(data: FederatedData, path: Path) -> None:
     if data.new_clients:
         ax.axhline(data.num_clients - 0.5, color="red", linewidth=1)
     fig.colorbar(image, ax=ax, label="samples")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)

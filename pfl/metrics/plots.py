@@ -25,6 +25,14 @@ CURVE_KEYS = (
 )
 
 
+def save_figure(fig: plt.Figure, path: Path, dpi: int = 100) -> None:
+    """Lay out, write (creating the folder) and close a figure: the one way pfl saves a plot."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
 def plot_curves(history: list[dict[str, Any]], path: Path) -> list[str]:
     """One line per metric present in ``history`` against the round; returns the keys drawn."""
     keys = [k for k in CURVE_KEYS if any(k in row for row in history)]
@@ -37,9 +45,7 @@ def plot_curves(history: list[dict[str, Any]], path: Path) -> list[str]:
     ax.grid(alpha=0.3)
     if keys:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
     return keys
 
 
@@ -56,7 +62,5 @@ def plot_client_histogram(rows: list[dict[str, Any]], path: Path, keys: tuple[st
     ax.set_ylabel("clients")
     if present:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
     return present
