@@ -22,7 +22,11 @@ class PerFedAvg(Method):
     name = "perfedavg"
     description = "MAML-style (first-order) global model; P-model = global + one local SGD step"
 
-    def __init__(self, inner_lr: float | None = None, outer_lr: float = 0.005):
+    def __init__(
+        self,
+        inner_lr: float | None = None,
+        outer_lr: float = 0.005,
+    ):
         require(inner_lr is None or inner_lr >= 0, "method.inner_lr", "must be >= 0, or null for client.lr")
         require(outer_lr > 0, "method.outer_lr", f"must be > 0 (got {outer_lr})")
         self.inner_lr, self.outer_lr = inner_lr, outer_lr
