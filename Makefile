@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 OMP_NUM_THREADS ?= 1
 export OMP_NUM_THREADS
 
-.PHONY: install train test lint bench reproduce clean
+.PHONY: install train test lint bench reproduce mutate clean
 
 install: $(STAMP)
 
@@ -40,5 +40,17 @@ lint: install
 bench: install
 	$(PY) -m bench.run
 
+# Mutation testing of pfl/methods and pfl/optim against the method tests ([tool.mutmut] in pyproject.toml).
+# Slow over the whole tree (minutes per file): narrow it, e.g.
+#   make mutate MUTATE=pfl/methods/ditto.py TESTS="tests/test_methods_baselines.py -k ditto"
+# Results: .mutmut-cache; `$(VENV)/bin/mutmut results` lists survivors, `mutmut show ID` prints one.
+MUTATE ?=
+TESTS  ?=
+mutate: install
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/mutmut run --simple-output --no-progress \
+	  $(if $(MUTATE),--paths-to-mutate $(MUTATE)) \
+	  $(if $(TESTS),--runner "python -m pytest -x -q -p no:cacheprovider $(TESTS)") ; \
+	  $(VENV)/bin/mutmut results
+
 clean:
-	rm -rf runs wandb .pytest_cache
+	rm -rf runs wandb .pytest_cache .mutmut-cache

@@ -64,6 +64,17 @@ def run_methods() -> list[dict]:
     return rows
 
 
+def run_objectives() -> list[dict]:
+    """Ditto's personal objective as a closed-form term vs as a Lightning training_step (autograd)."""
+    paths = {"term": ("ditto", {"prox": "gradient"}), "training_step": ("ditto", {"prox": "autograd"})}
+    rows = []
+    for model in ("mlp", "cnn"):
+        costs = {r["method"]: r for r in method_costs(paths, model, 2 * ROUNDS[model])}
+        term = costs["term"]["round_s"]
+        rows += [{"model": model, "path": p, **costs[p], "relative_to_term": costs[p]["round_s"] / term} for p in paths]
+    return rows
+
+
 def run_vmap() -> list[dict]:
     rows = []
     for model in ("mlp", "cnn"):
@@ -122,6 +133,16 @@ def report(results: dict) -> str:
                 ("relative_to_fedavg", "vs FedAvg", ".2f"),
             ],
         ),
+        "\nLocal objective paths: Ditto's proximal term (closed form) vs the same objective as a training_step",
+        table(
+            results["objectives"],
+            [
+                ("model", "model", "s"),
+                ("path", "path", "s"),
+                ("round_s", "s/round", ".4f"),
+                ("relative_to_term", "vs term", ".2f"),
+            ],
+        ),
         "\nVectorized clients (functional_call + vmap) vs sequential worker, FedAvg round",
         table(
             results["vmap"],
@@ -151,6 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
         "overhead": run_overhead(),
         "scaling": run_scaling(args.threads),
         "methods": run_methods(),
+        "objectives": run_objectives(),
         "vmap": run_vmap(),
     }
     results["seconds"] = time.perf_counter() - t0

@@ -82,10 +82,12 @@ def interleaved_round_s(method: str, sizes: list[int], rounds: int, per_round: i
     return {n: statistics.median(t) for n, t in times.items()}
 
 
-def method_costs(methods: list[str], model: str, rounds: int) -> list[dict]:
-    """Samples/s of every method on the same federation, rounds interleaved across methods so
-    that all of them see the same machine load."""
-    loops = {m: make_loop(bench_config(m, model, 100, 10)) for m in methods}
+def method_costs(methods: list[str] | dict[str, tuple[str, dict]], model: str, rounds: int) -> list[dict]:
+    """Samples/s of every method (a name, or label -> (name, method args)) on the same federation,
+    rounds interleaved across methods so that all of them see the same machine load."""
+    specs = methods if isinstance(methods, dict) else {m: (m, {}) for m in methods}
+    loops = {label: make_loop(bench_config(m, model, 100, 10, method_args=a)) for label, (m, a) in specs.items()}
+    methods = list(specs)
     for loop in loops.values():
         loop.run_round()  # warm-up
     seconds = dict.fromkeys(methods, 0.0)

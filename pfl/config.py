@@ -7,9 +7,10 @@ from typing import Any, get_args
 
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT_STR, _PRECISION_INPUT_STR_ALIAS
 
-from pfl.data.config import DataConfig, validate_data_config
+from pfl.data.config import validate_data_config
+from pfl.data.settings import DataConfig
 from pfl.errors import require
-from pfl.models import ModelConfig
+from pfl.models import ModelConfig, check_model_config
 
 ACCELERATORS = ("cpu", "cuda", "gpu", "mps", "auto")
 PRECISIONS = get_args(_PRECISION_INPUT_STR) + get_args(_PRECISION_INPUT_STR_ALIAS)  # every Fabric precision
@@ -54,8 +55,15 @@ class ClientConfig:
         epochs: local epochs per round.
         batch_size: mini-batch size.
         lr: learning rate.
-        momentum: SGD momentum (state is reset at each local update unless a method keeps it).
+        momentum: SGD momentum (state is reset at each local update unless kept, below).
         weight_decay: L2 weight decay.
+        drop_last: drop each epoch's last batch when it is incomplete (PyTorch's DataLoader
+            drop_last, as the PGFed authors' code trains; a client smaller than one batch still
+            trains on one batch of all its samples).
+        keep_momentum: every method's main local fit (purpose "train") continues the client's SGD
+            momentum from its previous participation instead of starting from zero (an optimizer
+            kept per client across rounds, as in the PGFed authors' code). A method's own
+            ``keep_momentum`` / ``client_momentum`` hyper-parameters take precedence.
         lr_decay: the learning rate of round t is lr · lr_decay^t (FedPG's papers: 0.999; 1 = constant).
     """
 
@@ -64,6 +72,8 @@ class ClientConfig:
     lr: float = 0.05
     momentum: float = 0.0
     weight_decay: float = 0.0
+    drop_last: bool = False
+    keep_momentum: bool = False
     lr_decay: float = 1.0
 
 
@@ -176,12 +186,18 @@ class TrackingConfig:
         project: W&B project name.
         root: directory under which each run gets its own folder.
         name: run folder name (default: <method>-<dataset>-s<seed>-<timestamp>).
+        group: W&B group (default: the experiment, <dataset>-<clients>c-<partition>; sweeps: the sweep).
+        tags: extra W&B tags (the method and the dataset are always tagged).
+        job_type: W&B job type (fit; local sweeps: sweep).
     """
 
     wandb: bool = True
     project: str = "pfl"
     root: str = "runs"
     name: str | None = None
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+    job_type: str = "fit"
 
 
 @dataclass
@@ -246,6 +262,7 @@ def validate(cfg: RunConfig) -> None:
     validate_attack(cfg.attack)
     validate_server(cfg.server)
     validate_data_config(cfg.data)
+    check_model_config(cfg.model)
 
 
 def validate_eval(e: EvalConfig) -> None:

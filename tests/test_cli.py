@@ -63,7 +63,7 @@ def test_help_shows_the_chosen_methods_options(capsys):
         (["--trainer.fraction", "0"], "trainer.fraction", "(0, 1]"),
         (["--client.lr", "-0.1"], "client.lr", "> 0"),
         (["--config", "conf/nope.yaml"], "--config", "conf/nope.yaml"),
-        (["--method.foo", "1"], "unrecognized", "method: finetune_epochs"),
+        (["--method.foo", "1"], "unrecognized", "finetune_epochs"),
         (["--method", "fedprox", "--method.mu", "-1"], "method.mu", ">= 0"),
         (["--data.source", "imagenet"], "data.source", "digits"),
     ],

@@ -55,7 +55,7 @@ def test_fit_trains_on_an_npz_dir(tmp_path):
 
 def test_stats_prints_sizes_histograms_and_writes_heatmap(tmp_path, capsys):
     plot = tmp_path / "h.png"
-    args = ["data", "stats", "--plot", str(plot), "--data.partition", "pathological", *OVERRIDES]
+    args = ["data", "stats", "--json", "--plot", str(plot), "--data.partition", "pathological", *OVERRIDES]
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert len(report["clients"]) == 6 and len(report["new_clients"]) == 2
@@ -67,6 +67,36 @@ def test_stats_prints_sizes_histograms_and_writes_heatmap(tmp_path, capsys):
     assert report["summary"]["classes_per_client_mean"] == 2.0
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["data", "stats", "--data.partition", "nope"]) == 2
+
+
+def test_stats_table_has_a_row_per_client_matching_the_json(capsys):
+    args = ["data", "stats", "--data.partition", "dirichlet", "--data.alpha", "0.3", *OVERRIDES]
+    assert main([*args, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "digits: 6 clients + 2 new (marked *), 10 classes, input 1x8x8"
+    assert lines[1].split() == ["client", "train", "val", "test", "classes", "entropy", "dominant"]
+    table = [line.split() for line in lines[3 : lines.index("")] if not line.startswith("-")]  # rules part the new
+    assert [row[0] for row in table] == ["0", "1", "2", "3", "4", "5", "6*", "7*"]
+    for row, client in zip(table, report["clients"] + report["new_clients"], strict=True):
+        counts = np.asarray(client["labels"], dtype=float)
+        p = counts[counts > 0] / counts.sum()
+        expected = [client["train"], client["val"], client["test"], len(p), -(p * np.log(p)).sum(), p.max()]
+        assert [float(c) for c in row[1:]] == pytest.approx(expected, abs=5e-3)
+    summary = report["summary"]
+    assert (
+        f"label entropy {summary['label_entropy_mean']:.3f} nats on average ({np.log(10):.3f} when balanced)"
+        in (lines[-1])
+    )
+    assert lines[-3].startswith(f"summary: {summary['samples']} samples in all, {summary['global_test']} of them")
+
+
+def test_client_label_stats_on_balanced_and_single_class_clients():
+    from pfl.data.stats import client_label_stats
+
+    assert client_label_stats([5, 5, 5, 5, 0]) == (4, pytest.approx(np.log(4)), 0.25)
+    assert client_label_stats([0, 7, 0]) == (1, 0.0, 1.0)
 
 
 EMBEDDED = ["digits_pat2", "digits_dir03", "digits_page", "digits_new_clients", "mnist5k_pat2", "mnist5k_dir03",

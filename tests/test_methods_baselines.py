@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from torch.func import functional_call
 
 from pfl.cli import main
 from pfl.methods import method_class, methods
@@ -19,6 +20,7 @@ from pfl.models import build_model
 from pfl.seeding import seed_everything, torch_generator
 from tests.conftest import make_loop, tiny_config
 from tests.methods_helpers import exchanged_round
+from tests.methods_reference import drawn_batches, flat_params, initial_net
 
 HALF = {"fraction": 0.5}
 NEW = ("apfl", "pfedme", "perfedavg", "fedrep", "fedper", "lgfedavg", "fedrod", "fedbabu", "fedfomo", "feddyn")
@@ -101,18 +103,22 @@ def test_fedbabu_head_stays_at_init_and_only_the_body_is_exchanged():
 
 
 def test_feddyn_alpha_zero_is_fedavg():
-    a, b = _fit("fedavg"), _fit("feddyn", {"alpha": 0.0})
+    a, b = _fit("fedavg"), _fit("feddyn", {"alpha": 0.0, "weighting": "samples"})
     assert torch.equal(a.server["global"], b.server["global"])
 
 
-def test_feddyn_server_and_client_updates_match_the_formulas():
+@pytest.mark.parametrize("weighting", ["uniform", "samples"])
+def test_feddyn_server_and_client_updates_match_the_formulas(weighting):
     alpha = 0.1
-    loop = make_loop(tiny_config("feddyn", {"alpha": alpha}, trainer=HALF))
+    args = {"alpha": alpha} if weighting == "uniform" else {"alpha": alpha, "weighting": weighting}  # default: uniform
+    loop = make_loop(tiny_config("feddyn", args, trainer=HALF))
     w0 = loop.server["global"].clone()
     _, results = exchanged_round(loop)
     n = loop.worker.data.num_clients
-    total = sum(r.weight for r in results.values())
-    mean = sum(r.state * (r.weight / total) for r in results.values())
+    weights = {c: (r.weight if weighting == "samples" else 1.0) for c, r in results.items()}
+    assert len(set(weights.values())) > 1 or weighting == "uniform"
+    total = sum(weights.values())
+    mean = sum(r.state * (weights[c] / total) for c, r in results.items())
     h = -(alpha / n) * sum(r.state - w0 for r in results.values())
     torch.testing.assert_close(loop.server["h"], h)
     torch.testing.assert_close(loop.server["global"], mean - h / alpha)
@@ -173,12 +179,14 @@ def test_perfedavg_zero_inner_step_is_sgd_on_every_second_batch():
 
 
 def test_fedfomo_with_only_its_own_model_is_local():
-    a, b = _fit("local"), _fit("fedfomo", {"num_models": 0})
+    """With a validation split FedFomo trains on the whole train split (else it holds a part out)."""
+    val = {"data": {"val_frac": 0.2}}
+    a, b = _fit("local", **val), _fit("fedfomo", {"num_models": 0}, **val)
     assert a.clients.keys() == b.clients.keys()
     for cid in a.clients:
         assert torch.equal(a.clients[cid]["personal"], b.clients[cid]["personal"])
-    c = _fit("fedfomo", {"num_models": 8}, trainer={"fraction": 0.5, "rounds": 4})
-    assert float(c.server["P"].abs().sum()) > 0  # downloads happened and were weighed
+    c = _fit("fedfomo", {"num_models": 8}, trainer={"fraction": 0.5, "rounds": 4}, data={"alpha": 5.0})
+    assert float(c.server["P"].abs().sum()) > 0  # similar clients (Dirichlet 5): downloads helped and were weighed
 
 
 def test_fedrod_personal_model_adds_the_personal_head_and_the_generic_model_ignores_it():
@@ -230,3 +238,132 @@ def test_digits_experiment_runs_every_new_method_from_the_cli(tmp_path):
         assert rc == 0
         summary = json.loads((tmp_path / name / "summary.json").read_text())
         assert summary["num_clients"] == 25 and summary["metrics"]["pm.l_acc.mean"] > 0
+
+
+# -- update rules checked against plain-PyTorch loops ----------------------------------------------
+def _one_client_loop(name, args, rounds=1, **client):
+    cfg = tiny_config(
+        name,
+        args,
+        data={"num_clients": 1, "min_samples": 1},
+        client={"epochs": 1, "batch_size": 16, "lr": 0.1, **client},
+        trainer={"rounds": rounds},
+    )
+    loop = make_loop(cfg)
+    loop.fit()
+    return cfg, loop
+
+
+def _grads(net, params, x, y):
+    loss = F.cross_entropy(functional_call(net, params, (x,)), y)
+    return torch.autograd.grad(loss, list(params.values()))
+
+
+@pytest.mark.parametrize("prox", ["exact", "gradient", "autograd"])
+def test_ditto_personal_model_matches_a_hand_written_loop(prox):
+    lam, lr = 2.0, 0.1
+    cfg, loop = _one_client_loop("ditto", {"lam": lam, "prox": prox}, rounds=2, lr=lr)
+    net = initial_net(cfg, loop)
+    names = [n for n, _ in net.named_parameters()]
+    v = {n: p.detach().clone() for n, p in net.named_parameters()}
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    data, idx = loop.worker.data, loop.worker.data.clients[0].train
+    for r in range(2):
+        w = {n: p.detach().clone() for n, p in net.named_parameters()}
+        for b in drawn_batches(cfg.seed, r, 0, "personal", idx, 16):
+            live = {n: t.clone().requires_grad_(True) for n, t in v.items()}
+            for n, g in zip(names, _grads(net, live, data.x[b], data.y[b]), strict=True):
+                if prox == "exact":  # a gradient step on f, then the exact proximal step of λ/2‖v − w‖²
+                    v[n] = (v[n] - lr * g + lr * lam * w[n]) / (1 + lr * lam)
+                else:
+                    v[n] = v[n] - lr * (g + lam * (v[n] - w[n]))
+        for b in drawn_batches(cfg.seed, r, 0, "train", idx, 16):
+            opt.zero_grad()
+            F.cross_entropy(net(data.x[b]), data.y[b]).backward()
+            opt.step()
+    expected = torch.cat([v[n].reshape(-1) for n in names])
+    torch.testing.assert_close(loop.clients[0]["personal"], expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loop.server["global"], flat_params(net), rtol=1e-5, atol=1e-6)
+
+
+def test_perfedavg_local_update_and_personal_model_match_hand_computation():
+    alpha, beta = 0.05, 0.02
+    cfg, loop = _one_client_loop("perfedavg", {"inner_lr": alpha, "outer_lr": beta})
+    net = initial_net(cfg, loop)
+    theta = {n: p.detach().clone() for n, p in net.named_parameters()}
+    data, idx = loop.worker.data, loop.worker.data.clients[0].train
+    batches = drawn_batches(cfg.seed, 0, 0, "train", idx, 16)
+    for first, second in zip(batches[0::2], batches[1::2], strict=False):
+        live = {n: t.clone().requires_grad_(True) for n, t in theta.items()}
+        g = _grads(net, live, data.x[first], data.y[first])
+        inner = {n: t - alpha * gn for (n, t), gn in zip(theta.items(), g, strict=True)}
+        live = {n: t.clone().requires_grad_(True) for n, t in inner.items()}
+        outer = _grads(net, live, data.x[second], data.y[second])
+        theta = {n: t - beta * g for (n, t), g in zip(theta.items(), outer, strict=True)}
+    w = torch.cat([t.reshape(-1) for t in theta.values()])
+    torch.testing.assert_close(loop.server["global"], w, rtol=1e-5, atol=1e-6)
+    # P-model: one step of size α from the global model on one batch (the round's "adapt" batch).
+    ctx = loop.client(0)
+    b = drawn_batches(cfg.seed, ctx.round, 0, "adapt", idx, 16)[0]
+    live = {n: t.clone().requires_grad_(True) for n, t in theta.items()}
+    g = torch.cat([x.reshape(-1) for x in _grads(net, live, data.x[b], data.y[b])])
+    personal = loop.method.personal_state(loop.server, ctx)
+    torch.testing.assert_close(personal, w - alpha * g, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("l2", [0.0, 0.1])
+def test_pfedme_local_update_and_beta_aggregation_match_hand_computation(l2):
+    lam, k, plr, lr, beta = 15.0, 3, 0.01, 0.05, 0.5
+    args = {"lam": lam, "inner_steps": k, "personal_lr": plr, "beta": beta, "personal_l2": l2}
+    cfg, loop = _one_client_loop("pfedme", args, lr=lr)
+    net = initial_net(cfg, loop)
+    names = [n for n, _ in net.named_parameters()]
+    w0 = {n: p.detach().clone() for n, p in net.named_parameters()}
+    theta, w = dict(w0), dict(w0)
+    data, idx = loop.worker.data, loop.worker.data.clients[0].train
+    for b in drawn_batches(cfg.seed, 0, 0, "train", idx, 16):
+        for _ in range(k):
+            live = {n: t.clone().requires_grad_(True) for n, t in theta.items()}
+            g = _grads(net, live, data.x[b], data.y[b])
+            step = {n: gn + lam * (theta[n] - w[n]) + l2 * theta[n] for n, gn in zip(names, g, strict=True)}
+            theta = {n: theta[n] - plr * step[n] for n in names}
+        w = {n: w[n] - lr * lam * (w[n] - theta[n]) for n in names}
+    flat = lambda d: torch.cat([d[n].reshape(-1) for n in names])  # noqa: E731
+    torch.testing.assert_close(loop.clients[0]["personal"], flat(theta), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loop.server["global"], (1 - beta) * flat(w0) + beta * flat(w), rtol=1e-5, atol=1e-6)
+
+
+def test_lgfedavg_shares_only_its_global_layers():
+    loop = make_loop(tiny_config("lgfedavg", {"global_layers": 1}, trainer=HALF))
+    head = loop.worker.flat.layout.head
+    for _ in range(2):
+        payloads, uploads = exchanged_round(loop)
+    for cid, u in uploads.items():
+        assert u.state.numel() == head.stop - head.start  # the classifier only
+        assert torch.equal(payloads[cid]["shared"], payloads[next(iter(payloads))]["shared"])
+    total = sum(u.weight for u in uploads.values())
+    mean = sum(u.state * (u.weight / total) for u in uploads.values())
+    torch.testing.assert_close(loop.server["global"][head], mean)
+    assert torch.equal(loop.server["global"][: head.start], loop.init_state[: head.start])  # never averaged
+    bodies = [loop.clients[c]["personal"][: head.start] for c in uploads]
+    assert not torch.equal(bodies[0], bodies[1])  # each representation stays with its client
+    for cid in uploads:
+        pm = loop.method.personal_state(loop.server, loop.client(cid))
+        assert torch.equal(pm[head], loop.server["global"][head])
+        assert torch.equal(pm[: head.start], loop.clients[cid]["personal"][: head.start])
+
+
+def test_lgfedavg_alternating_steps_match_the_authors_loop():
+    cfg, loop = _one_client_loop("lgfedavg", {"global_layers": 1, "alternate": True}, momentum=0.9)
+    net = initial_net(cfg, loop)
+    head, body = list(net[-1].parameters()), [p for m in list(net)[:-1] for p in m.parameters()]
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    data, idx = loop.worker.data, loop.worker.data.clients[0].train
+    for b in drawn_batches(cfg.seed, 0, 0, "train", idx, 16):
+        for frozen in (head, body):
+            opt.zero_grad()
+            F.cross_entropy(net(data.x[b]), data.y[b]).backward()
+            for p in frozen:
+                p.grad.zero_()  # zeroed, not None: momentum still moves the frozen part
+            opt.step()
+    torch.testing.assert_close(loop.clients[0]["personal"], flat_params(net), rtol=1e-5, atol=1e-6)

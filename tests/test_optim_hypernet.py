@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pfl.flat import FlatModule
+from pfl.engine.flat import FlatModule
 from pfl.models import ModelConfig, build_model
 from pfl.optim.hypernet import HyperNetwork, hn_sam_server_update, hn_server_update, layer_sizes
 
@@ -122,7 +122,7 @@ def test_state_dict_is_plain_tensors_and_round_trips():
 def test_output_loads_into_a_flat_module_layout():
     net = build_model(ModelConfig(name="cnn", channels=[4, 8], kernel=3, padding=1, fc=16), (1, 8, 8), 10)
     flat = FlatModule(net)
-    sizes = layer_sizes(flat.layer_slices())
+    sizes = layer_sizes(flat.layout.layer_slices())
     assert sum(sizes) == flat.num_params
     hn = HyperNetwork(3, sizes, generator=_gen(), hidden=16, n_hidden=2, chunk=100)
     with torch.no_grad():

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pfl.flat import FlatModule
+from pfl.engine.flat import FlatModule
 from pfl.optim.sharpness import SharpnessStep, layer_scale, layer_scores, perturbation, top_layers
 
 
@@ -46,7 +46,7 @@ def test_layer_scores_are_uniform_when_nothing_moved():
 def test_layer_scores_follow_the_flat_module_layers():
     net = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
     flat = FlatModule(net)
-    layers = list(flat.layer_slices().values())
+    layers = list(flat.layout.layer_slices().values())
     assert [sl.stop - sl.start for sl in layers] == [3 * 5 + 5, 5 * 2 + 2]  # weight and bias together
     theta = flat.params.clone()
     theta[layers[1]] += 1.0  # only the classifier moved
@@ -229,7 +229,7 @@ def test_two_pass_on_a_module_matches_a_hand_perturbed_copy():
 
     grad_fn()
     g0, start = flat.grads.clone(), flat.params.clone()
-    layers = list(flat.layer_slices().values())
+    layers = list(flat.layout.layer_slices().values())
     scale = layer_scale(torch.tensor([0.25, 0.75]), layers, flat.num_params)
     SharpnessStep().two_pass(flat.params, flat.grads, grad_fn, rho=0.5, scale=scale)
 

@@ -1,11 +1,17 @@
-"""`python -m pfl report`: one row per run, mean (std) cells, the best of each column marked."""
+"""`python -m pfl report`: runs that differ only in seed are one row (mean ± std over seeds), a
+column per swept setting, the best of each column marked; markdown, csv and LaTeX."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import math
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pfl.cli import main
 from pfl.errors import ConfigError
@@ -17,11 +23,145 @@ TINY = [
 ]  # fmt: skip
 
 
-def write_run(root: Path, name: str, method: str, metrics: dict, select: str = "final") -> Path:
+def write_run(
+    root: Path, name: str, method: str, metrics: dict, select: str = "final", config: dict | None = None
+) -> Path:
     run = root / name
     run.mkdir()
-    (run / "summary.json").write_text(json.dumps({"method": method, "select": select, "metrics": metrics}))
+    summary = {"method": method, "select": select, "metrics": metrics}
+    if config is not None:
+        summary.update(seed=config["seed"], hparams={k: v for k, v in config["method"].items() if k != "name"})
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+    (run / "summary.json").write_text(json.dumps(summary))
     return run
+
+
+def config(method: str, seed: int, root: Path, name: str, **method_args) -> dict:
+    """A resolved config as `fit` writes it: the seed and tracking differ between repeats."""
+    return {
+        "seed": seed,
+        "method": {"name": method, **method_args},
+        "client": {"lr": 0.1, "epochs": 5},
+        "data": {"source": "digits", "alpha": 0.5},
+        "trainer": {"rounds": 10, "progress": False, "checkpoint_every": 1},
+        "tracking": {"root": str(root), "name": name, "wandb": False},
+    }
+
+
+# Two methods x three seeds; sample std (ddof = 1) of 0.7, 0.8, 0.9 is exactly 0.1.
+SEEDS = {
+    "fedavg": {"pm.l_acc": [0.7, 0.8, 0.9], "rounds_to_target": [20, 30, 40]},
+    "ditto": {"pm.l_acc": [0.6, 0.6, 0.9], "rounds_to_target": [10, 20, 30]},
+}
+
+
+def two_methods_three_seeds(root: Path) -> list[Path]:
+    runs = []
+    for method, series in SEEDS.items():
+        for seed in range(3):
+            name = f"{method}-s{seed}"
+            metrics = {
+                "pm.l_acc.mean": series["pm.l_acc"][seed],
+                "pm.l_acc.std": 0.05,
+                "rounds_to_target": series["rounds_to_target"][seed],
+            }
+            runs.append(write_run(root, name, method, metrics, config=config(method, seed, root, name)))
+    return runs
+
+
+def sample_std(values: list[float]) -> float:
+    m = sum(values) / len(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+
+
+def test_seeds_are_grouped_with_mean_and_sample_std(tmp_path):
+    runs = two_methods_three_seeds(tmp_path)
+    md = report(runs, ["pm.l_acc", "rounds_to_target"]).splitlines()
+    assert md[0] == "| run | method | n | pm.l_acc | rounds_to_target |"
+    assert len(md) == 4  # header, rule, one row per method
+    assert md[2] == "| fedavg-s0 +2 | fedavg | 3 | **0.8000 ± 0.1000** | 30.0 ± 10.0 |"
+    ditto_std = sample_std(SEEDS["ditto"]["pm.l_acc"])
+    assert md[3] == f"| ditto-s0 +2 | ditto | 3 | 0.7000 ± {ditto_std:.4f} | **20.0 ± 10.0** |"  # fewer rounds win
+
+
+def test_csv_is_numeric_with_std_and_best_columns(tmp_path):
+    runs = two_methods_three_seeds(tmp_path)
+    rows = list(csv.DictReader(io.StringIO(report(runs, ["pm.l_acc", "rounds_to_target"], "csv"))))
+    assert list(rows[0]) == [
+        "run", "method", "n",
+        "pm.l_acc", "pm.l_acc_std", "pm.l_acc_client_std", "pm.l_acc_best",
+        "rounds_to_target", "rounds_to_target_std", "rounds_to_target_best",
+    ]  # fmt: skip
+    for row in rows:
+        for key, cell in row.items():
+            if key not in ("run", "method"):
+                float(cell)  # every number parses: no ±, no *, no parentheses
+    fedavg, ditto = rows
+    assert float(fedavg["pm.l_acc"]) == pytest.approx(0.8) and float(fedavg["pm.l_acc_std"]) == pytest.approx(0.1)
+    assert float(ditto["pm.l_acc_std"]) == pytest.approx(sample_std(SEEDS["ditto"]["pm.l_acc"]))
+    assert float(fedavg["pm.l_acc_client_std"]) == pytest.approx(0.05)
+    assert (fedavg["pm.l_acc_best"], ditto["pm.l_acc_best"]) == ("1", "0")
+    assert (fedavg["rounds_to_target_best"], ditto["rounds_to_target_best"]) == ("0", "1")
+    assert fedavg["n"] == "3"
+
+
+def latex_rows(tex: str) -> list[str]:
+    body = tex.split("\\midrule")[1].split("\\bottomrule")[0]
+    return [line for line in body.strip().splitlines()]
+
+
+def test_latex_is_a_well_formed_booktabs_tabular(tmp_path):
+    runs = two_methods_three_seeds(tmp_path)
+    tex = report(runs, ["pm.l_acc", "rounds_to_target"], "latex", digits=2)
+    depth = 0
+    for ch in re.sub(r"\\[{}]", "", tex):  # escaped braces are text
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        assert depth >= 0
+    assert depth == 0
+    assert tex.count("\\begin{tabular}") == tex.count("\\end{tabular}") == 1
+    assert tex.index("\\toprule") < tex.index("\\midrule") < tex.index("\\bottomrule")
+    lines = [line for line in tex.splitlines() if line.endswith("\\\\")]
+    spec = re.search(r"\\begin\{tabular\}\{(\w+)\}", tex).group(1)
+    assert len(lines) == 3 and all(line.count("&") == len(spec) - 1 for line in lines)
+    assert lines[0] == "method & n & pm.l\\_acc & rounds\\_to\\_target \\\\"
+    assert latex_rows(tex)[0] == "fedavg & 3 & \\textbf{0.80 $\\pm$ 0.10} & 30.0 $\\pm$ 10.0 \\\\"
+    assert not re.search(r"(?<!\\)_", tex.split("\\begin")[1])  # every underscore escaped
+    assert "±" not in tex
+
+
+def test_latex_escapes_labels_and_writes_powers_of_ten(tmp_path):
+    a = write_run(tmp_path, "a", "pgfed_ce", {"comm.up_bytes.per_round": 1044880.0, "gm.acc": 0.5})
+    b = write_run(tmp_path, "b", "fed&avg", {"comm.up_bytes.per_round": 2089760.0, "gm.acc": 0.4})
+    rows = latex_rows(report([a, b], ["comm.up_bytes.per_round", "gm.acc"], "latex"))
+    assert rows[0] == "pgfed\\_ce & 1 & \\textbf{$1.045\\times10^{6}$} & \\textbf{0.5000} \\\\"
+    assert rows[1].startswith("fed\\&avg & 1 & $2.09\\times10^{6}$")
+
+
+def test_swept_settings_become_columns_and_split_groups(tmp_path):
+    runs = []
+    for mu in (0.0, 0.5):
+        for seed in (0, 1):
+            name = f"prox-mu{mu}-s{seed}"
+            cfg = config("fedprox", seed, tmp_path, name, mu=mu)
+            runs.append(write_run(tmp_path, name, "fedprox", {"gm.acc": mu + 0.1 * seed}, config=cfg))
+    cfg = config("ditto", 0, tmp_path, "ditto", lam=0.1)
+    cfg["data"]["alpha"] = 0.1
+    runs.append(write_run(tmp_path, "ditto", "ditto", {"gm.acc": 0.3}, config=cfg))
+    md = report(runs, ["gm.acc"]).splitlines()
+    # mu differs within fedprox; ditto's lam is its own, constant; alpha differs between groups
+    assert md[0] == "| run | method | method.mu | data.alpha | n | gm.acc |"
+    assert md[2] == "| prox-mu0.0-s0 +1 | fedprox | 0.0 | 0.5 | 2 | 0.0500 ± 0.0707 |"
+    assert md[3] == "| prox-mu0.5-s0 +1 | fedprox | 0.5 | 0.5 | 2 | **0.5500 ± 0.0707** |"
+    assert md[4] == "| ditto | ditto | - | 0.1 | 1 | 0.3000 |"
+    per_run = report(runs, ["gm.acc"], group=False).splitlines()
+    assert per_run[0] == "| run | method | method.mu | data.alpha | seed | n | gm.acc |" and len(per_run) == 7
+
+
+def test_runs_without_config_are_grouped_by_their_summary(tmp_path):
+    runs = [write_run(tmp_path, f"r{s}", "fedavg", {"gm.acc": 0.5 + 0.1 * s}) for s in range(2)]
+    runs.append(write_run(tmp_path, "r2", "local", {"gm.acc": 0.4}))
+    md = report(runs, ["gm.acc"]).splitlines()
+    assert md[2:] == ["| r0 +1 | fedavg | 2 | **0.5500 ± 0.0707** |", "| r2 | local | 1 | 0.4000 |"]
 
 
 def test_report_on_two_real_runs_prints_both_rows(tmp_path, capsys):
@@ -31,40 +171,40 @@ def test_report_on_two_real_runs_prints_both_rows(tmp_path, capsys):
     capsys.readouterr()
     assert main(["report", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 4  # header, rule, two rows
-    assert lines[2].startswith("| a | fedavg |") and lines[3].startswith("| b | local |")
+    assert len(lines) == 4  # header, rule, two rows: nothing but the method differs
+    assert lines[2].startswith("| a | fedavg | 1 |") and lines[3].startswith("| b | local | 1 |")
     assert "pm.l_acc" in lines[0] and "gm.acc" in lines[0]
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())["metrics"]
     assert f"{summary['pm.l_acc.mean']:.4f} ({summary['pm.l_acc.std']:.4f})" in lines[2]
+    assert main(["report", str(tmp_path / "a"), "--format", "latex", "--digits", "2"]) == 0
+    assert f"{summary['pm.l_acc.mean']:.2f} ({summary['pm.l_acc.std']:.2f})" in capsys.readouterr().out
 
 
 def test_best_per_column_is_marked_in_markdown_and_csv(tmp_path):
     a = write_run(tmp_path, "a", "fedavg", {"pm.l_acc.mean": 0.8, "pm.l_acc.std": 0.1, "comm.up_bytes.total": 200.0})
     b = write_run(tmp_path, "b", "ditto", {"pm.l_acc.mean": 0.7, "pm.l_acc.std": 0.05, "comm.up_bytes.total": 100.0})
     md = report([a, b], ["pm.l_acc", "comm.up_bytes.total", "ptr"]).splitlines()
-    assert md[0] == "| run | method | pm.l_acc | comm.up_bytes.total | ptr |"
-    assert md[2] == "| a | fedavg | **0.8000 (0.1000)** | 200.0000 | - |"
-    assert md[3] == "| b | ditto | 0.7000 (0.0500) | **100.0000** | - |"  # fewer bytes is better
-    csv = report([a, b], ["pm.l_acc", "comm.up_bytes.total"], "csv").splitlines()
-    assert csv == [
-        "run,method,pm.l_acc,comm.up_bytes.total",
-        "a,fedavg,0.8000 (0.1000)*,200.0000",
-        "b,ditto,0.7000 (0.0500),100.0000*",
-    ]
+    assert md[0] == "| run | method | n | pm.l_acc | comm.up_bytes.total | ptr |"
+    assert md[2] == "| a | fedavg | 1 | **0.8000 (0.1000)** | 200.0000 | - |"
+    assert md[3] == "| b | ditto | 1 | 0.7000 (0.0500) | **100.0000** | - |"  # fewer bytes is better
+    rows = list(csv.reader(io.StringIO(report([a, b], ["pm.l_acc", "comm.up_bytes.total"], "csv"))))
+    assert rows[1] == ["a", "fedavg", "1", "0.8", "", "0.1", "1", "200.0", "", "0"]
+    assert rows[2] == ["b", "ditto", "1", "0.7", "", "0.05", "0", "100.0", "", "1"]
 
 
 def test_ties_are_all_marked_and_best_test_runs_are_labelled(tmp_path):
     a = write_run(tmp_path, "a", "fedavg", {"ptr": 0.5, "ptr_mae": 0.2})
     b = write_run(tmp_path, "b", "fedavg", {"best_test.ptr": 0.5, "best_test.ptr_mae": 0.4}, select="best_test")
-    lines = report([a, b], ["ptr", "ptr_mae"], "csv").splitlines()
-    assert lines[1] == "a,fedavg,0.5000*,0.2000"
-    assert lines[2] == "b [best_test],fedavg,0.5000*,0.4000*"  # a pass rate on MAE is still best when high
+    lines = report([a, b], ["ptr", "ptr_mae"]).splitlines()
+    assert lines[0] == "| run | method | select | n | ptr | ptr_mae |"
+    assert lines[2] == "| a | fedavg | final | 1 | **0.5000** | 0.2000 |"
+    assert lines[3] == "| b [best_test] | fedavg | best_test | 1 | **0.5000** | **0.4000** |"  # a pass rate on MAE
 
 
 def test_default_columns_are_only_those_measured(tmp_path):
     a = write_run(tmp_path, "a", "local", {"pm.l_acc.mean": 0.5, "pm.l_acc.std": 0.0})
     header = report([a]).splitlines()[0]
-    assert header == "| run | method | pm.l_acc |"
+    assert header == "| run | method | n | pm.l_acc |"
 
 
 def test_report_bad_input(tmp_path, capsys):
@@ -73,6 +213,8 @@ def test_report_bad_input(tmp_path, capsys):
     a = write_run(tmp_path, "a", "local", {})
     with pytest.raises(ConfigError, match="--format"):
         report([a], None, "html")
+    with pytest.raises(ConfigError, match="--digits"):
+        report([a], None, digits=-1)
     assert main(["report"]) == 2
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "summary.json" in capsys.readouterr().err
@@ -82,5 +224,20 @@ def test_rounds_to_target_cells_are_counts_fewest_is_best_and_null_reads_never(t
     a = write_run(tmp_path, "a", "fedavg", {"rounds_to_target": 30})
     b = write_run(tmp_path, "b", "ditto", {"rounds_to_target": 20})
     c = write_run(tmp_path, "c", "local", {"rounds_to_target": None})
-    lines = report([a, b, c], fmt="csv").splitlines()
-    assert lines == ["run,method,rounds_to_target", "a,fedavg,30", "b,ditto,20*", "c,local,never"]
+    lines = report([a, b, c]).splitlines()
+    assert lines[2:] == ["| a | fedavg | 1 | 30 |", "| b | ditto | 1 | **20** |", "| c | local | 1 | never |"]
+
+
+def test_seeds_that_never_reach_the_target_are_counted_and_the_cell_cannot_win(tmp_path):
+    runs = []
+    for method, rounds in (("fedavg", [20, None, 30]), ("ditto", [26, 30, 28])):
+        for seed, r in enumerate(rounds):
+            name = f"{method}{seed}"
+            runs.append(
+                write_run(tmp_path, name, method, {"rounds_to_target": r}, config=config(method, seed, tmp_path, name))
+            )
+    lines = report(runs, ["rounds_to_target"]).splitlines()
+    assert lines[2] == f"| fedavg0 +2 | fedavg | 3 | 25.0 ± {sample_std([20, 30]):.1f} [2/3] |"
+    assert lines[3] == "| ditto0 +2 | ditto | 3 | 28.0 ± 2.0 |"  # the only complete cell: no best among one
+    rows = list(csv.DictReader(io.StringIO(report(runs, ["rounds_to_target"], "csv"))))
+    assert [r["rounds_to_target_n"] for r in rows] == ["2", "3"]

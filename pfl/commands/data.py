@@ -1,4 +1,5 @@
-"""``python -m pfl data export|stats``: write a federation in the npz layout, or describe it.
+"""``python -m pfl data export|stats``: write a federation in the npz layout, or describe it (a table,
+or one JSON line with ``--json``).
 
 Both take the same ``--config`` files and dotted overrides as ``fit`` (parsed by the fit parser), so
 ``--data.partition pathological --data.num_clients 50`` means the same everywhere.
@@ -12,13 +13,14 @@ from pathlib import Path
 
 from pfl.data import build_data
 from pfl.data.npz import export_npz
-from pfl.data.stats import federation_stats, plot_heatmap
+from pfl.data.stats import federation_stats, format_stats
 from pfl.errors import ConfigError
+from pfl.metrics.plots import plot_heatmap
 from pfl.runner.args import parse_fit_args
 
 USAGE = """usage:
   python -m pfl data export --format npz DIR [--config FILE ...] [--data.KEY VALUE ...] [--seed N]
-  python -m pfl data stats [--plot FILE.png] [--config FILE ...] [--data.KEY VALUE ...] [--seed N]
+  python -m pfl data stats [--json] [--plot FILE.png] [--config FILE ...] [--data.KEY VALUE ...] [--seed N]
 """
 FORMATS = ("npz",)
 
@@ -50,7 +52,14 @@ def export(argv: list[str]) -> Path:
     return out_dir
 
 
+def _flag(argv: list[str], flag: str) -> tuple[bool, list[str]]:
+    """Remove a switch (no value) from argv."""
+    return flag in argv, [a for a in argv if a != flag]
+
+
 def stats(argv: list[str]) -> dict:
+    """A table per client and a summary line (``--json``: the whole description as one JSON line)."""
+    as_json, argv = _flag(argv, "--json")
     plot, rest = _take(argv, "--plot")
     cfg, *_ = parse_fit_args(rest)
     data = build_data(cfg.data, cfg.seed)
@@ -58,7 +67,7 @@ def stats(argv: list[str]) -> dict:
     if plot:
         plot_heatmap(data, Path(plot))
         report["plot"] = plot
-    print(json.dumps(report))
+    print(json.dumps(report) if as_json else format_stats(report), end="\n" if as_json else "")
     return report
 
 

@@ -9,11 +9,11 @@ Every step draws from one generator keyed by the seed, so the same (cfg, seed) g
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import torch
 
+from pfl.data.augment import KINDS as AUGMENTATIONS
+from pfl.data.ecosystem import check_ecosystem_config, dataset_label, is_ecosystem
 from pfl.data.federated import ClientSplit, FederatedData
 from pfl.data.partition import (
     contiguous_split,
@@ -25,60 +25,10 @@ from pfl.data.partition import (
     split_indices,
 )
 from pfl.data.rotation import rotate_groups
+from pfl.data.settings import PARTITIONS, SYNTHETIC_VARIANTS, DataConfig
 from pfl.data.sources import NATURAL_SOURCES, ON_DISK, SOURCES, TEXT_SOURCES, Pool, load_pool
 from pfl.errors import ConfigError, require
 from pfl.seeding import numpy_rng
-
-PARTITIONS = ("iid", "dirichlet", "pathological")
-SYNTHETIC_VARIANTS = ("fedprox", "page")
-
-
-@dataclass
-class SyntheticConfig:
-    """FedProx/LEAF Synthetic(α, β): α = model heterogeneity, β = feature heterogeneity.
-    ``variant: page``: PAGE's shared labelling function with per-client mean shifts, ``samples`` each."""
-
-    alpha: float = 0.5
-    beta: float = 0.5
-    dim: int = 60
-    num_classes: int = 10
-    iid: bool = False
-    variant: str = "fedprox"
-    samples: int = 375
-
-
-@dataclass
-class ShakespeareConfig:
-    """Bundled plays: one client per role with >= ``min_lines`` speeches; samples are ``seq_len``-char
-    windows and the next char; at most ``max_samples`` evenly spaced windows per role (0: all)."""
-
-    seq_len: int = 80
-    min_lines: int = 20
-    max_samples: int = 1000
-
-
-@dataclass
-class DataConfig:
-    source: str = "digits"
-    num_clients: int = 20  # all clients, including held-out new ones
-    partition: str = "dirichlet"  # iid | dirichlet | pathological (ignored by naturally federated sources)
-    alpha: float = 0.5  # Dirichlet concentration
-    classes_per_client: int = 2  # k of pathological Pat-k
-    quantity_sigma: float = 0.0  # log-normal quantity skew (0: off)
-    min_samples: int = 20
-    big_client_frac: float = 0.0  # share of the pool given to client 0 (FedORA's one big client)
-    max_client_samples: int | None = None  # cap per client before its split (FedORA: 192)
-    test_frac: float = 0.25
-    val_frac: float = 0.0
-    global_test_frac: float = 0.1
-    official_test: bool = False  # on-disk sources: the official test split is the server's test set (PAGE)
-    rotation_groups: int = 0  # feature shift: client k rotated by 360°·(k mod G)/G (0: off)
-    new_clients: float = 0.0  # fraction of clients held out, never trained on
-    root: str | None = None  # directory of on-disk / LEAF / npz data
-    download: bool = False  # fetch with torchvision when absent (needs a network)
-    image_size: int | None = None  # resize folder images (GTSRB default 32; Tiny-ImageNet native 64)
-    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
-    shakespeare: ShakespeareConfig = field(default_factory=ShakespeareConfig)
 
 
 def _choice(value: str, options: tuple[str, ...], name: str) -> None:
@@ -86,9 +36,18 @@ def _choice(value: str, options: tuple[str, ...], name: str) -> None:
 
 
 def validate_data_config(cfg: DataConfig) -> None:
-    _choice(cfg.source, SOURCES, "data.source")
+    if is_ecosystem(cfg.source):
+        check_ecosystem_config(cfg)
+    else:
+        _choice(cfg.source, (*SOURCES, "torchvision:<Name>", "hf:<folder or hub name>"), "data.source")
     _choice(cfg.partition, PARTITIONS, "data.partition")
     _choice(cfg.synthetic.variant, SYNTHETIC_VARIANTS, "data.synthetic.variant")
+    require(
+        cfg.augment in AUGMENTATIONS,
+        "data.augment",
+        f"unknown augmentation {cfg.augment!r}",
+        f"choose one of {', '.join(AUGMENTATIONS)}",
+    )
     require(cfg.num_clients >= 1, "data.num_clients", f"must be >= 1 (got {cfg.num_clients})")
     require(cfg.alpha > 0, "data.alpha", f"Dirichlet concentration must be > 0 (got {cfg.alpha})")
     require(cfg.min_samples >= 1, "data.min_samples", f"must be >= 1 (got {cfg.min_samples})")
@@ -132,7 +91,7 @@ def validate_data_config(cfg: DataConfig) -> None:
         require(cfg.root is not None, "data.root", f"{cfg.source} is read from disk", "set data.root to its directory")
     if cfg.official_test:
         require(
-            cfg.source in ON_DISK,
+            cfg.source in ON_DISK or is_ecosystem(cfg.source),
             "data.official_test",
             f"{cfg.source} has no official test split",
             f"use one of {', '.join(ON_DISK)} or data.global_test_frac",
@@ -241,7 +200,7 @@ def build_data(cfg: DataConfig, seed: int) -> FederatedData:
     keep = [k for k in range(len(splits)) if k not in new_ids]
     held = sorted(new_ids)
     return FederatedData(
-        name=cfg.source,
+        name=dataset_label(cfg.source),
         x=torch.from_numpy(np.ascontiguousarray(x)),
         y=torch.from_numpy(np.ascontiguousarray(y)),
         num_classes=pool.num_classes,

@@ -1,36 +1,114 @@
 """The PFLlib / PGFed ``.npz`` layout, so a partition can be compared across libraries.
 
 ``DIR/train/<id>.npz`` and ``DIR/test/<id>.npz`` (client ids 0..N-1) each hold one pickled dict
-``data = {'x': array, 'y': array}``, read with ``np.load(f, allow_pickle=True)['data'].tolist()``.
-pfl adds ``DIR/val/<id>.npz`` when clients have validation splits, ``DIR/global_test.npz`` for the
-server's test set, and ``DIR/config.json`` (PFLlib's ``num_clients``/``num_classes`` plus the ids of
-held-out new clients, which follow the training clients' ids).
+``data = {'x': array, 'y': array}``, which PFLlib reads with
+``np.load(f, allow_pickle=True)['data'].tolist()``. pfl adds ``DIR/val/<id>.npz`` when clients have
+validation splits, ``DIR/global_test.npz`` for the server's test set, and ``DIR/config.json``
+(PFLlib's ``num_clients``/``num_classes`` plus the ids of held-out new clients, which follow the
+training clients' ids).
+
+Reading never uses ``allow_pickle=True``, which would let a file run code: the archive is opened as
+a zip, plain arrays are read as numpy reads them, and the pickled ``data`` dict goes through
+``pfl.data.safe_pickle`` (arrays, numbers, strings and containers only). pfl's export writes the
+samples twice in each file: as the ``data`` dict, so PFLlib reads it unchanged, and as plain arrays
+``x`` and ``y``, so any reader can load it with ``allow_pickle=False``; pfl reads ``x``/``y`` when
+they are there and never unpickles that file's ``data``.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pfl.data.federated import FederatedData
+from pfl.data.safe_pickle import restricted_load
+from pfl.data.validate import Part
 from pfl.errors import ConfigError
 
 LAYOUT = "DIR/train/<id>.npz and DIR/test/<id>.npz (ids 0..N-1), each np.savez(f, data={'x': ..., 'y': ...})"
+FIELD = "data.root"
 
 
 def _save(path: Path, x: np.ndarray, y: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
-        np.savez_compressed(f, data={"x": x, "y": y})
+        np.savez_compressed(f, data={"x": x, "y": y}, x=x, y=y)
 
 
-def _load(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    with open(path, "rb") as f:
-        data = np.load(f, allow_pickle=True)["data"].tolist()
-    return np.asarray(data["x"]), np.asarray(data["y"], dtype=np.int64)
+def _npy_member(raw: bytes, path: Path) -> Any:
+    """One ``.npy`` member of an archive: header parsed here, object payloads unpickled restrictedly."""
+    fp = io.BytesIO(raw)
+    version = np.lib.format.read_magic(fp)
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(fp)
+    elif version == (2, 0):
+        shape, _, dtype = np.lib.format.read_array_header_2_0(fp)
+    else:  # 3.0 exists only for structured dtypes with non-latin-1 field names: never numeric data
+        raise ConfigError(FIELD, f"{path} holds a .npy member of version {version}, which pfl does not read")
+    if not dtype.hasobject:
+        fp.seek(0)
+        return np.lib.format.read_array(fp, allow_pickle=False)
+    array = restricted_load(fp, path, encoding="latin1")
+    if not isinstance(array, np.ndarray) or array.shape != tuple(shape):
+        raise ConfigError(FIELD, f"{path} holds an object member that is not the array its header describes")
+    return array.item() if array.shape == () else array
+
+
+def _open(path: Path) -> zipfile.ZipFile:
+    try:
+        return zipfile.ZipFile(path)
+    except Exception as err:  # missing, unreadable, not a zip, truncated central directory
+        raise ConfigError(FIELD, f"{path} is not a readable .npz archive ({type(err).__name__}: {err})") from None
+
+
+def npz_members(path: Path) -> set[str]:
+    """The array names in the ``.npz`` archive at ``path``."""
+    with _open(path) as archive:
+        return {n.removesuffix(".npy") for n in archive.namelist()}
+
+
+def read_npz(path: Path, names: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The members of the ``.npz`` archive at ``path`` (only ``names`` when given), without ever
+    unpickling anything but data. Damaged or foreign files are a ConfigError naming ``path``."""
+    with _open(path) as archive:
+        members = {n.removesuffix(".npy"): n for n in archive.namelist()}
+        wanted = list(members) if names is None else [n for n in names if n in members]
+        try:
+            return {key: _npy_member(archive.read(members[key]), path) for key in wanted}
+        except ConfigError:
+            raise
+        except Exception as err:  # zip, header and array errors all mean "not a readable npz"
+            raise ConfigError(FIELD, f"{path} is not a readable .npz archive ({type(err).__name__}: {err})") from None
+
+
+def _as_array(value: Any, path: Path, key: str) -> np.ndarray:
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(FIELD, f"{path}: {key} is not an array of equally shaped samples ({err})") from None
+
+
+def _load(path: Path, client: int | None, split: str) -> Part:
+    """One client file: plain ``x``/``y`` members when present, else PFLlib's ``data`` dict."""
+    members = npz_members(path)
+    if {"x", "y"} <= members:
+        arrays = read_npz(path, ("x", "y"))
+    elif "data" in members:
+        arrays = read_npz(path, ("data",))["data"]
+        if not isinstance(arrays, dict) or not {"x", "y"} <= set(arrays):
+            raise ConfigError(FIELD, f"{path}: 'data' is not a dict with 'x' and 'y'", f"expected layout: {LAYOUT}")
+    else:
+        raise ConfigError(FIELD, f"{path} holds neither a 'data' dict nor 'x'/'y' arrays", f"expected {LAYOUT}")
+    x = _as_array(arrays["x"], path, "x")
+    if x.dtype.kind == "f" and x.dtype != np.float32:  # the models are float32; an overflow becomes inf, refused later
+        with np.errstate(over="ignore"):
+            x = x.astype(np.float32)
+    return Part(x, _as_array(arrays["y"], path, "y"), str(path), client, split)
 
 
 def export_npz(data: FederatedData, out_dir: Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -57,41 +135,57 @@ def export_npz(data: FederatedData, out_dir: Path, extra: dict[str, Any] | None 
     return config
 
 
-def load_npz_dir(root: Path) -> tuple[np.ndarray, np.ndarray, int, list[tuple[np.ndarray, ...]], np.ndarray, list[int]]:
-    """Read a directory in the npz layout.
+def _read_config(root: Path, num_clients: int) -> dict[str, Any]:
+    path = root / "config.json"
+    if not path.exists():
+        return {}
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(FIELD, f"{path} is not readable JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(FIELD, f"{path} does not hold a JSON object")
+    classes = config.get("num_classes")
+    if classes is not None and (not isinstance(classes, int) or isinstance(classes, bool) or classes < 1):
+        raise ConfigError(FIELD, f"{path}: num_classes = {classes!r} is not a positive integer")
+    new = config.get("new_clients", [])
+    ok = isinstance(new, list) and all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < num_clients for i in new
+    )
+    if not ok or len(set(new)) >= num_clients:
+        raise ConfigError(
+            FIELD,
+            f"{path}: new_clients = {new!r} must be distinct client ids in 0..{num_clients - 1}, leaving one to train",
+        )
+    return config
 
-    Returns (x, y, num_classes, per-client (train, test, val) indices, global test indices, new-client ids).
-    """
+
+def _inferred_classes(parts: list[Part]) -> int:
+    """Without ``num_classes`` in config.json: one more than the largest label (PFLlib's convention)."""
+    labels = [p.y for p in parts if len(p.y) and p.y.dtype.kind in "biuf" and np.isfinite(p.y).all()]
+    return int(max(np.max(y) for y in labels)) + 1 if labels else 1
+
+
+def npz_parts(root: Path) -> tuple[list[Part], int, list[int]]:
+    """Read a directory in the npz layout: one Part per (client, split) file, in client order
+    (train, test, val), then the server's global test file; plus num_classes and the new-client ids."""
     train_dir = root / "train"
     files = sorted(train_dir.glob("*.npz"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1)
     if not files:
-        raise ConfigError("data.root", f"npz_dir: no client files in {train_dir}", f"expected layout: {LAYOUT}")
+        raise ConfigError(FIELD, f"npz_dir: no client files in {train_dir}", f"expected layout: {LAYOUT}")
     ids = [int(p.stem) for p in files if p.stem.isdigit()]
     if ids != list(range(len(ids))):
-        raise ConfigError("data.root", f"npz_dir: client ids in {train_dir} are not 0..N-1", LAYOUT)
-    config = json.loads((root / "config.json").read_text()) if (root / "config.json").exists() else {}
-    xs, ys, splits, offset = [], [], [], 0
+        raise ConfigError(FIELD, f"npz_dir: client ids in {train_dir} are not 0..N-1", LAYOUT)
+    config = _read_config(root, len(ids))
+    parts = []
     for cid in ids:
-        parts = []
         for name in ("train", "test", "val"):
             path = root / name / f"{cid}.npz"
-            if not path.exists():
-                if name == "test":
-                    raise ConfigError("data.root", f"npz_dir: {path} is missing", f"expected layout: {LAYOUT}")
-                parts.append(np.zeros(0, dtype=np.int64))
-                continue
-            x, y = _load(path)
-            xs.append(x)
-            ys.append(y)
-            parts.append(np.arange(offset, offset + len(y)))
-            offset += len(y)
-        splits.append(tuple(parts))
-    global_test = np.zeros(0, dtype=np.int64)
+            if path.exists():
+                parts.append(_load(path, cid, name))
+            elif name == "test":
+                raise ConfigError(FIELD, f"npz_dir: {path} is missing", f"expected layout: {LAYOUT}")
     if (root / "global_test.npz").exists():
-        x, y = _load(root / "global_test.npz")
-        xs.append(x)
-        ys.append(y)
-        global_test = np.arange(offset, offset + len(y))
-    y_all = np.concatenate(ys)
-    num_classes = int(config.get("num_classes", int(y_all.max()) + 1))
-    return np.concatenate(xs), y_all, num_classes, splits, global_test, list(config.get("new_clients", []))
+        parts.append(_load(root / "global_test.npz", None, "global_test"))
+    num_classes = config.get("num_classes") or _inferred_classes(parts)
+    return parts, num_classes, list(config.get("new_clients", []))

@@ -1,8 +1,8 @@
-"""Describe a federation: per-client split sizes, label histograms and summary figures."""
+"""Describe a federation: per-client split sizes, label histograms, a table, and summary figures."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import math
 from typing import Any
 
 import numpy as np
@@ -66,21 +66,59 @@ def federation_stats(data: FederatedData) -> dict[str, Any]:
     }
 
 
-def plot_heatmap(data: FederatedData, path: Path) -> None:
-    """A clients x classes heatmap of sample counts (training clients, then new clients)."""
-    from matplotlib.ticker import MaxNLocator
+def client_label_stats(labels: list[int]) -> tuple[int, float, float]:
+    """(classes present, label entropy in nats, share of the most frequent class) of one client's
+    label counts; entropy is log(#classes) for a balanced client, 0 for a single-class one."""
+    hist = np.asarray(labels, dtype=np.float64)[None]
+    total = hist.sum()
+    dominant = float(hist.max() / total) if total else 0.0
+    return int((hist > 0).sum()), float(_entropy(hist)[0]), dominant
 
-    from pfl.metrics.plots import plt, save_figure
 
-    hist = label_histograms(data, [*data.clients, *data.new_clients])
-    fig, ax = plt.subplots(figsize=(min(2 + 0.25 * data.num_classes, 20), min(2 + 0.15 * len(hist), 30)))
-    image = ax.imshow(hist, aspect="auto", cmap="viridis", interpolation="nearest")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("class")
-    ax.set_ylabel("client")
-    ax.set_title(f"{data.name}: samples per client and class")
-    if data.new_clients:
-        ax.axhline(data.num_clients - 0.5, color="red", linewidth=1)
-    fig.colorbar(image, ax=ax, label="samples")
-    save_figure(fig, path)
+def format_stats(report: dict[str, Any]) -> str:
+    """``federation_stats`` as a table: one row per client (id, name when the data has names, split
+    sizes, classes present, label entropy, dominant-class share), the new clients after a rule, then
+    the summary."""
+    rows = [(False, r) for r in report["clients"]] + [(True, r) for r in report["new_clients"]]
+    named = any("name" in r for _, r in rows)
+    header = ["client", *(["name"] if named else []), "train", "val", "test", "classes", "entropy", "dominant"]
+    table = [header]
+    for is_new, r in rows:
+        classes, entropy, dominant = client_label_stats(r["labels"])
+        cells = [f"{r['id']}{'*' if is_new else ''}", *([str(r.get("name", ""))] if named else [])]
+        cells += [str(r["train"]), str(r["val"]), str(r["test"]), str(classes), f"{entropy:.3f}", f"{dominant:.2f}"]
+        table.append(cells)
+    widths = [max(len(row[j]) for row in table) for j in range(len(header))]
+    text_cols = {1} if named else set()
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if j in text_cols else c.rjust(w) for j, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
+
+    rule = "  ".join("-" * w for w in widths)
+    s = report["summary"]
+    shape = "x".join(str(d) for d in report["input_shape"])
+    out = [
+        f"{report['dataset']}: {s['clients']} clients"
+        + (f" + {s['new_clients']} new (marked *)" if s["new_clients"] else "")
+        + f", {report['num_classes']} classes, input {shape}",
+        line(header),
+        rule,
+    ]
+    for k, cells in enumerate(table[1:]):
+        if k == len(report["clients"]):  # the new clients follow a rule
+            out.append(rule)
+        out.append(line(cells))
+    balanced = math.log(report["num_classes"]) if report["num_classes"] > 1 else 0.0
+    out += [
+        "",
+        f"summary: {s['samples']} samples in all, {s['global_test']} of them in the global test set",
+        f"  training clients: size {s['client_size_mean']:.1f} ± {s['client_size_std']:.1f} "
+        f"(min {s['client_size_min']}, max {s['client_size_max']}), train split {s['train_size_mean']:.1f} on average",
+        f"  classes per client {s['classes_per_client_mean']:.2f} (min {s['classes_per_client_min']}), "
+        f"label entropy {s['label_entropy_mean']:.3f} nats on average ({balanced:.3f} when balanced)",
+    ]
+    if "plot" in report:
+        out.append(f"heatmap: {report['plot']}")
+    return "\n".join(out) + "\n"

@@ -68,11 +68,13 @@ class Freeze(Term):
 
 
 class ExtraParamSGD(Term):
-    """SGD (with optional momentum) on a tensor that lives outside the model, e.g. APFL's personal
-    model or FedRoD's personal head, whose gradient a custom loss fills during the same backward."""
+    """SGD (with optional momentum and weight decay, as ``torch.optim.SGD``) on a tensor that lives
+    outside the model, e.g. APFL's personal model or FedRoD's personal head, whose gradient a custom
+    loss fills during the same backward. ``buf`` is the momentum buffer: it lives as long as the term
+    (one fit), and a method may set it beforehand to continue an earlier one."""
 
-    def __init__(self, tensor: Tensor, lr: float | None = None, momentum: float = 0.0):
-        self.tensor, self.lr, self.momentum = tensor, lr, momentum
+    def __init__(self, tensor: Tensor, lr: float | None = None, momentum: float = 0.0, weight_decay: float = 0.0):
+        self.tensor, self.lr, self.momentum, self.weight_decay = tensor, lr, momentum, weight_decay
         self.buf: Tensor | None = None
 
     def on_step(self, params: Tensor, lr: float) -> None:
@@ -80,6 +82,8 @@ class ExtraParamSGD(Term):
         if grad is None:
             return
         with torch.no_grad():
+            if self.weight_decay:
+                grad = grad.add(self.tensor, alpha=self.weight_decay)
             if self.momentum:
                 self.buf = grad.clone() if self.buf is None else self.buf.mul_(self.momentum).add_(grad)
                 grad = self.buf

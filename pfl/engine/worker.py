@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pfl.data.augment import from_config as augment_from_config
 from pfl.data.federated import ClientSplit, FederatedData
 from pfl.engine.flat import FlatModule
 from pfl.engine.terms import Term
@@ -36,17 +37,34 @@ def task_of(data: FederatedData) -> str:
 
 
 class ClientModule(L.LightningModule):
-    """The local objective's data term: cross-entropy (classification) or mean squared error
-    (regression) of the network on a batch.
+    """The local objective: cross-entropy (classification) or mean squared error (regression) of the
+    network on a batch.
 
-    Method-specific terms (proximal, auxiliary gradients, ...) are composed on top by the worker
-    from ``pfl.engine.terms``, so this module stays the same for every method.
+    Method-specific terms (proximal, auxiliary gradients, ...) are composed on top by the worker from
+    ``pfl.engine.terms``. A method may instead subclass this module and override ``training_step``;
+    ``self.fit_context`` then holds what the method passed for this fit (e.g. the global model), and
+    ``self.flat_params()`` is the parameter vector as a differentiable tensor.
     """
 
     def __init__(self, net: nn.Module, task: str = "classification"):
         super().__init__()
         self.net = net
         self.task = task
+        self.fit_context: dict[str, Any] = {}
+        self._worker_optimizer: Any = None
+        self._worker_backward: Callable[[Tensor], None] | None = None
+
+    def flat_params(self) -> Tensor:
+        """All trainable parameters as one vector, in the flat layout, differentiable."""
+        return torch.cat([p.reshape(-1) for p in self.net.parameters() if p.requires_grad])
+
+    # Manual optimisation without a Trainer: the worker's optimizer and Fabric-aware backward.
+    def optimizers(self, use_pl_optimizer: bool = True) -> Any:  # noqa: ARG002 - Lightning's signature
+        return self._worker_optimizer
+
+    def manual_backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
+        assert self._worker_backward is not None, "manual_backward is only available during a worker fit"
+        self._worker_backward(loss)
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.net(x)
@@ -96,6 +114,9 @@ class TrainSettings:
     lr: float = 0.05
     momentum: float = 0.0
     weight_decay: float = 0.0
+    augment: str = "none"  # training-batch augmentation (pfl.data.augment): none | cifar | flip
+    drop_last: bool = False  # drop each epoch's last, incomplete batch (unless it is the only one)
+    keep_momentum: bool = False  # "train" fits continue the client's SGD momentum from its previous one
 
 
 class StepOptimizer:
@@ -128,6 +149,7 @@ class Worker:
         self.fabric = fabric
         self.device = fabric.device if fabric is not None else torch.device("cpu")
         self.precision = fabric.strategy.precision if fabric is not None else None
+        self.scaler: Any = getattr(self.precision, "scaler", None)  # 16-mixed's gradient scaler, else None
         self.task = task_of(data)
         net = net.to(self.device)
         if self.precision is not None:  # *-true precisions store the model in that dtype
@@ -143,6 +165,10 @@ class Worker:
         # Held-out clients (ids num_clients, num_clients + 1, ...): trained only when adapting to them.
         self.new_clients = [c.to(self.device) for c in getattr(data, "new_clients", [])]
         self.settings = settings
+        self.augment = augment_from_config(settings.augment)
+        if self.augment is not None:
+            self.augment.check_input_shape(tuple(data.input_shape))
+        self._augment_gen: torch.Generator | None = None
         self.seed = seed
         self.eval_batch_size = eval_batch_size
         hp = {"lr": settings.lr, "momentum": settings.momentum, "weight_decay": settings.weight_decay}
@@ -159,11 +185,6 @@ class Worker:
     def autocast(self) -> contextlib.AbstractContextManager:
         """Fabric's forward context (autocast under *-mixed precisions)."""
         return self.fabric.autocast() if self.fabric is not None else contextlib.nullcontext()
-
-    @property
-    def scaler(self) -> Any:
-        """The precision plugin's gradient scaler (16-mixed), else None."""
-        return getattr(self.precision, "scaler", None)
 
     def objective(self, cls: type[ClientModule] | None) -> ClientModule:
         """The (cached) instance of a method's ClientModule subclass, sharing the one network."""
@@ -219,8 +240,10 @@ class Worker:
         loss_fn: LossFn | None = None,
         objective: type[ClientModule] | None = None,
         context: dict[str, Any] | None = None,
+        indices: Tensor | None = None,
     ) -> FitStats:
-        """Train client ``cid`` from ``start`` (a full state vector) on its train split.
+        """Train client ``cid`` from ``start`` (a full state vector) on its train split (or on the
+        pool samples ``indices``, e.g. the train split minus a held-out validation part).
 
         Every random draw is keyed by (seed, round, client, purpose): the result does not depend on
         which clients were trained before this one, nor on which process trains it.
@@ -236,7 +259,7 @@ class Worker:
         self.flat.load(start)
         epochs = self.settings.epochs if epochs is None else epochs
         lr = self.settings.lr if lr is None else lr
-        n = len(self.split(cid).train)
+        n = len(self.split(cid).train if indices is None else indices)
         flat_path = bool(terms) or manual or self.scaler is not None
         optimizer = self.optimizer if flat_path else self.tensor_optimizer
         group = optimizer.param_groups[0]
@@ -254,15 +277,15 @@ class Worker:
             module._worker_optimizer = StepOptimizer(self, optimizer, terms, lr)
         steps, loss_sum, last_epoch_batches = 0, torch.zeros((), device=self.device), 0
         t0 = time.perf_counter()
-        for epoch, b in self.epoch_batches(cid, round_idx, purpose, epochs):
+        for epoch, b in self.epoch_batches(cid, round_idx, purpose, epochs, indices):
             if manual:
-                loss = self._loss((self.data.x[b], self.data.y[b]), steps)
+                loss = self._loss(self.train_batch(b), steps)
             else:
                 if flat_path:
                     grads.zero_()
                 else:
                     optimizer.zero_grad(set_to_none=True)
-                loss = self._loss((self.data.x[b], self.data.y[b]), steps)
+                loss = self._loss(self.train_batch(b), steps)
                 self.backward(loss)
                 self.apply_step(optimizer, terms, lr)
             steps += 1
@@ -315,29 +338,49 @@ class Worker:
         return self.data.clients[cid] if cid < n else self.new_clients[cid - n]
 
     # -- building blocks for methods with their own local loop ------------------------------------
-    def epoch_batches(self, cid: int, round_idx: int, purpose: str, epochs: int) -> Iterator[tuple[int, Tensor]]:
-        """(epoch, index batch) pairs of client ``cid``'s train split, reshuffled every epoch from
-        generators keyed by (seed, round, client, purpose); also seeds dropout and initialisers."""
+    def epoch_batches(
+        self, cid: int, round_idx: int, purpose: str, epochs: int, indices: Tensor | None = None
+    ) -> Iterator[tuple[int, Tensor]]:
+        """(epoch, index batch) pairs of client ``cid``'s train split (or of ``indices``), reshuffled
+        every epoch from generators keyed by (seed, round, client, purpose); also seeds dropout and
+        initialisers. With ``settings.drop_last`` each epoch's last batch is dropped when it is
+        smaller than the batch size, unless it is the only batch (a client with fewer samples than
+        the batch size still trains, on one batch of all its samples, as a loader whose batch size
+        is capped at the data size does)."""
         seed_everything(self.seed, round_idx, cid, purpose)
         gen = torch_generator(self.seed, round_idx, cid, purpose, "batches", device=self.device)
-        idx = self.split(cid).train
+        if self.augment is not None:  # its own key: the batch order is the same with augmentation on or off
+            self._augment_gen = torch_generator(self.seed, round_idx, cid, purpose, "augment", device=self.device)
+        idx = self.split(cid).train if indices is None else indices
         n, bs = len(idx), self.settings.batch_size
+        stop = n - n % bs if self.settings.drop_last and n >= bs else n
         for epoch in range(epochs):
             order = idx[torch.randperm(n, generator=gen, device=self.device)]
-            for s in range(0, n, bs):
+            for s in range(0, stop, bs):
                 yield epoch, order[s : s + bs]
 
-    def batches(self, cid: int, round_idx: int, purpose: str, epochs: int) -> Iterator[Tensor]:
+    def batches(
+        self, cid: int, round_idx: int, purpose: str, epochs: int, indices: Tensor | None = None
+    ) -> Iterator[Tensor]:
         """The index batches ``fit`` draws for (cid, round, purpose): same keys, same order."""
-        for _, b in self.epoch_batches(cid, round_idx, purpose, epochs):
+        for _, b in self.epoch_batches(cid, round_idx, purpose, epochs, indices):
             yield b
 
-    def gradient(self, b: Tensor, loss_fn: LossFn | None = None) -> Tensor:
+    def train_batch(self, b: Tensor) -> tuple[Tensor, Tensor]:
+        """Inputs and targets of training batch ``b``, augmented (never in evaluation) from the
+        generator of the batches being drawn, so determinism and resume hold."""
+        x, y = self.data.x[b], self.data.y[b]
+        if self.augment is not None and self._augment_gen is not None:
+            x = self.augment(x, self._augment_gen)
+        return x, y
+
+    def gradient(self, b: Tensor, loss_fn: LossFn | None = None, augment: bool = True) -> Tensor:
         """Set ``flat.grads`` to the gradient of the loss on pool samples ``b`` at the current
-        parameters; returns the (detached) loss."""
+        parameters (a training batch: augmented when the data setting says so); returns the
+        (detached) loss."""
         self.module.train()
         self.flat.grads.zero_()
-        x, y = self.data.x[b], self.data.y[b]
+        x, y = self.train_batch(b) if augment else (self.data.x[b], self.data.y[b])
         loss = loss_fn(self.module.net, x, y) if loss_fn is not None else self.module.loss(self.module.net(x), y)
         loss.backward()
         return loss.detach()
@@ -351,7 +394,7 @@ class Worker:
         loss_sum, batches = 0.0, 0
         for s in range(0, len(idx), self.settings.batch_size):
             b = idx[s : s + self.settings.batch_size]
-            loss = self.gradient(b)
+            loss = self.gradient(b, augment=False)  # the uploaded ∇f_i is of the data itself
             total += self.flat.grads
             loss_sum += float(loss) * len(b)
             batches += 1

@@ -8,6 +8,7 @@ never as one live model per client.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,12 +21,12 @@ from tqdm.auto import tqdm
 from pfl.config import RunConfig
 from pfl.data.federated import FederatedData
 from pfl.engine.flat import FlatModule
-from pfl.engine.worker import TrainSettings, Worker
+from pfl.engine.worker import Worker
 from pfl.federation.attacks import Attack
 from pfl.federation.checkpoint import load_checkpoint, save_checkpoint
 from pfl.federation.distributed import Cohort, move
 from pfl.federation.server_opt import ServerOptimizer
-from pfl.methods.base import ClientContext, ServerContext, State, Upload
+from pfl.methods.base import ClientContext, ServerContext, State, Upload, train_settings
 from pfl.metrics.evaluate import evaluate_new_clients
 from pfl.metrics.session import EvalSession
 from pfl.models import build_model
@@ -78,8 +79,7 @@ class FederatedLoop:
         self.callbacks = list(callbacks)
         seed_everything(cfg.seed, "init")
         net = build_model(cfg.model, data.input_shape, data.num_classes)
-        c = cfg.client
-        settings = TrainSettings(c.epochs, c.batch_size, c.lr, c.momentum, c.weight_decay)
+        settings = train_settings(cfg.client, self.method, cfg.data.augment)  # client.*, with the method's overrides
         self.worker = Worker(net, data, settings, cfg.seed, fabric, cfg.eval.batch_size)
         self.init_state = self.worker.snapshot()
         n = self.worker.data.num_clients
@@ -103,6 +103,7 @@ class FederatedLoop:
             self.evals.malicious = self.attack.malicious  # honest.* metrics leave these clients out
         self.train_samples = 0
         self.train_seconds = 0.0
+        self.train_losses: list[float] = []  # last-epoch training losses of this round's fits
         self.checkpoint_seconds = 0.0
         self.cohort = Cohort.from_fabric(fabric)
         self._sizes = data.sizes("train")
@@ -143,6 +144,7 @@ class FederatedLoop:
             uploads = self.attack.apply(uploads, payloads, self.round)
         for cid in sampled:
             self.evals.observe(cid, payloads[cid], uploads[cid])  # bytes exchanged (+ trained model if kept)
+        self.train_losses = [f.loss for f in fits if f.loss == f.loss]  # methods with their own loop report NaN
         self.train_samples += sum(f.samples_seen for f in fits)
         self.train_seconds += sum(f.seconds for f in fits)
         self.aggregate(uploads)
@@ -176,12 +178,19 @@ class FederatedLoop:
             if not self.clients.get(cid):
                 self.clients.pop(cid, None)
         metrics["throughput.samples_per_s"] = self.train_samples / max(self.train_seconds, 1e-9)
+        if self.train_losses:
+            # fsum is exactly rounded: the mean does not depend on the order clients were trained in
+            metrics["train.loss"] = math.fsum(self.train_losses) / len(self.train_losses)
         self.client_rows = rows
         return metrics
 
     # -- the whole run ----------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
         t = self.cfg.trainer
+        self.evals.check()
+        for cb in self.callbacks:
+            cb.on_fit_start(self)
+        # After the callbacks have started (W&B takes seconds): the bar's rate and ETA are the rounds'.
         bar = tqdm(
             total=t.rounds,
             initial=self.round,
@@ -189,9 +198,6 @@ class FederatedLoop:
             disable=not (t.progress and self.cohort.is_zero),
             dynamic_ncols=True,
         )
-        self.evals.check()
-        for cb in self.callbacks:
-            cb.on_fit_start(self)
         metrics = self.history[-1] if self.history else {}
         while self.round < t.rounds:
             self.run_round()

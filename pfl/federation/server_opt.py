@@ -41,20 +41,21 @@ class ServerOptimizer:
         delta = previous[:p] - new[:p]  # the pseudo-gradient
         m = state.get("server_opt.m")
         m = torch.zeros_like(delta) if m is None else m
+        # New tensors, never in place: the state may be shared with a checkpoint being written.
         if c.optimizer == "sgd":
-            m = m.mul_(c.momentum).add_(delta)
+            m = c.momentum * m + delta
             update = m
         else:
-            m = m.mul_(c.beta1).add_(delta, alpha=1 - c.beta1)
+            m = c.beta1 * m + (1 - c.beta1) * delta
             v = state.get("server_opt.v")
             v = torch.zeros_like(delta) if v is None else v
             sq = delta * delta
             if c.optimizer == "adam":
-                v = v.mul_(c.beta2).add_(sq, alpha=1 - c.beta2)
+                v = c.beta2 * v + (1 - c.beta2) * sq
             elif c.optimizer == "adagrad":
-                v = v.add_(sq)
+                v = v + sq
             else:  # yogi
-                v = v.sub_((1 - c.beta2) * sq * torch.sign(v - sq))
+                v = v - (1 - c.beta2) * sq * torch.sign(v - sq)
             state["server_opt.v"] = v
             update = m / (v.sqrt() + c.tau)
         state["server_opt.m"] = m

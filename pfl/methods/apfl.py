@@ -10,22 +10,47 @@ from pfl.methods.base import ClientContext, ServerContext, State, Upload
 from pfl.methods.fedavg import FedAvg
 from pfl.methods.registry import register
 
+EVAL_MIXES = ("global", "local")
+
 
 @register
 class APFL(FedAvg):
     """APFL (Deng et al. 2020): each client trains its copy w of the global model (FedAvg) and, in
-    the same steps, a personal model v on the loss of the mixture v̄ = α·v + (1 − α)·w; the P-model
-    is v̄ with the client's last locally trained w. α is fixed (``mix``); v is trained with plain SGD
-    at ``client.lr``."""
+    the same steps, a personal model v on the loss of the mixture v̄ = α·v + (1 − α)·w, with w the
+    pre-step model and no gradient into w (w's step uses only its own loss). α is fixed (``mix``).
+
+    Both w and v are trained with the run's optimizer settings (client.lr, the run's momentum — one
+    momentum buffer per model, carried through the whole local update — and weight decay); with
+    ``keep_momentum`` both buffers are kept per client across rounds.
+
+    The evaluated model (``eval_mix``): ``global`` (default) is v̄ = α·v + (1 − α)·w̄ with w̄ the
+    latest global model, for every client — the paper's personalized output, and what the authors'
+    code evaluates (it re-mixes each client's v with the broadcast global model before testing); a
+    client that never trained mixes the initial v. ``local`` mixes v with the w the client itself
+    trained last (the model at the end of its last local update).
+
+    Args:
+        mix: α, the weight of the personal model in the mixture.
+        eval_mix: global (α·v + (1 − α)·latest global model) or local (α·v + (1 − α)·own last w).
+        client_momentum: SGD momentum of both w and v (null: client.momentum).
+        keep_momentum: keep both momentum buffers per client across rounds (null: client.keep_momentum).
+    """
 
     name = "apfl"
     description = "FedAvg model w + personal v trained through the mixture mix*v + (1-mix)*w"
     has_personal_model = True
 
-    def __init__(self, mix: float = 0.5):
-        super().__init__(finetune_epochs=0)
+    def __init__(
+        self,
+        mix: float = 0.5,
+        eval_mix: str = "global",
+        client_momentum: float | None = None,
+        keep_momentum: bool | None = None,
+    ):
+        super().__init__(finetune_epochs=0, client_momentum=client_momentum, keep_momentum=keep_momentum)
         require(0 <= mix <= 1, "method.mix", f"the mixing weight must be in [0, 1] (got {mix})")
-        self.mix = mix
+        require(eval_mix in EVAL_MIXES, "method.eval_mix", f"unknown value {eval_mix!r}", f"choose one of {EVAL_MIXES}")
+        self.mix, self.eval_mix = mix, eval_mix
 
     def local_update(self, client: ClientContext, payload: State) -> Upload:
         flat = client.flat
@@ -37,13 +62,25 @@ class APFL(FedAvg):
             out = functional_call(net, flat.param_dict(mixed), (x,))
             return F.cross_entropy(net(x), y) + F.cross_entropy(out, y)
 
-        w = client.fit(payload["global"], loss_fn=loss_fn, terms=[ExtraParamSGD(v)])
+        v_step = ExtraParamSGD(v, momentum=client.momentum, weight_decay=client.weight_decay)
+        if client.keep_momentum and "v_momentum" in client.state:
+            v_step.buf = client.state["v_momentum"].clone()
+        w = client.fit(payload["global"], loss_fn=loss_fn, terms=[v_step])
+        if client.keep_momentum and v_step.buf is not None:
+            client.state["v_momentum"] = v_step.buf.clone()
         v = v.detach()
         client.state["v"] = v
-        personal = w.clone()
-        client.params(personal).copy_(a * v + (1 - a) * client.params(w))
-        client.state["personal"] = personal
+        client.state["personal"] = self.mixture(v, w, client.params)
         return Upload(w, client.num_samples)
 
+    def mixture(self, v: Tensor, w: Tensor, params) -> Tensor:
+        """The state w with its parameters replaced by α·v + (1 − α)·w (buffers: w's)."""
+        out = w.clone()
+        params(out).copy_(self.mix * v + (1 - self.mix) * params(w))
+        return out
+
     def personal_state(self, server: ServerContext, client: ClientContext) -> Tensor:
-        return client.state.get("personal", client.init_state)
+        if self.eval_mix == "local":
+            return client.state.get("personal", client.init_state)
+        v = client.state.get("v", client.params(client.init_state))
+        return self.mixture(v, server["global"], client.params)

@@ -21,7 +21,8 @@ from torch import Tensor
 
 from pfl.engine.flat import FlatModule, ModelLayout
 from pfl.engine.terms import Term
-from pfl.engine.worker import ClientModule, EvalStats, FitStats, LossFn, Worker
+from pfl.engine.worker import ClientModule, EvalStats, FitStats, LossFn, TrainSettings, Worker
+from pfl.errors import require
 
 State = dict[str, Tensor]
 
@@ -120,7 +121,18 @@ class ClientContext:
 
     @property
     def momentum(self) -> float:
+        """The run's SGD momentum (``client.momentum``, or the method's ``client_momentum`` when set)."""
         return self.worker.settings.momentum
+
+    @property
+    def weight_decay(self) -> float:
+        return self.worker.settings.weight_decay
+
+    @property
+    def keep_momentum(self) -> bool:
+        """Whether "train" fits continue the client's momentum across rounds (``client.keep_momentum``,
+        or the method's ``keep_momentum`` when set)."""
+        return self.worker.settings.keep_momentum
 
     @property
     def layout(self) -> ModelLayout:
@@ -171,18 +183,25 @@ class ClientContext:
         purpose: str = "train",
         lr: float | None = None,
         momentum: float | None = None,
-        keep_momentum: bool = False,
+        keep_momentum: bool | None = None,
         loss_fn: LossFn | None = None,
         objective: type[ClientModule] | None = None,
         context: dict[str, Any] | None = None,
+        indices: Tensor | None = None,
     ) -> Tensor:
-        """Train from ``start`` on this client's train split; returns the trained state vector.
+        """Train from ``start`` on this client's train split (or on the pool samples ``indices``, e.g.
+        the train split minus a held-out validation part); returns the trained state vector.
 
-        ``keep_momentum``: the optimizer's momentum continues from this client's previous fit (kept
-        in ``state["momentum"]``, so it checkpoints) instead of starting from zero. ``objective``: a
-        ClientModule subclass whose ``training_step`` is the local objective (``context`` becomes its
-        ``fit_context``); by default the data loss plus ``terms``."""
-        buf = self.state.get("momentum") if keep_momentum else None
+        ``keep_momentum``: the optimizer's momentum continues from this client's previous fit of the
+        same ``purpose`` (kept in ``state["momentum"]`` for "train", ``state["momentum.<purpose>"]``
+        otherwise, so it checkpoints) instead of starting from zero; None (the default) keeps it for
+        the "train" fit when the run's settings say so (``client.keep_momentum`` or the method's
+        ``keep_momentum``). ``objective``: a ClientModule subclass whose ``training_step`` is the
+        local objective (``context`` becomes its ``fit_context``); by default the data loss plus ``terms``."""
+        if keep_momentum is None:
+            keep_momentum = self.keep_momentum and purpose == "train"
+        key = "momentum" if purpose == "train" else f"momentum.{purpose}"
+        buf = self.state.get(key) if keep_momentum else None
         stats = self.worker.fit(
             self.cid,
             start,
@@ -196,11 +215,12 @@ class ClientContext:
             loss_fn=loss_fn,
             objective=objective,
             context=context,
+            indices=indices,
         )
         if keep_momentum:
             saved = self.worker.momentum_buffer()
             if saved is not None:
-                self.state["momentum"] = saved
+                self.state[key] = saved
         self.fits.append(stats)
         return self.worker.snapshot()
 
@@ -235,6 +255,21 @@ class Method:
     # False for methods whose only model is the global one (FedAvg, FedProx, ...): FedPG's
     # ``eval.pm_source: local_update`` then scores the model each client trained before aggregation.
     has_personal_model: ClassVar[bool] = True
+    # Method-level optimizer settings (None: the run's ``client.momentum`` / ``client.keep_momentum``).
+    # A method that lets configs set them takes them as ``__init__`` arguments of these names and
+    # calls ``set_client_optimizer``; they then win over ``client.*`` for the whole run (every fit of
+    # the method, new clients included) and appear in ``hparams``.
+    client_momentum: float | None = None
+    keep_momentum: bool | None = None
+
+    def set_client_optimizer(self, client_momentum: float | None, keep_momentum: bool | None) -> None:
+        """Validate and store the method-level optimizer overrides."""
+        require(
+            client_momentum is None or 0 <= client_momentum < 1,
+            "method.client_momentum",
+            f"must be in [0, 1), or null for client.momentum (got {client_momentum})",
+        )
+        self.client_momentum, self.keep_momentum = client_momentum, keep_momentum
 
     # -- server side ----------------------------------------------------------------------------
     def init_server(self, server: ServerContext) -> State:
@@ -294,6 +329,24 @@ class Method:
                     if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in names:
                         names.append(p.name)
         return {n: getattr(self, n) for n in names if hasattr(self, n)}
+
+
+def train_settings(client: Any, method: Method, augment: str = "none") -> TrainSettings:
+    """The local-training settings of a run: the ``client`` config group, with the method's own
+    ``client_momentum`` / ``keep_momentum`` taking precedence where it sets them (``augment``: the
+    data setting's training-batch augmentation)."""
+    momentum = client.momentum if method.client_momentum is None else method.client_momentum
+    keep = client.keep_momentum if method.keep_momentum is None else method.keep_momentum
+    return TrainSettings(
+        epochs=client.epochs,
+        batch_size=client.batch_size,
+        lr=client.lr,
+        momentum=momentum,
+        weight_decay=client.weight_decay,
+        augment=augment,
+        drop_last=client.drop_last,
+        keep_momentum=bool(keep),
+    )
 
 
 def weighted_mean(vectors: Sequence[Tensor], weights: Sequence[float]) -> Tensor:

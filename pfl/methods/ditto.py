@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+from pfl.engine.objectives import ProximalObjective
 from pfl.engine.terms import Proximal, ProximalStep
 from pfl.errors import require
 from pfl.methods.base import ClientContext, ServerContext, State, Upload
 from pfl.methods.fedavg import FedAvg
 from pfl.methods.registry import register
 
-PROX_MODES = ("exact", "gradient")
+PROX_MODES = ("exact", "gradient", "autograd")
 
 
 @register
@@ -15,20 +16,33 @@ class Ditto(FedAvg):
     f_i(v) + λ/2·‖v − w‖².
 
     ``prox="exact"`` takes the λ-term as an exact proximal step after each SGD step (stable for any
-    λ; λ → ∞ gives v = w). ``prox="gradient"`` adds λ(v − w) to the gradient, as the official code.
+    λ; λ → ∞ gives v = w). ``prox="gradient"`` adds λ(v − w) to the gradient, as the official code;
+    ``prox="autograd"`` writes the same objective as a Lightning ``training_step``
+    (``pfl.engine.objectives.ProximalObjective``) and lets autograd take its gradient.
 
     Args:
         lam: λ, pull of the personal model towards the global model.
         personal_epochs: local epochs on the personal model per participation.
-        prox: exact (proximal step, stable for any λ) or gradient (official code).
+        prox: exact (proximal step, stable for any λ), gradient (official code) or autograd (the
+            gradient form as a training_step).
+        client_momentum: SGD momentum of both local fits (null: client.momentum).
+        keep_momentum: keep each client's SGD momentum of the global model's fit across rounds
+            (null: client.keep_momentum); the personal fit starts from zero momentum.
     """
 
     name = "ditto"
     description = "FedAvg global model + personal models regularised towards it by lam/2*||v - w||^2"
     has_personal_model = True
 
-    def __init__(self, lam: float = 0.75, personal_epochs: int = 1, prox: str = "exact"):
-        super().__init__(finetune_epochs=0)
+    def __init__(
+        self,
+        lam: float = 0.75,
+        personal_epochs: int = 1,
+        prox: str = "exact",
+        client_momentum: float | None = None,
+        keep_momentum: bool | None = None,
+    ):
+        super().__init__(finetune_epochs=0, client_momentum=client_momentum, keep_momentum=keep_momentum)
         require(lam >= 0, "method.lam", f"must be >= 0 (got {lam})")
         require(personal_epochs >= 1, "method.personal_epochs", f"must be >= 1 (got {personal_epochs})")
         require(prox in PROX_MODES, "method.prox", f"unknown mode {prox!r}", f"choose one of {', '.join(PROX_MODES)}")
@@ -36,9 +50,14 @@ class Ditto(FedAvg):
 
     def local_update(self, client: ClientContext, payload: State) -> Upload:
         anchor = client.params(payload["global"])
-        term = ProximalStep(anchor, self.lam) if self.prox == "exact" else Proximal(anchor, self.lam)
         start = client.state.get("personal", client.init_state)
-        client.state["personal"] = client.fit(start, epochs=self.personal_epochs, terms=[term], purpose="personal")
+        fit = {"epochs": self.personal_epochs, "purpose": "personal"}
+        if self.prox == "autograd":
+            context = {"anchor": anchor, "mu": self.lam}
+            client.state["personal"] = client.fit(start, objective=ProximalObjective, context=context, **fit)
+        else:
+            term = ProximalStep(anchor, self.lam) if self.prox == "exact" else Proximal(anchor, self.lam)
+            client.state["personal"] = client.fit(start, terms=[term], **fit)
         return super().local_update(client, payload)
 
     def personal_state(self, server: ServerContext, client: ClientContext):

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+from torch import Tensor
+
 from pfl.engine.terms import Term
 from pfl.errors import require
-from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload
+from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload, weighted_mean_of
 from pfl.methods.registry import register
 
 
@@ -14,27 +16,65 @@ class FedAvg(Method):
     FedAvg+FT: with ``finetune_epochs`` > 0 a client's P-model is the global model fine-tuned that
     many epochs on its train split; with 0 it is the global model itself.
 
+    Buffers (BatchNorm running statistics) are averaged with the parameters by default. With
+    ``share_buffers: false`` they stay on each client (FedBN, Li et al. 2021, for the statistics):
+    a client trains from the global parameters with its own statistics, uploads only the
+    parameters, and is evaluated with its own statistics.
+
     Args:
         finetune_epochs: epochs of fine-tuning the global model to get each P-model (0: none).
+        share_buffers: average the float buffers with the parameters (false: FedBN-style local statistics).
+        client_momentum: SGD momentum of every local fit of this method (null: client.momentum).
+        keep_momentum: keep each client's SGD momentum across its rounds (null: client.keep_momentum).
     """
 
     name = "fedavg"
     description = "sample-weighted average of locally trained models (+FT: finetune_epochs > 0)"
     has_personal_model = False
 
-    def __init__(self, finetune_epochs: int = 0):
+    def __init__(
+        self,
+        finetune_epochs: int = 0,
+        share_buffers: bool = True,
+        client_momentum: float | None = None,
+        keep_momentum: bool | None = None,
+    ):
         require(finetune_epochs >= 0, "method.finetune_epochs", f"must be >= 0 (got {finetune_epochs})")
-        self.finetune_epochs = finetune_epochs
+        self.finetune_epochs, self.share_buffers = finetune_epochs, share_buffers
+        self.set_client_optimizer(client_momentum, keep_momentum)
+
+    def start(self, client: ClientContext, global_state: Tensor) -> Tensor:
+        """The model a client starts from: the global one, with the client's own buffers when they are local."""
+        own = client.state.get("buffers")
+        if self.share_buffers or own is None:
+            return global_state
+        out = global_state.clone()
+        out[client.layout.num_params :] = own
+        return out
 
     def local_update(self, client: ClientContext, payload: State) -> Upload:
-        trained = client.fit(payload["global"], terms=self.local_terms(client, payload))
-        return Upload(trained, client.num_samples)
+        trained = client.fit(self.start(client, payload["global"]), terms=self.local_terms(client, payload))
+        if self.share_buffers:
+            return Upload(trained, client.num_samples)
+        p = client.layout.num_params
+        if client.layout.num_buffers:
+            client.state["buffers"] = trained[p:].clone()
+        return Upload(trained[:p], client.num_samples)
+
+    def aggregate(self, server: ServerContext, uploads: dict[int, Upload]) -> None:
+        if self.share_buffers:
+            server["global"] = weighted_mean_of(uploads)
+            return
+        out = server["global"].clone()  # the buffers stay where they are: each client keeps its own
+        out[: server.layout.num_params] = weighted_mean_of(uploads)
+        server["global"] = out
 
     def local_terms(self, client: ClientContext, payload: State) -> list[Term]:
         """Extra terms of the local objective (none for FedAvg)."""
         return []
 
     def personal_state(self, server: ServerContext, client: ClientContext):
+        start = self.start(client, server["global"])
         if self.finetune_epochs == 0:
-            return server["global"]
-        return client.fit(server["global"], epochs=self.finetune_epochs, purpose="finetune")
+            return start
+        return client.fit(start, epochs=self.finetune_epochs, purpose="finetune")

@@ -14,17 +14,34 @@ from pfl.methods.registry import register
 class FedBABU(LayerSharing):
     """FedBABU (Oh et al. 2022): the body is trained and averaged while the head stays at its random
     initialisation everywhere; a client's P-model is the global model fine-tuned ``finetune_epochs``
-    (all layers) at ``finetune_lr`` (the authors' code: 0.001; null = client.lr)."""
+    (all layers) at ``finetune_lr`` (the authors' code: 0.001; null = client.lr). A new client is
+    adapted the same way: the global model fine-tuned ``eval.new_client_epochs`` at ``finetune_lr``.
+
+    Args:
+        head_layers: layers at the end of the model kept at their initialisation during training.
+        finetune_epochs: epochs of fine-tuning (all layers) that give each P-model.
+        finetune_lr: learning rate of that fine-tuning (null: client.lr).
+        client_momentum: SGD momentum of training and fine-tuning (null: client.momentum).
+        keep_momentum: keep each client's SGD momentum of training across rounds (null: client.keep_momentum).
+    """
 
     name = "fedbabu"
     description = "body-only federated training with the head frozen at init; P-model = fine-tuned global"
     has_global_model = True  # global body + the initial head
 
-    def __init__(self, head_layers: int = 1, finetune_epochs: int = 1, finetune_lr: float | None = 0.001):
+    def __init__(
+        self,
+        head_layers: int = 1,
+        finetune_epochs: int = 1,
+        finetune_lr: float | None = 0.001,
+        client_momentum: float | None = None,
+        keep_momentum: bool | None = None,
+    ):
         require(head_layers >= 0, "method.head_layers", f"must be >= 0 (got {head_layers})")
         require(finetune_epochs >= 0, "method.finetune_epochs", f"must be >= 0 (got {finetune_epochs})")
         require(finetune_lr is None or finetune_lr > 0, "method.finetune_lr", "must be > 0, or null for client.lr")
         self.head_layers, self.finetune_epochs, self.finetune_lr = head_layers, finetune_epochs, finetune_lr
+        self.set_client_optimizer(client_momentum, keep_momentum)
 
     def shared_mask(self, layout: ModelLayout) -> Tensor:
         self.check_layers("head_layers", self.head_layers, layout)
@@ -44,3 +61,6 @@ class FedBABU(LayerSharing):
         if self.finetune_epochs == 0:
             return start
         return client.fit(start, epochs=self.finetune_epochs, purpose="finetune", lr=self.finetune_lr)
+
+    def adapt(self, client: ClientContext, start: Tensor, epochs: int) -> Tensor:
+        return client.fit(start, epochs=epochs, purpose="new_client", lr=self.finetune_lr)

@@ -4,25 +4,47 @@ import torch
 
 from pfl.engine.terms import LinearTerm, Proximal
 from pfl.errors import require
-from pfl.methods.base import ClientContext, ServerContext, State, Upload, weighted_mean_of
+from pfl.methods.base import ClientContext, ServerContext, State, Upload, weighted_mean, weighted_mean_of
 from pfl.methods.fedavg import FedAvg
 from pfl.methods.registry import register
+
+WEIGHTINGS = ("uniform", "samples")
 
 
 @register
 class FedDyn(FedAvg):
     """FedDyn (Acar et al. 2021). Client i minimises f_i(θ) − ⟨g_i, θ⟩ + α/2‖θ − w‖² and then sets
     g_i ← g_i − α(θ_i − w). Server: h ← h − (α/N) Σ_{i∈S}(θ_i − w), w ← mean_{i∈S}(θ_i) − h/α.
-    The mean is sample-weighted as in FedAvg (the paper's is uniform). α = 0 is FedAvg (no dynamic
-    regulariser; the server correction h/α, which does not shrink with α, is switched off)."""
+    The mean is uniform over the sampled clients, as in the paper (Algorithm 1) and the authors' code
+    of PGFed; ``weighting: samples`` weighs by training-set size as FedAvg does. α = 0 is FedAvg with
+    that mean (no dynamic regulariser; the server correction h/α, which does not shrink with α, is
+    switched off).
+
+    Args:
+        alpha: α, the dynamic regulariser's coefficient.
+        finetune_epochs: epochs of fine-tuning the global model to get each P-model (0: none).
+        weighting: uniform (the paper) or samples (FedAvg's sample-weighted mean).
+        client_momentum: SGD momentum of the local fit (null: client.momentum).
+        keep_momentum: keep each client's SGD momentum across rounds (null: client.keep_momentum).
+    """
 
     name = "feddyn"
     description = "dynamic regulariser -<g_i, theta> + alpha/2*||theta - w||^2 with server correction h"
 
-    def __init__(self, alpha: float = 0.1, finetune_epochs: int = 0):
-        super().__init__(finetune_epochs)
+    def __init__(
+        self,
+        alpha: float = 0.1,
+        finetune_epochs: int = 0,
+        weighting: str = "uniform",
+        client_momentum: float | None = None,
+        keep_momentum: bool | None = None,
+    ):
+        super().__init__(finetune_epochs, client_momentum=client_momentum, keep_momentum=keep_momentum)
         require(alpha >= 0, "method.alpha", f"must be >= 0 (got {alpha})")
-        self.alpha = alpha
+        require(
+            weighting in WEIGHTINGS, "method.weighting", f"unknown value {weighting!r}", f"choose one of {WEIGHTINGS}"
+        )
+        self.alpha, self.weighting = alpha, weighting
 
     def init_server(self, server: ServerContext) -> State:
         return {"global": server.init_state.clone(), "h": torch.zeros_like(server.init_state)}
@@ -37,7 +59,10 @@ class FedDyn(FedAvg):
 
     def aggregate(self, server: ServerContext, uploads: dict[int, Upload]) -> None:
         w = server["global"]
-        mean = weighted_mean_of(uploads)
+        if self.weighting == "uniform":
+            mean = weighted_mean([uploads[c].state for c in sorted(uploads)], [1.0] * len(uploads))
+        else:
+            mean = weighted_mean_of(uploads)
         if self.alpha > 0:
             delta = torch.stack([uploads[c].state - w for c in sorted(uploads)]).sum(0)
             server["h"] = server["h"] - (self.alpha / server.num_clients) * delta

@@ -10,14 +10,28 @@ from pfl.methods.registry import register
 
 @register
 class FedPer(LayerSharing):
-    """FedPer (Arivazhagan et al. 2019): shared body, the last ``personal_layers`` layers stay local."""
+    """FedPer (Arivazhagan et al. 2019): shared body, the last ``personal_layers`` layers stay local.
+
+    Args:
+        personal_layers: layers at the end of the model that stay on the client (1: the classifier).
+        share_buffers: share the float buffers with the body (false: FedBN-style local statistics).
+        client_momentum: SGD momentum of the local fit (null: client.momentum).
+        keep_momentum: keep each client's SGD momentum across rounds (null: client.keep_momentum).
+    """
 
     name = "fedper"
     description = "shared body averaged by the server; the last personal_layers layers stay on the client"
 
-    def __init__(self, personal_layers: int = 1):
+    def __init__(
+        self,
+        personal_layers: int = 1,
+        share_buffers: bool = True,
+        client_momentum: float | None = None,
+        keep_momentum: bool | None = None,
+    ):
         require(personal_layers >= 0, "method.personal_layers", f"must be >= 0 (got {personal_layers})")
-        self.personal_layers = personal_layers
+        self.personal_layers, self.share_buffers = personal_layers, share_buffers
+        self.set_client_optimizer(client_momentum, keep_momentum)
 
     def shared_mask(self, layout: ModelLayout) -> Tensor:
         self.check_layers("personal_layers", self.personal_layers, layout)

@@ -14,13 +14,23 @@ class FedProx(FedAvg):
     Args:
         mu: proximal coefficient μ (0 is FedAvg).
         finetune_epochs: epochs of fine-tuning the global model to get each P-model (0: none).
+        share_buffers: average the float buffers with the parameters (false: FedBN-style local statistics).
+        client_momentum: SGD momentum of this method's local fits (null: client.momentum).
+        keep_momentum: keep each client's SGD momentum across its rounds (null: client.keep_momentum).
     """
 
     name = "fedprox"
     description = "FedAvg with a proximal term mu/2*||theta - w||^2 in the local objective"
 
-    def __init__(self, mu: float = 0.01, finetune_epochs: int = 0):
-        super().__init__(finetune_epochs)
+    def __init__(
+        self,
+        mu: float = 0.01,
+        finetune_epochs: int = 0,
+        share_buffers: bool = True,
+        client_momentum: float | None = None,
+        keep_momentum: bool | None = None,
+    ):
+        super().__init__(finetune_epochs, share_buffers, client_momentum, keep_momentum)
         require(mu >= 0, "method.mu", f"the proximal coefficient must be >= 0 (got {mu})")
         self.mu = mu
 

@@ -18,6 +18,9 @@ def balanced_softmax_loss(logits: Tensor, y: Tensor, class_counts: Tensor) -> Te
     return F.cross_entropy(logits + class_counts.clamp_min(1e-8).log(), y)
 
 
+HEAD_INITS = ("zero", "init")
+
+
 @register
 class FedRoD(FedAvg):
     """FedRoD (Chen & Chao 2022): the generic model (body + generic head) is trained with the
@@ -26,21 +29,47 @@ class FedRoD(FedAvg):
 
     Because both heads are linear on the same features, the personalized prediction
     W_g z + b_g + W_p z + b_p is the network with head (W_g + W_p, b_g + b_p): the P-model is the
-    global model with the personal head added to its classifier. Personal heads start at zero (the
-    P-model starts as the generic model)."""
+    global model with the personal head added to its classifier.
+
+    ``head_init``: ``zero`` (default) starts every personal head at zero, so a P-model starts as the
+    generic model (the paper does not fix the initialisation; zero adds nothing before the head has
+    learnt); ``init`` starts it as a copy of the initial (random) classifier, as the authors' code
+    of PGFed does. Both heads are trained with the run's optimizer settings (lr — or ``head_lr`` for
+    the personal head —, momentum with one buffer per head, weight decay).
+
+    Args:
+        head_lr: learning rate of the personal head (null: client.lr).
+        head_init: zero or init (a copy of the initial classifier, the authors' code).
+        client_momentum: SGD momentum of the generic model and the personal head (null: client.momentum).
+        keep_momentum: keep both momentum buffers per client across rounds (null: client.keep_momentum).
+    """
 
     name = "fedrod"
     description = "generic model with balanced softmax + personal linear head on detached features"
     has_personal_model = True
 
-    def __init__(self, head_lr: float | None = None):
-        super().__init__(finetune_epochs=0)
+    def __init__(
+        self,
+        head_lr: float | None = None,
+        head_init: str = "zero",
+        client_momentum: float | None = None,
+        keep_momentum: bool | None = None,
+    ):
+        super().__init__(finetune_epochs=0, client_momentum=client_momentum, keep_momentum=keep_momentum)
         require(head_lr is None or head_lr > 0, "method.head_lr", "must be > 0, or null for client.lr")
-        self.head_lr = head_lr
+        require(
+            head_init in HEAD_INITS, "method.head_init", f"unknown value {head_init!r}", f"choose one of {HEAD_INITS}"
+        )
+        self.head_lr, self.head_init = head_lr, head_init
+
+    def initial_head(self, client: ClientContext) -> Tensor:
+        head = client.layout.head
+        if self.head_init == "init":
+            return client.init_state[head].clone()
+        return torch.zeros(head.stop - head.start, device=client.init_state.device, dtype=client.init_state.dtype)
 
     def local_update(self, client: ClientContext, payload: State) -> Upload:
-        head = client.layout.head
-        ph = client.state.get("head", torch.zeros(head.stop - head.start, device=payload["global"].device)).clone()
+        ph = client.state["head"].clone() if "head" in client.state else self.initial_head(client)
         ph.requires_grad_(True)
         counts = client.class_counts()
 
@@ -53,12 +82,16 @@ class FedRoD(FedAvg):
             out_p = F.linear(z.detach(), w, b if linear.bias is not None else None)
             return balanced_softmax_loss(out_g, y, counts) + F.cross_entropy(out_g.detach() + out_p, y)
 
-        state = client.fit(payload["global"], loss_fn=loss_fn, terms=[ExtraParamSGD(ph, self.head_lr)])
+        head_step = ExtraParamSGD(ph, self.head_lr, momentum=client.momentum, weight_decay=client.weight_decay)
+        if client.keep_momentum and "head_momentum" in client.state:
+            head_step.buf = client.state["head_momentum"].clone()
+        state = client.fit(payload["global"], loss_fn=loss_fn, terms=[head_step])
+        if client.keep_momentum and head_step.buf is not None:
+            client.state["head_momentum"] = head_step.buf.clone()
         client.state["head"] = ph.detach()
         return Upload(state, client.num_samples)
 
     def personal_state(self, server: ServerContext, client: ClientContext) -> Tensor:
         out = server["global"].clone()
-        if "head" in client.state:
-            out[client.layout.head] += client.state["head"]
+        out[client.layout.head] += client.state["head"] if "head" in client.state else self.initial_head(client)
         return out

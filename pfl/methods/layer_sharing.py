@@ -3,6 +3,14 @@
 The state vector splits by layer into a shared part (averaged by the server, the only part that is
 sent either way) and a personal part that each client keeps. "Layers" are the model's parametrised
 modules in order (``ModelLayout.layers``); the classifier head is the last one.
+
+Float buffers (BatchNorm running statistics) follow the representation: FedPer, FedRep and FedBABU
+share the body, so they share the buffers; LG-FedAvg keeps its representation local, so it keeps
+the buffers local unless every layer is global. ``share_buffers: false`` keeps them local in every
+case (FedBN-style local statistics).
+
+A new client (``eval.new_client_epochs``) starts from the server's shared part and the initial
+personal part, then fine-tunes (``adapt``).
 """
 
 from __future__ import annotations
@@ -18,15 +26,19 @@ class LayerSharing(Method):
     """Base: ``shared_mask(layout)`` says which entries of the state vector are shared."""
 
     has_global_model = False  # the shared part alone is no model
+    share_buffers: bool = True
     _mask_cache: tuple[ModelLayout, Tensor] | None = None
 
     def shared_mask(self, layout: ModelLayout) -> Tensor:
         raise NotImplementedError
 
     def mask(self, layout: ModelLayout) -> Tensor:
-        """``shared_mask`` computed once per model layout."""
+        """``shared_mask`` computed once per model layout (without the buffers unless ``share_buffers``)."""
         if self._mask_cache is None or self._mask_cache[0] is not layout:
-            self._mask_cache = (layout, self.shared_mask(layout))
+            mask = self.shared_mask(layout).clone()
+            if not self.share_buffers:
+                mask[layout.num_params :] = False
+            self._mask_cache = (layout, mask)
         return self._mask_cache[1]
 
     @staticmethod
@@ -68,3 +80,14 @@ class LayerSharing(Method):
 
     def personal_state(self, server: ServerContext, client: ClientContext) -> Tensor:
         return self.compose(server["global"][self.mask(server.layout)], self.own(client), server.layout)
+
+    def adapt_new_client(self, server: ServerContext, client: ClientContext, epochs: int) -> Tensor:
+        """The server's shared part with the initial personal part, then ``adapt`` for ``epochs``."""
+        start = self.compose(server["global"][self.mask(server.layout)], client.init_state, server.layout)
+        if epochs == 0:
+            return start
+        return self.adapt(client, start, epochs)
+
+    def adapt(self, client: ClientContext, start: Tensor, epochs: int) -> Tensor:
+        """A new client's fine-tuning: every layer, ``epochs`` epochs."""
+        return client.fit(start, epochs=epochs, purpose="new_client")

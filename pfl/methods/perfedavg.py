@@ -16,7 +16,8 @@ from pfl.methods.registry import register
 class PerFedAvg(Method):
     """Per-FedAvg (Fallah et al. 2020), first-order: per pair of batches (B, B'),
     θ' = θ − α∇f(θ; B), θ ← θ − β∇f(θ'; B'). The P-model is the global model after one step of
-    size α on one training batch. α = ``inner_lr`` (default client.lr), β = ``outer_lr``."""
+    size α on one training batch. α = ``inner_lr`` (default client.lr), β = ``outer_lr``.
+    (The PGFed authors' code takes that personalization step with β; its script sets α = β.)"""
 
     name = "perfedavg"
     description = "MAML-style (first-order) global model; P-model = global + one local SGD step"

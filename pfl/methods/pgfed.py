@@ -4,6 +4,9 @@ Client i minimises f_i(θ_i) + μ Σ_j α_ij [f_j(θ_j) + ∇f_j(θ_j)ᵀ(θ_i �
 previous round. Its θ-gradient adds the constant auxiliary gradient g̃_i = μ Σ_j α_ij ∇f_j(θ_j) to every
 batch gradient; its α-gradient is c_j + ∇f_jᵀθ_i·μ, with the scalar c_j = μ(f_j(θ_j) − ∇f_j(θ_j)ᵀθ_j)
 uploaded by j and μ∇f_jᵀθ_i approximated by ḡᵀθ_i, ḡ = (μ/M) Σ_j ∇f_j(θ_j).
+
+The α_ij are mixing weights of risks and the paper requires α_ij ≥ 0; the authors' code clips them at 0
+after every step, which is the default here (``clip_alpha``).
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from pfl.methods.registry import register
 
 class AuxiliaryRisk(Term):
     """Per batch, before the optimizer step: add g̃ to the gradient and take one α step
-    α_j ← α_j − η₂(c_j + ḡᵀθ) (the authors' order: θ is the pre-step model). With ``dot`` given
-    (PGFed-CE) the server's scalar ḡᵀθ_glob replaces ḡᵀθ for the whole round."""
+    α_j ← α_j − η₂(c_j + ḡᵀθ) (the authors' order: θ is the pre-step model), then clip at 0 when
+    ``clip``. With ``dot`` given (PGFed-CE) the server's constants replace ḡᵀθ for the whole round:
+    one scalar for every j (ḡᵀθ_glob) or one per j (μ∇f_jᵀθ_glob)."""
 
     def __init__(
         self,
@@ -50,12 +54,21 @@ class AuxiliaryRisk(Term):
 
 @register
 class PGFed(Method):
-    """PGFed. ``keep_momentum`` and ``clip_alpha`` reproduce the authors' code (SGD momentum state
-    kept per client across rounds; α clipped at 0); the paper's algorithm is the default."""
+    """PGFed.
+
+    Args:
+        mu: μ, weight of the auxiliary risk.
+        eta2: η₂, step size of the α updates.
+        beta: PGFedMo's momentum on the auxiliary gradient (0: PGFed).
+        alpha_init: initial α_ij (null: 1/M, Algorithm 1).
+        clip_alpha: clip α at 0 after every step (the paper's α ≥ 0, as the authors' code enforces it).
+        client_momentum: SGD momentum of the local fit (null: client.momentum).
+        keep_momentum: keep each client's SGD momentum across rounds, as the authors' code does
+            (null: client.keep_momentum).
+    """
 
     name = "pgfed"
     description = "personalized global objective: auxiliary gradient of other clients' first-order risks"
-    communication_efficient = False  # PGFed-CE: the server sends ḡᵀθ_glob instead of ḡ
 
     def __init__(
         self,
@@ -63,15 +76,17 @@ class PGFed(Method):
         eta2: float = 0.01,
         beta: float = 0.0,
         alpha_init: float | None = None,
-        clip_alpha: bool = False,
-        keep_momentum: bool = False,
+        clip_alpha: bool = True,
+        client_momentum: float | None = None,
+        keep_momentum: bool | None = None,
     ):
         require(mu >= 0, "method.mu", f"the auxiliary-risk coefficient must be >= 0 (got {mu})")
         require(eta2 >= 0, "method.eta2", f"the α learning rate must be >= 0 (got {eta2})")
         require(0 <= beta < 1, "method.beta", f"the auxiliary-gradient momentum must be in [0, 1) (got {beta})")
         require(alpha_init is None or alpha_init >= 0, "method.alpha_init", "must be >= 0, or null for 1/M")
         self.mu, self.eta2, self.beta = mu, eta2, beta
-        self.alpha_init, self.clip_alpha, self.keep_momentum = alpha_init, clip_alpha, keep_momentum
+        self.alpha_init, self.clip_alpha = alpha_init, clip_alpha
+        self.set_client_optimizer(client_momentum, keep_momentum)
 
     # -- server ---------------------------------------------------------------------------------
     def init_server(self, server: ServerContext) -> State:
@@ -87,12 +102,12 @@ class PGFed(Method):
         out["aux"] = self.mu * (alpha @ server["grads"])  # g̃_i, computed by the server
         out["c"] = server["c"]
         out["alpha"] = alpha.clone()
-        if self.communication_efficient:
-            gbar = server["gbar"]
-            out["dot"] = torch.dot(gbar, server["global"][: gbar.numel()]).reshape(1)
-        else:
-            out["gbar"] = server["gbar"]
+        out.update(self.alpha_gradient_part(server))
         return out
+
+    def alpha_gradient_part(self, server: ServerContext) -> State:
+        """What the client needs for the α-gradient's second part μ∇f_jᵀθ_i: ḡ (it computes ḡᵀθ_i)."""
+        return {"gbar": server["gbar"]}
 
     def aggregate(self, server: ServerContext, uploads: dict[int, Upload]) -> None:
         cids = sorted(uploads)
@@ -131,7 +146,7 @@ class PGFed(Method):
                     clip=self.clip_alpha,
                 )
             )
-        theta = client.fit(payload["global"], terms=terms, keep_momentum=self.keep_momentum)
+        theta = client.fit(payload["global"], terms=terms)  # momentum kept across rounds if the run says so
         client.state["personal"] = theta
         grad, loss = client.mean_gradient(theta)
         c = self.mu * (loss - float(torch.dot(grad, client.params(theta))))
@@ -154,16 +169,53 @@ class PGFedMo(PGFed):
         eta2: float = 0.01,
         beta: float = 0.5,
         alpha_init: float | None = None,
-        clip_alpha: bool = False,
-        keep_momentum: bool = False,
+        clip_alpha: bool = True,
+        client_momentum: float | None = None,
+        keep_momentum: bool | None = None,
     ):
-        super().__init__(mu, eta2, beta, alpha_init, clip_alpha, keep_momentum)
+        super().__init__(mu, eta2, beta, alpha_init, clip_alpha, client_momentum, keep_momentum)
+
+
+CE_SCALARS = ("per_client", "mean")
 
 
 @register
 class PGFedCE(PGFed):
-    """PGFed-CE (appendix D): the server sends the scalar ḡᵀθ_glob instead of ḡ (one gradient less)."""
+    """PGFed-CE (appendix D): the server computes the α-gradient's second part g_α^(2) itself, at the
+    global model, and sends constants instead of ḡ (one gradient less: 2× FedAvg's traffic, not 2.5×).
+
+    ``ce_scalar``: ``per_client`` (default) sends, for each client j of the last round, the scalar
+    μ∇f_j(θ_j)ᵀθ_glob — appendix D's Eq. (16) with θ_i replaced by θ_glob, literally one scalar per j
+    (M floats: still negligible, and no averaging is needed once the server computes the products);
+    ``mean`` sends one scalar ḡᵀθ_glob for every j — the main text's approximation of
+    μ∇f_jᵀθ_i by ḡᵀθ_i (Eq. 12) evaluated at θ_glob. The mean of the per-client scalars is that one.
+
+    Args:
+        ce_scalar: per_client (μ∇f_jᵀθ_glob for each j) or mean (ḡᵀθ_glob for every j).
+    """
 
     name = "pgfed_ce"
-    description = "communication-efficient PGFed: the server sends gbar^T theta_glob instead of gbar"
-    communication_efficient = True
+    description = "communication-efficient PGFed: the server sends grad_j^T theta_glob scalars instead of gbar"
+
+    def __init__(
+        self,
+        mu: float = 0.1,
+        eta2: float = 0.01,
+        beta: float = 0.0,
+        alpha_init: float | None = None,
+        clip_alpha: bool = True,
+        ce_scalar: str = "per_client",
+        client_momentum: float | None = None,
+        keep_momentum: bool | None = None,
+    ):
+        super().__init__(mu, eta2, beta, alpha_init, clip_alpha, client_momentum, keep_momentum)
+        require(
+            ce_scalar in CE_SCALARS, "method.ce_scalar", f"unknown value {ce_scalar!r}", f"choose one of {CE_SCALARS}"
+        )
+        self.ce_scalar = ce_scalar
+
+    def alpha_gradient_part(self, server: ServerContext) -> State:
+        theta = server["global"][: server["gbar"].numel()]
+        if self.ce_scalar == "per_client":  # μ∇f_jᵀθ_glob, one per client j of the last round
+            return {"dot": self.mu * (server["grads"] @ theta)}
+        return {"dot": torch.dot(server["gbar"], theta).reshape(1)}  # ḡᵀθ_glob, the mean of those

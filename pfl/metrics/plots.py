@@ -1,7 +1,14 @@
-"""PNG figures in the run directory: per-round curves and the per-client score histogram."""
+"""PNG figures in the run directory: per-round curves, the per-client score histogram and the
+per-client scatter of personalized against LOCAL accuracy.
+
+A figure without an explicit ``title`` takes one from the ``summary.json`` next to it when there is
+one (``fit`` writes the summary before its figures): "method on dataset (seed, clients)".
+"""
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -10,19 +17,53 @@ import numpy as np
 
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-CURVE_KEYS = (
-    "pm.l_acc.mean",
-    "pm.s_acc.mean",
-    "pm.g_acc.mean",
-    "pm.val_acc.mean",
-    "gm.acc",
-    "gm.l_acc.mean",
-    "pm.mae.mean",
-    "gm.mae",
-    "r_acc.mean",
-    "ptr",
+from pfl.data.federated import FederatedData  # noqa: E402
+from pfl.data.stats import label_histograms  # noqa: E402
+
+# (panel title, y label, keys in drawing order): one subplot per family present in the history.
+FAMILIES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    (
+        "accuracy",
+        "accuracy",
+        ("pm.l_acc.mean", "pm.s_acc.mean", "pm.g_acc.mean", "pm.val_acc.mean", "gm.acc", "gm.l_acc.mean"),
+    ),
+    (
+        "error",
+        "mean absolute error",
+        ("pm.mae.mean", "pm.s_mae.mean", "pm.g_mae.mean", "pm.val_mae.mean", "gm.mae", "gm.l_mae.mean"),
+    ),
+    ("loss", "loss", ("train.loss", "pm.l_loss.mean", "pm.val_loss.mean", "gm.loss", "gm.l_loss.mean")),
+    ("against LOCAL", "score", ("r_acc.mean", "ptr", "gain.mean", "r_mae.mean", "ptr_mae", "gain_mae.mean")),
 )
+CURVE_KEYS = tuple(key for _, _, keys in FAMILIES for key in keys)
+LABELS = {
+    "pm.l_acc.mean": "P-models, own test (L-acc)",
+    "pm.s_acc.mean": "P-models, S-test (S-acc)",
+    "pm.g_acc.mean": "P-models, G-test (G-acc)",
+    "pm.val_acc.mean": "P-models, validation",
+    "gm.acc": "global model, global test",
+    "gm.l_acc.mean": "global model, clients' tests",
+    "pm.mae.mean": "P-models, own test",
+    "pm.s_mae.mean": "P-models, S-test",
+    "pm.g_mae.mean": "P-models, G-test",
+    "pm.val_mae.mean": "P-models, validation",
+    "gm.mae": "global model, global test",
+    "gm.l_mae.mean": "global model, clients' tests",
+    "train.loss": "training",
+    "pm.l_loss.mean": "P-models, own test",
+    "pm.val_loss.mean": "P-models, validation",
+    "gm.loss": "global model, global test",
+    "gm.l_loss.mean": "global model, clients' tests",
+    "r_acc.mean": "R-Acc",
+    "ptr": "PTR",
+    "gain.mean": "gain over LOCAL",
+    "r_mae.mean": "relative MAE change",
+    "ptr_mae": "PTR (MAE)",
+    "gain_mae.mean": "MAE gain over LOCAL",
+}
+BANDS = ("pm.l_acc.mean", "pm.mae.mean")  # the headline curve gets its spread over clients
 
 
 def save_figure(fig: plt.Figure, path: Path, dpi: int = 100) -> None:
@@ -33,34 +74,191 @@ def save_figure(fig: plt.Figure, path: Path, dpi: int = 100) -> None:
     plt.close(fig)
 
 
-def plot_curves(history: list[dict[str, Any]], path: Path) -> list[str]:
-    """One line per metric present in ``history`` against the round; returns the keys drawn."""
-    keys = [k for k in CURVE_KEYS if any(k in row for row in history)]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key in keys:
-        points = [(row["round"], row[key]) for row in history if key in row]
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=key)
-    ax.set_xlabel("round")
-    ax.set_ylabel("value")
-    ax.grid(alpha=0.3)
-    if keys:
-        ax.legend(fontsize=8)
+def run_title(run_dir: Path) -> str | None:
+    """ "method on dataset (seed s, n clients)" from ``run_dir/summary.json``; None without one."""
+    path = Path(run_dir) / "summary.json"
+    if not path.exists():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    title = str(summary.get("method", "run"))
+    if summary.get("dataset"):
+        title += f" on {summary['dataset']}"
+    details = [f"{k} {summary[k]}" for k in ("seed",) if k in summary]
+    details += [f"{summary['num_clients']} clients"] if "num_clients" in summary else []
+    return title + (f" ({', '.join(details)})" if details else "")
+
+
+def _title(title: str | None, path: Path) -> str | None:
+    return title if title is not None else run_title(path.parent)
+
+
+def curve_families(history: list[dict[str, Any]]) -> list[tuple[str, str, list[str]]]:
+    """The families with at least one key in ``history``; any other ``*loss`` key (not a std) joins
+    the loss panel, so a newly logged loss is drawn without a change here."""
+    present = {k for row in history for k in row}
+    extra_losses = sorted(
+        k for k in present if "loss" in k and not k.endswith(".std") and k not in CURVE_KEYS and k != "round"
+    )
+    out = []
+    for name, ylabel, keys in FAMILIES:
+        drawn = [k for k in keys if k in present] + (extra_losses if name == "loss" else [])
+        if drawn:
+            out.append((name, ylabel, drawn))
+    return out
+
+
+def _style(key: str) -> dict[str, Any]:
+    if key.startswith("gm."):
+        return {"linestyle": "--", "marker": "s"}
+    if key.startswith("train"):
+        return {"linestyle": ":", "marker": "^"}
+    return {"linestyle": "-", "marker": "o"}
+
+
+def plot_curves(history: list[dict[str, Any]], path: Path, title: str | None = None) -> list[str]:
+    """One subplot per metric family (accuracy or error, loss, against LOCAL) against the round, the
+    P-models' own-test curve with a ± std over clients band; returns the keys drawn."""
+    families = curve_families(history)
+    cols = min(len(families), 2) or 1
+    rows = math.ceil(len(families) / cols) or 1
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
+    drawn: list[str] = []
+    for ax, (name, ylabel, keys) in zip(axes.flat, families, strict=False):
+        for key in keys:
+            points = [(row["round"], row[key]) for row in history if row.get(key) is not None]
+            x = np.array([p[0] for p in points], dtype=float)
+            y = np.array([p[1] for p in points], dtype=float)
+            (line,) = ax.plot(x, y, markersize=3, label=f"{LABELS.get(key, key)}", **_style(key))
+            std_key = key.replace(".mean", ".std")
+            if key in BANDS and all(std_key in row for row in history if row.get(key) is not None):
+                sd = np.array([row[std_key] for row in history if row.get(key) is not None], dtype=float)
+                ax.fill_between(x, y - sd, y + sd, color=line.get_color(), alpha=0.15, label="± std over clients")
+            drawn.append(key)
+        ax.set_title(name)
+        ax.set_xlabel("round")
+        ax.set_ylabel(ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(families) :]:
+        ax.set_visible(False)
+    if not families:
+        axes.flat[0].text(0.5, 0.5, "no per-round metrics", ha="center", va="center")
+        axes.flat[0].set_axis_off()
+    heading = _title(title, path)
+    if heading:
+        fig.suptitle(heading)
     save_figure(fig, path)
-    return keys
+    return drawn
 
 
-def plot_client_histogram(rows: list[dict[str, Any]], path: Path, keys: tuple[str, ...]) -> list[str]:
-    """Histogram over clients of each per-client score in ``keys`` present in ``rows``."""
+def _finite(rows: list[dict[str, Any]], key: str) -> np.ndarray:
+    values = np.array([float(r[key]) for r in rows if r.get(key) not in (None, "")], dtype=float)
+    return values[np.isfinite(values)]
+
+
+def _score_name(keys: list[str]) -> str:
+    if all("mae" in k for k in keys):
+        return "mean absolute error"
+    if all("acc" in k for k in keys):
+        return "accuracy"
+    return "score"
+
+
+def plot_client_histogram(
+    rows: list[dict[str, Any]], path: Path, keys: tuple[str, ...], title: str | None = None
+) -> list[str]:
+    """Histogram over clients of each per-client score in ``keys`` present in ``rows``: side-by-side
+    bars on shared bin edges (series that coincide, e.g. FedAvg's P-model and global model, both stay
+    visible), the mean of each as a dashed line."""
     present = [k for k in keys if rows and k in rows[0]]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    if present:  # shared bin edges so the series line up
-        values = [float(r[k]) for k in present for r in rows]
-        edges = np.histogram_bin_edges(values, bins=min(20, max(5, len(rows))))
-    for key in present:
-        ax.hist([r[key] for r in rows], bins=edges, alpha=0.6, label=key)
-    ax.set_xlabel("score per client")
-    ax.set_ylabel("clients")
+    series = {k: _finite(rows, k) for k in present}
+    present = [k for k in present if series[k].size]
+    fig, ax = plt.subplots(figsize=(6.4, 4))
     if present:
+        edges = np.histogram_bin_edges(np.concatenate([series[k] for k in present]), bins=min(20, max(5, len(rows))))
+        labels = [f"{k} (mean {series[k].mean():.3f})" for k in present]
+        _, _, patches = ax.hist([series[k] for k in present], bins=edges, label=labels, alpha=0.85, rwidth=0.9)
+        for k, bars in zip(present, patches if len(present) > 1 else [patches], strict=True):
+            color = bars[0].get_facecolor()
+            ax.axvline(series[k].mean(), color=color, linestyle="--", linewidth=1.2)
         ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no per-client scores", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel(f"{_score_name(present)} per client")
+    ax.set_ylabel("clients")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(axis="y", alpha=0.3)
+    heading = _title(title, path)
+    ax.set_title(f"{heading}\nper-client scores, {len(rows)} clients" if heading else f"{len(rows)} clients")
     save_figure(fig, path)
     return present
+
+
+def plot_client_scatter(
+    rows: list[dict[str, Any]],
+    path: Path,
+    own_key: str = "pm.l_acc",
+    ref_key: str = "ref.pm.l_acc",
+    title: str | None = None,
+) -> dict[str, float] | None:
+    """Each client's personalized score (y) against its LOCAL score (x), the diagonal y = x: a client
+    on or above it (below, for MAE) passes, PTR is the share that pass (FedORA), the mean vertical
+    distance is PGFed's mean gain. Returns ``{"ptr", "gain.mean", "clients"}``; None (and no file)
+    when no row has both keys."""
+    from pfl.metrics.protocols import reference_metrics
+
+    both = [r for r in rows if r.get(own_key) not in (None, "") and r.get(ref_key) not in (None, "")]
+    if not both:
+        return None
+    own = np.array([float(r[own_key]) for r in both])
+    ref = np.array([float(r[ref_key]) for r in both])
+    higher = "mae" not in own_key
+    comp = reference_metrics(own, ref, higher_is_better=higher)
+    passed = own >= ref if higher else own <= ref
+    lo, hi = float(min(own.min(), ref.min())), float(max(own.max(), ref.max()))
+    pad = 0.05 * (hi - lo) or 0.05
+    lo, hi = lo - pad, hi + pad
+    fig, ax = plt.subplots(figsize=(5.2, 5.2))
+    region = "on or above: passes" if higher else "on or below: passes"
+    ax.fill_between([lo, hi], [lo, hi], hi if higher else lo, color="tab:green", alpha=0.08, linewidth=0, label=region)
+    ax.plot([lo, hi], [lo, hi], color="black", linewidth=1, label="y = x (as good as LOCAL)")
+    word = "≥" if higher else "≤"
+    ax.scatter(ref[passed], own[passed], color="tab:green", alpha=0.7, label=f"{passed.sum()} clients {word} LOCAL")
+    others = "<" if higher else ">"
+    ax.scatter(
+        ref[~passed], own[~passed], color="tab:red", marker="x", label=f"{(~passed).sum()} clients {others} LOCAL"
+    )
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_aspect("equal")
+    ax.set_xlabel(f"LOCAL ({ref_key})")
+    ax.set_ylabel(f"personalized ({own_key})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best", framealpha=0.9)
+    name = "PTR" if higher else "PTR (MAE)"
+    gain = "mean gain" if higher else "mean MAE change"
+    summary = f"{name} = {comp['ptr']:.2f} ({passed.sum()}/{len(own)}), {gain} {comp['gain.mean']:+.3f}"
+    heading = _title(title, path)
+    ax.set_title(f"{heading}\n{summary}" if heading else summary, fontsize=10)
+    save_figure(fig, path)
+    return {"ptr": comp["ptr"], "gain.mean": comp["gain.mean"], "clients": float(len(own))}
+
+
+def plot_heatmap(data: FederatedData, path: Path) -> None:
+    """A clients x classes heatmap of sample counts (training clients, then new clients)."""
+    hist = label_histograms(data, [*data.clients, *data.new_clients])
+    fig, ax = plt.subplots(figsize=(min(2 + 0.25 * data.num_classes, 20), min(2 + 0.15 * len(hist), 30)))
+    image = ax.imshow(hist, aspect="auto", cmap="viridis", interpolation="nearest")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("class")
+    ax.set_ylabel("client")
+    ax.set_title(f"{data.name}: samples per client and class")
+    if data.new_clients:
+        ax.axhline(data.num_clients - 0.5, color="red", linewidth=1)
+    fig.colorbar(image, ax=ax, label="samples")
+    save_figure(fig, path)

@@ -68,8 +68,10 @@ class EvalSession:
         delta = new[:p] - previous[:p]
         full = [u.state for u in uploads.values() if u.state is not None and u.state.numel() == new.numel()]
         if full and bool(delta.any()):
-            g = previous[:p] - torch.stack([s[:p] for s in full])
-            self.conflicts.append(float((g @ delta > 0).float().mean()))
+            # g_i·Δ = w·Δ − w_i·Δ: one dot product per client, no stacked copy of the uploads
+            base = torch.dot(previous[:p], delta)
+            dots = torch.stack([base - torch.dot(s[:p], delta) for s in full])
+            self.conflicts.append(float((dots > 0).float().mean()))
 
     # -- at an evaluation -------------------------------------------------------------------------
     def evaluate(

@@ -1,120 +1,65 @@
-"""Model registry: small paper models chosen by name."""
+"""Models chosen by name (docs/models.md).
+
+``model.name`` is resolved in this order: a registered name (``available_models()``: the papers' small
+models and wrn28_10), ``timm:<arch>`` (a timm backbone), else an import path ``pkg.module:builder`` or
+``pkg.module.builder`` of your own builder or ``nn.Module`` class. Every built-in model is an
+``nn.Sequential`` whose last module is its ``nn.Linear`` classifier.
+"""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
-import torch
 from torch import nn
 
 from pfl.errors import ConfigError
+from pfl.models import small, wrn  # noqa: F401  (registers the built-in models)
+from pfl.models.config import NORMS, STEMS, ModelConfig, validate_model_config
+from pfl.models.registry import TIMM_OPTIONS, Builder, available_models, check_options, lookup, register
+from pfl.models.small import CharLSTM
+from pfl.models.timm_backbones import timm_model
+from pfl.models.user import import_model, is_import_path
+
+TIMM_PREFIX = "timm:"
+
+__all__ = [
+    "NORMS",
+    "STEMS",
+    "Builder",
+    "CharLSTM",
+    "ModelConfig",
+    "available_models",
+    "build_model",
+    "check_model_config",
+    "register",
+    "validate_model_config",
+]
 
 
-@dataclass
-class ModelConfig:
-    name: str = "mlp"
-    hidden: list[int] = field(default_factory=lambda: [128, 128])
-    channels: list[int] = field(default_factory=lambda: [32, 64])
-    fc: int = 512
-    kernel: int = 5
-    padding: int = 2
-    embed: int = 8  # char_lstm: embedding width (LEAF: 8)
-
-
-Builder = Callable[[ModelConfig, tuple[int, ...], int], nn.Module]
-_REGISTRY: dict[str, tuple[Builder, str]] = {}
-
-
-def register(name: str, description: str) -> Callable[[Builder], Builder]:
-    def wrap(fn: Builder) -> Builder:
-        _REGISTRY[name] = (fn, description)
-        return fn
-
-    return wrap
-
-
-def available_models() -> dict[str, str]:
-    return {name: desc for name, (_, desc) in _REGISTRY.items()}
+def check_model_config(cfg: ModelConfig) -> None:
+    """Everything about ``cfg`` that can be checked without building the model (for config validation):
+    field values, and for a registered or timm name, that no optional field it ignores is set."""
+    validate_model_config(cfg)
+    name = cfg.name.strip()
+    entry = lookup(name)
+    if entry is not None:
+        check_options(cfg, name, entry.options)
+    elif name.startswith(TIMM_PREFIX):
+        check_options(cfg, name, TIMM_OPTIONS)
+    elif not is_import_path(name):
+        raise ConfigError(
+            "model.name",
+            f"unknown model {name!r}",
+            f"choose one of {', '.join(available_models())}, timm:<arch>, or an import path pkg.module:builder",
+        )
 
 
 def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    if cfg.name not in _REGISTRY:
-        raise ConfigError("model.name", f"unknown model {cfg.name!r}", f"choose one of {', '.join(_REGISTRY)}")
-    return _REGISTRY[cfg.name][0](cfg, input_shape, num_classes)
-
-
-@register("logreg", "multinomial logistic regression on the flattened input")
-def _logreg(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
-
-
-@register("mlp", "fully connected ReLU network, widths from model.hidden (FedORA: 128-128)")
-def _mlp(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    layers: list[nn.Module] = [nn.Flatten()]
-    width = math.prod(input_shape)
-    for h in cfg.hidden:
-        layers += [nn.Linear(width, h), nn.ReLU()]
-        width = h
-    layers.append(nn.Linear(width, num_classes))
-    return nn.Sequential(*layers)
-
-
-@register("cnn", "FedAvg-CNN: conv-pool blocks (model.channels) then FC model.fc (PGFed: 32/64 5x5, FC 512)")
-def _cnn(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    if len(input_shape) != 3:
-        raise ConfigError(
-            "model.name", f"cnn needs image inputs (C, H, W), got shape {input_shape}", "use mlp or logreg"
-        )
-    blocks: list[nn.Module] = []
-    in_ch = input_shape[0]
-    for ch in cfg.channels:
-        blocks += [nn.Conv2d(in_ch, ch, cfg.kernel, padding=cfg.padding), nn.ReLU(), nn.MaxPool2d(2)]
-        in_ch = ch
-    features = nn.Sequential(*blocks, nn.Flatten())
-    with torch.no_grad():
-        try:
-            width = features(torch.zeros(1, *input_shape)).shape[1]
-        except RuntimeError as err:
-            raise ConfigError(
-                "model.channels",
-                f"input {input_shape} is too small for {len(cfg.channels)} conv-pool blocks",
-                "use fewer model.channels or model.padding",
-            ) from err
-    return nn.Sequential(features, nn.Linear(width, cfg.fc), nn.ReLU(), nn.Linear(cfg.fc, num_classes))
-
-
-class CharLSTM(nn.Module):
-    """LEAF's Shakespeare model: embed each character, stacked LSTM, predict the next character from
-    the last step's output. Inputs are int64 token windows (N, T)."""
-
-    def __init__(self, vocab: int, embed: int, hidden: list[int]):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, embed)
-        widths = [embed, *hidden]
-        self.lstms = nn.ModuleList(nn.LSTM(widths[i], widths[i + 1], batch_first=True) for i in range(len(hidden)))
-        self.head = nn.Linear(hidden[-1], vocab)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.embed(x.long())
-        # oneDNN's CPU LSTM kernel is ~500x slower than ATen's on small batches (torch 2.15): skip it.
-        mkldnn, before = torch.backends.mkldnn, torch.backends.mkldnn.enabled
-        mkldnn.enabled = before and h.device.type != "cpu"
-        try:
-            for lstm in self.lstms:
-                h, _ = lstm(h)
-        finally:
-            mkldnn.enabled = before
-        return self.head(h[:, -1])
-
-
-@register("char_lstm", "next-character LSTM (LEAF Shakespeare: embed model.embed=8, LSTM widths model.hidden)")
-def _char_lstm(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    if len(input_shape) != 1:
-        raise ConfigError(
-            "model.name", f"char_lstm needs token windows (T,), got shape {input_shape}", "use a text data.source"
-        )
-    if not cfg.hidden:
-        raise ConfigError("model.hidden", "char_lstm needs at least one LSTM width", "e.g. [256, 256]")
-    return CharLSTM(num_classes, cfg.embed, cfg.hidden)
+    """The network ``cfg`` names, for inputs of ``input_shape`` (one sample) and ``num_classes`` outputs.
+    Parameters are initialised from torch's global RNG (the loop seeds it first)."""
+    check_model_config(cfg)
+    name, shape = cfg.name.strip(), tuple(input_shape)
+    entry = lookup(name)
+    if entry is not None:
+        return entry.build(cfg, shape, num_classes)
+    if name.startswith(TIMM_PREFIX):
+        return timm_model(name[len(TIMM_PREFIX) :], cfg, shape, num_classes)
+    return import_model(name, cfg, shape, num_classes)  # a user builder reads what it likes

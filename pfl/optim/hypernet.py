@@ -3,7 +3,7 @@ update, and PLGU-GHN's sharpness-aware variant (PLGU supplementary C, Eqs. 24–
 
 h(v_i; φ) maps client i's embedding v_i to the client's whole flat parameter vector w_i, laid out
 like ``FlatModule.params``: one block per target layer (a parametrised module, weight and bias
-together, as in ``FlatModule.layer_slices()``), concatenated in order. Design and derivations:
+together, as in ``ModelLayout.layer_slices()``), concatenated in order. Design and derivations:
 docs/plgu.md.
 """
 
@@ -20,7 +20,7 @@ from pfl.optim.sharpness import perturbation
 
 
 def layer_sizes(layers: Mapping[str, slice] | Sequence[slice]) -> list[int]:
-    """Sizes of layers that tile [0, P) in order (e.g. ``FlatModule.layer_slices()``), checked so
+    """Sizes of layers that tile [0, P) in order (e.g. ``ModelLayout.layer_slices()``), checked so
     that the hypernetwork's concatenated heads are exactly the flat parameter vector."""
     slices = list(layers.values()) if isinstance(layers, Mapping) else list(layers)
     start = 0

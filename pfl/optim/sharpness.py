@@ -9,7 +9,7 @@ The pieces of PLGU (Qu et al., CVPR'23) that do not depend on a training loop:
   SAM's ε = ρ g/‖g‖ (Eq. 3) and, with Λ, LWSAM's ε = ρ Λ g/‖g‖.
 - ``SharpnessStep.two_pass``: SAM's two passes — perturb, re-evaluate the gradient, restore.
 
-"A layer" is a parametrised module: ``FlatModule.layer_slices()`` gives one contiguous slice of the
+"A layer" is a parametrised module: ``ModelLayout.layer_slices()`` gives one contiguous slice of the
 flat parameter vector per module (weight and bias together). Derivations: docs/plgu.md.
 """
 

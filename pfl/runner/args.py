@@ -25,7 +25,7 @@ from pfl.config import (
     TrainerConfig,
     validate,
 )
-from pfl.data.config import DataConfig
+from pfl.data.settings import DataConfig
 from pfl.errors import ConfigError
 from pfl.methods import method_class, methods
 from pfl.models import ModelConfig

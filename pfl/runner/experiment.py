@@ -12,10 +12,12 @@ import lightning as L
 
 from pfl.config import RunConfig, validate
 from pfl.data import build_data
+from pfl.data.ecosystem import dataset_label
 from pfl.federation.loop import Callback, FederatedLoop
 from pfl.methods import class_path
-from pfl.runner.outputs import FileOutputs, RunFiles, WandbOutputs, make_wandb_logger
+from pfl.runner.outputs import FileOutputs, RunFiles, run_dir_under
 from pfl.runner.reference import ensure_local_reference
+from pfl.runner.wandb_run import wandb_callback
 
 
 def flat_config(cfg: RunConfig) -> dict[str, Any]:
@@ -41,7 +43,7 @@ def make_fabric(cfg: RunConfig) -> L.Fabric:
 def run_name(cfg: RunConfig) -> str:
     if cfg.tracking.name:
         return cfg.tracking.name
-    return f"{cfg.method.name}-{cfg.data.source}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return f"{cfg.method.name}-{dataset_label(cfg.data.source)}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def run_experiment(
@@ -59,7 +61,7 @@ def run_experiment(
     fabric.launch()
     if resume_dir is not None:
         run_dir = resume_dir
-    run_dir = fabric.broadcast(run_dir or Path(cfg.tracking.root) / run_name(cfg))  # one name on every rank
+    run_dir = fabric.broadcast(run_dir or run_dir_under(cfg.tracking.root, run_name(cfg)))  # one name on every rank
     callbacks: list[Callback] = []
     if fabric.is_global_zero:
         files = RunFiles(run_dir)
@@ -67,9 +69,7 @@ def run_experiment(
             files.write_config(config_text)
         callbacks.append(FileOutputs(files))
         if cfg.tracking.wandb:
-            resumed = resume_dir is not None
-            logger = make_wandb_logger(cfg.tracking.project, run_dir.name, run_dir, flat_config(cfg), resumed)
-            callbacks.append(WandbOutputs(logger, run_dir))
+            callbacks.append(wandb_callback(cfg, run_dir, flat_config(cfg), resume=resume_dir is not None))
     loop = FederatedLoop(cfg, data, run_dir if fabric.is_global_zero else None, fabric, callbacks)
     if resume_dir is not None:
         loop.resume(resume_dir)

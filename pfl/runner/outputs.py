@@ -1,17 +1,34 @@
 """Run outputs as loop callbacks: config, per-round metrics, per-client table, summary and plots on
-disk (``FileOutputs``); the same to W&B (``WandbOutputs``)."""
+disk (``FileOutputs``); the same to W&B is ``pfl.runner.wandb_run.WandbRun``."""
 
 from __future__ import annotations
 
 import csv
 import json
-import netrc
 import os
 from pathlib import Path
 from typing import Any
 
+from pfl.errors import ConfigError
 from pfl.federation.loop import Callback, FederatedLoop
-from pfl.metrics.plots import plot_client_histogram, plot_curves
+from pfl.metrics.plots import plot_client_histogram, plot_client_scatter, plot_curves
+
+
+def run_dir_under(root: str | Path, name: str) -> Path:
+    """``root/name``, refused (ConfigError naming tracking.name) unless it lies strictly inside
+    ``root``: an absolute name or one whose ``..`` climbs out would write a run anywhere on disk.
+    The check is lexical (``..`` resolved against the name itself, symlinks not followed), so a run
+    folder that is a symlink inside ``root`` stays usable. Sub-folders (``sweep/run001``) are fine."""
+    if not name or "\0" in name:
+        raise ConfigError("tracking.name", f"{name!r} is not a usable folder name", "give a plain name, e.g. my-run")
+    relative = os.path.normpath(name)
+    if os.path.isabs(relative) or relative.split(os.sep)[0] in ("..", "."):
+        raise ConfigError(
+            "tracking.name",
+            f"{name!r} leaves tracking.root ({root}): run folders must lie inside it",
+            "use a relative name without '..' (sub-folders are fine: sweep/run001), or change tracking.root",
+        )
+    return Path(root) / relative
 
 
 class RunFiles:
@@ -51,33 +68,15 @@ class FileOutputs(Callback):
     def on_fit_end(self, loop: FederatedLoop, summary: dict[str, Any]) -> None:
         self.files.write_clients(loop.selected_rows)
         self.files.write_summary(summary)
-        plot_curves(loop.history, self.files.dir / "curves.png")
+        title = (
+            f"{summary['method']} on {summary['dataset']} (seed {summary['seed']}, {summary['num_clients']} clients)"
+        )
+        plot_curves(loop.history, self.files.dir / "curves.png", title=title)
         keys = (loop.own_key, "gm.l_acc", "gm.l_mae")
-        plot_client_histogram(loop.selected_rows, self.files.dir / "clients_hist.png", keys)
-
-
-class WandbOutputs(Callback):
-    """Per-round metrics to the W&B run; at the end the per-client table and the run's plots (so it
-    must come after ``FileOutputs``), then the run is closed."""
-
-    def __init__(self, logger: Any, run_dir: Path):
-        self.logger, self.run_dir = logger, run_dir
-
-    def on_evaluation(self, loop: FederatedLoop, metrics: dict[str, Any]) -> None:
-        self.logger.log_metrics({k: v for k, v in metrics.items() if k != "round"}, step=loop.round)
-
-    def on_fit_end(self, loop: FederatedLoop, summary: dict[str, Any]) -> None:
-        import wandb
-
-        rows = loop.selected_rows
-        if rows:
-            columns = list(rows[0])
-            self.logger.log_table("clients", columns=columns, data=[[r.get(c) for c in columns] for r in rows])
-        plots = sorted(self.run_dir.glob("*.png"))
-        if plots:
-            self.logger.log_image("plots", images=[str(p) for p in plots], caption=[p.stem for p in plots])
-        self.logger.finalize("success")
-        wandb.finish()
+        plot_client_histogram(loop.selected_rows, self.files.dir / "clients_hist.png", keys, title=title)
+        # Personalized vs LOCAL per client (written only when a LOCAL reference was compared).
+        scatter = self.files.dir / "clients_vs_local.png"
+        plot_client_scatter(loop.selected_rows, scatter, loop.own_key, f"ref.{loop.own_key}", title=title)
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -90,35 +89,3 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         writer.writeheader()
         writer.writerows(rows)
     os.replace(tmp, path)
-
-
-def wandb_mode() -> str:
-    """'online' when the user is logged in (API key in the environment or ~/.netrc), else 'offline'.
-    An explicit WANDB_MODE always wins."""
-    if os.environ.get("WANDB_MODE"):
-        return os.environ["WANDB_MODE"]
-    if os.environ.get("WANDB_API_KEY"):
-        return "online"
-    try:
-        if netrc.netrc().authenticators("api.wandb.ai"):
-            return "online"
-    except (FileNotFoundError, netrc.NetrcParseError):
-        pass
-    return "offline"
-
-
-def make_wandb_logger(project: str, name: str, run_dir: Path, config: dict[str, Any], resume: bool):
-    from lightning.pytorch.loggers import WandbLogger
-
-    mode = wandb_mode()
-    identity = {"name": name, "id": name.replace("/", "-")}
-    if os.environ.get("WANDB_SWEEP_ID"):
-        identity = {}  # a sweep agent has already chosen this run's id; a second id would conflict
-    return WandbLogger(
-        project=project,
-        save_dir=str(run_dir),
-        offline=mode != "online",
-        config=config,
-        resume="allow" if resume else None,
-        **identity,
-    )

@@ -47,6 +47,7 @@ def run_claims(
             if not (reuse and (out / claim.key / label / "summary.json").exists()):
                 jobs[label] = ["fit", *argv]
         t0 = time.perf_counter()
+        print(f"{claim.key}: {len(jobs)} runs to do, {len(claim.runs) - len(jobs)} reused", flush=True)
         run_parallel(jobs, workers, what=claim.key)
         minutes = (time.perf_counter() - t0) / 60
         summaries: Summaries = {

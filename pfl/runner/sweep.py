@@ -4,6 +4,12 @@ The same ``sweeps/*.yaml`` works with ``wandb sweep`` + ``wandb agent``. Expansi
 rather than by the ``sweeps`` package, which pins numpy<2 and drops nested ``parameters:`` groups.
 Every expanded run is parsed by the ``fit`` parser before anything starts, so a typo in a key or
 an out-of-range value fails the whole sweep up front.
+
+Macros: ``${args}`` (``--key=value``) and ``${args_no_hyphens}`` (``key=value``, which ``fit`` reads
+as ``--key=value``) are filled in; ``${env}``, ``${interpreter}`` and ``${program}`` are dropped, as
+the local runner starts ``sys.executable -m pfl`` itself (no activated venv needed). The file's
+``project:`` becomes ``--tracking.project``, so local runs and ``wandb agent`` runs share a project;
+each run is grouped under the sweep (``--tracking.group``, ``--tracking.job_type sweep``).
 """
 
 from __future__ import annotations
@@ -14,20 +20,23 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
+from tqdm.auto import tqdm
 
 from pfl.errors import ConfigError, require
 from pfl.runner.args import parse_fit_args
 
 SEARCH_METHODS = ("grid", "random", "bayes")
 DISTRIBUTIONS = ("uniform", "log_uniform_values", "int_uniform", "normal", "categorical")
-MACROS = ("${env}", "${interpreter}", "${program}", "${args}")
+ARG_MACROS = ("${args}", "${args_no_hyphens}")
+DROPPED_MACROS = ("${env}", "${interpreter}", "${program}")  # the local runner starts python -m pfl itself
+UNSUPPORTED_MACROS = ("${args_no_boolean_flags}", "${args_json}", "${args_json_file}")
 
 
 @dataclass
@@ -69,7 +78,16 @@ def validate_spec(spec: dict[str, Any]) -> None:
                 require(all(k in p for k in need), field, f"{dist} needs {' and '.join(need)}")
             require(spec["method"] != "grid", field, "grid search needs discrete values", "give values: [...]")
     command = spec.get("command")
-    require(isinstance(command, list) and "${args}" in command, "sweep.command", "must be a list containing ${args}")
+    require(
+        isinstance(command, list) and any(m in command for m in ARG_MACROS),
+        "sweep.command",
+        "must be a list containing ${args} or ${args_no_hyphens}",
+    )
+    for macro in UNSUPPORTED_MACROS:
+        require(macro not in command, "sweep.command", f"{macro} is not read by pfl fit", "use ${args}")
+    require(
+        isinstance(spec.get("project", ""), str), "sweep.project", "must be a W&B project name", "e.g. project: pfl"
+    )
     require(
         any(c in ("pfl", "-m") for c in command) or spec.get("program"),
         "sweep.command",
@@ -112,12 +130,15 @@ def _draw(p: dict[str, Any], rng: np.random.Generator) -> Any:
 
 def command_argv(spec: dict[str, Any], params: dict[str, Any]) -> list[str]:
     """The agent's command with its macros filled in, as arguments after ``python -m pfl``."""
-    args = [f"--{k}={_format(v)}" for k, v in params.items()]
+    args = {
+        "${args}": [f"--{k}={_format(v)}" for k, v in params.items()],
+        "${args_no_hyphens}": [f"{k}={_format(v)}" for k, v in params.items()],
+    }
     out: list[str] = []
     for token in spec["command"]:
-        if token == "${args}":
-            out += args
-        elif token not in ("${env}", "${interpreter}", "${program}"):
+        if token in args:
+            out += args[token]
+        elif token not in DROPPED_MACROS:
             out.append(token)
     if out[:2] == ["-m", "pfl"]:
         out = out[2:]
@@ -130,6 +151,17 @@ def _format(value: Any) -> str:
     return str(value)
 
 
+def tracking_args(spec: dict[str, Any], argv: list[str], root: Path) -> list[str]:
+    """W&B project (the file's ``project:``), group (the sweep folder) and job type of a local sweep's
+    runs, unless the command sets them itself."""
+    given = {a.split("=", 1)[0].lstrip("-") for a in argv}
+    out = []
+    for key, value in (("project", spec.get("project")), ("group", root.name), ("job_type", "sweep")):
+        if value and f"tracking.{key}" not in given:
+            out += [f"--tracking.{key}", str(value)]
+    return out
+
+
 def plan(path: str | Path, count: int | None = None, root: Path | None = None) -> tuple[list[SweepRun], Path]:
 
     spec = load_sweep(path)
@@ -138,6 +170,7 @@ def plan(path: str | Path, count: int | None = None, root: Path | None = None) -
     for i, params in enumerate(expand(spec, count)):
         argv = command_argv(spec, params)
         require(argv[:1] == ["fit"], "sweep.command", "must call `pfl fit`")
+        argv += tracking_args(spec, argv, root)
         argv += ["--tracking.root", str(root), "--tracking.name", f"run{i:03d}", "--trainer.progress", "false"]
         parse_fit_args(argv[1:])  # raises ConfigError on any bad key or value, before anything runs
         runs.append(SweepRun(i, params, argv))
@@ -145,24 +178,65 @@ def plan(path: str | Path, count: int | None = None, root: Path | None = None) -
 
 
 def run_parallel(jobs: dict[str, list[str]], workers: int = 1, what: str = "sweep") -> None:
-    """Run ``python -m pfl <argv>`` for every job in ``workers`` processes, printing progress; the
-    cores are split between workers. Raises ConfigError naming every failed job."""
+    """Run ``python -m pfl <argv>`` for every job in ``workers`` processes; the cores are split between
+    workers. A line per finished run (with elapsed time and ETA) and, on a terminal, a live bar below
+    them. Raises ConfigError naming every failed job."""
     threads = str(max(1, (os.cpu_count() or 1) // max(workers, 1)))
     env = {**os.environ, "OMP_NUM_THREADS": threads}
+    env.pop("WANDB_SERVICE", None)  # each run starts its own W&B service: a killed run frees its id with it
 
-    def launch(item: tuple[str, list[str]]) -> tuple[str, int, str]:
-        name, argv = item
+    def launch(name: str, argv: list[str]) -> tuple[int, str, float]:
+        started = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "pfl", *argv], env=env, capture_output=True, text=True)
-        return name, proc.returncode, proc.stderr
+        return proc.returncode, proc.stderr, time.perf_counter() - started
 
     failed = []
+    progress = RunProgress(len(jobs), what)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for done, (name, code, err) in enumerate(pool.map(launch, jobs.items()), 1):
-            print(f"[{done}/{len(jobs)}] {name}: {'ok' if code == 0 else f'FAILED ({code})'}", flush=True)
-            if code != 0:
-                failed.append(f"{name}: {(err.strip().splitlines() or [''])[-1]}")
+        pending = {pool.submit(launch, name, argv): name for name, argv in jobs.items()}
+        while pending:
+            done, _ = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+            for future in done:
+                name = pending.pop(future)
+                code, err, seconds = future.result()
+                progress.finished(name, "ok" if code == 0 else f"FAILED ({code})", seconds)
+                if code != 0:
+                    failed.append(f"{name}: {(err.strip().splitlines() or [''])[-1]}")
+            progress.tick()
+    progress.close()
     if failed:
         raise ConfigError(what, f"{len(failed)} of {len(jobs)} runs failed: {'; '.join(failed)}")
+
+
+class RunProgress:
+    """Runs done out of ``total``: a line per finished run on stdout,
+    ``[3/8] run002 method.mu=0.1: ok in 41 s (elapsed 2:05, ETA 3:28)``, and on a terminal a tqdm bar
+    below them (runs done/total, elapsed, ETA) that those lines never break. The ETA is the mean time
+    per finished run (in parallel: wall time / runs done) times the runs left."""
+
+    def __init__(self, total: int, what: str):
+        self.total, self.done = total, 0
+        self.started = time.perf_counter()
+        self.bar = tqdm(total=total, desc=what, unit="run", smoothing=0, disable=True if total == 0 else None)
+
+    def eta(self) -> str:
+        if not self.done:
+            return "?"
+        return tqdm.format_interval((time.perf_counter() - self.started) / self.done * (self.total - self.done))
+
+    def finished(self, name: str, status: str, seconds: float) -> None:
+        self.done += 1
+        elapsed = tqdm.format_interval(time.perf_counter() - self.started)
+        line = f"[{self.done}/{self.total}] {name}: {status} in {seconds:.0f} s (elapsed {elapsed}, ETA {self.eta()})"
+        tqdm.write(line, file=sys.stdout)
+        sys.stdout.flush()
+        self.bar.update(1)
+
+    def tick(self) -> None:
+        self.bar.refresh()  # the elapsed time moves while long runs are still going
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def run_sweep(path: str | Path, count: int | None = None, workers: int = 1, root: Path | None = None) -> list[Path]:

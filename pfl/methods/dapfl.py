@@ -1,0 +1,128 @@
+"""Dap-FL (Chen et al., IEEE TPDS 2023): each client's DDPG agent tunes its local learning rate and
+number of local epochs, i.e. how much its local update contributes to the aggregate.
+
+As PAGE's authors run it as a baseline (their ``Dap`` code), client i in round t:
+
+    state     s_i^t = (acc(g_{t−1}, local test), loss(θ_i^{t−1}, local test) + penalty)
+    action    a_i^t = agent_i(s_i^t) ∈ [−1, 1]²  →  (η_i, E_i)    (the same mapping as PAGE's clients)
+    train     θ_i^t = E_i epochs of SGD at η_i from g_t
+    next      s_i^{t+1} = (acc(g_t, local test), loss(θ_i^t, local test) + penalty)
+    reward    r_i^t = q_i^t − q_i^{t−1},   q_i^t = acc(g_t, local test) − loss(θ_i^t, local test) − penalty
+              (q^{−1} = 0: the code's ``last_reward`` starts at 0)
+
+Round 0's state uses the received model's own local-test loss where the code puts a constant 3.0.
+The server averages the uploads with data-size weights (``weighting: samples``) or uniformly
+(``weighting: uniform``, PAGE's Dap-FL code); there is no server agent. Defaults are that code's:
+actor/critic lr 1e-4/1e-3, τ 0.001, exploration noise never decays (ε = 1).
+
+Out of scope: Dap-FL's Paillier-based secure aggregation. It changes how the weighted sum is
+computed (under encryption), not its value, so the trained models are the same without it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from pfl.errors import require
+from pfl.methods.base import ClientContext, Method, State, Upload
+from pfl.methods.page import ddpg_config
+from pfl.methods.registry import register
+from pfl.methods.rl_tuning import AgentPool, HparamRange, learn_after_warmup
+from pfl.optim.ddpg import INIT_SCHEMES, DDPGAgent
+from pfl.seeding import derive_seed
+
+WEIGHTINGS = ("samples", "uniform")
+
+
+@register
+class DapFL(Method):
+    """Dap-FL without its secure aggregation; the module docstring states the agents' MDP."""
+
+    name = "dapfl"
+    description = "per-client DDPG agents tune local lr and epochs (Dap-FL, without secure aggregation)"
+    has_personal_model = False
+
+    def __init__(
+        self,
+        lr_min: float = 1e-3,
+        lr_max: float = 0.1,
+        epoch_max: int = 20,
+        penalty: float = 1e-5,
+        weighting: str = "samples",
+        hidden: list[int] | None = None,
+        actor_lr: float = 1e-4,
+        critic_lr: float = 1e-3,
+        tau: float = 0.001,
+        gamma: float = 0.99,
+        buffer_size: int = 60000,
+        ddpg_batch_size: int = 32,
+        warmup: int = 35,
+        ou_theta: float = 0.15,
+        ou_sigma: float = 0.2,
+        eps_decay_steps: int = 0,
+        init: str = "fan_in",
+        epoch_rounding: str = "round",
+        warmup_space: str = "agent",
+        replay_actions: str = "agent",
+    ):
+        require(penalty > 0, "method.penalty", f"must be > 0 (got {penalty})")
+        require(weighting in WEIGHTINGS, "method.weighting", f"got {weighting!r}", f"choose one of {WEIGHTINGS}")
+        require(init in INIT_SCHEMES, "method.init", f"unknown scheme {init!r}", f"use one of {INIT_SCHEMES}")
+        self.lr_min, self.lr_max, self.epoch_max, self.penalty, self.weighting = (
+            lr_min,
+            lr_max,
+            epoch_max,
+            penalty,
+            weighting,
+        )
+        self.hidden = [40, 30] if hidden is None else list(hidden)
+        self.actor_lr, self.critic_lr, self.tau, self.gamma = actor_lr, critic_lr, tau, gamma
+        self.buffer_size, self.ddpg_batch_size, self.warmup = buffer_size, ddpg_batch_size, warmup
+        self.ou_theta, self.ou_sigma, self.eps_decay_steps, self.init = ou_theta, ou_sigma, eps_decay_steps, init
+        self.epoch_rounding, self.warmup_space, self.replay_actions = epoch_rounding, warmup_space, replay_actions
+        self.range = HparamRange(lr_min, lr_max, epoch_max, epoch_rounding, warmup_space, replay_actions)
+        self.config = ddpg_config(
+            2,
+            2,
+            {"batch_size": "ddpg_batch_size"},
+            hidden=tuple(self.hidden),
+            actor_lr=actor_lr,
+            critic_lr=critic_lr,
+            tau=tau,
+            gamma=gamma,
+            buffer_size=buffer_size,
+            batch_size=ddpg_batch_size,
+            warmup=warmup,
+            noise=True,
+            ou_theta=ou_theta,
+            ou_sigma=ou_sigma,
+            eps_decay_steps=eps_decay_steps,
+            init=init,
+        )
+        self._pool = AgentPool()
+
+    def client_action(self, agent: DDPGAgent, state: Tensor, client: ClientContext) -> Tensor:
+        """Client ``client``'s action in [−1, 1]² for ``state`` (a test may fix it)."""
+        return self.range.act(agent, state)
+
+    def local_update(self, client: ClientContext, payload: State) -> Upload:
+        g = payload["global"]
+        received = client.evaluate(g, "test")
+        if "agent" in client.state:
+            agent = self._pool.load(self.config, client.state["agent"])
+        else:
+            agent = self._pool.new(self.config, derive_seed(client.worker.seed, "dapfl", client.cid))
+        observed = client.state.get("obs", torch.tensor([received.acc, received.loss + self.penalty]))
+        action = self.client_action(agent, observed, client)
+        lr, epochs = self.range.hparams(action)
+        trained = client.fit(g, lr=lr, epochs=epochs)
+        loss = client.evaluate(trained, "test").loss + self.penalty
+        following = torch.tensor([received.acc, loss])
+        score = received.acc - loss
+        reward = score - float(client.state.get("score", torch.tensor(0.0)))
+        agent.remember(observed, self.range.replayed(action, lr, epochs), reward, following)
+        learn_after_warmup(agent)
+        client.state.update(agent=agent.state_dict(), obs=following, score=torch.tensor(score))
+        weight = client.num_samples if self.weighting == "samples" else 1.0
+        return Upload(trained, weight)  # the server's default aggregation: Σ weight·θ / Σ weight

@@ -1,0 +1,323 @@
+"""PAGE (Chen et al., WWW 2024): personalization and generalization as a game of DDPG agents.
+
+Each client's agent picks its local learning rate and number of epochs; the server's agent picks the
+aggregation weights. Client i in round t (all clients take part, as in the authors' code):
+
+    state     s_i = acc(g, local test of i)            g = the global model received (see "lag")
+    action    a_i = agent_i(s_i) ∈ [−1, 1]²  →  (η_i, E_i)   (pfl.optim.ddpg.client_action_to_hparams)
+    train     θ_i = E_i epochs of SGD at η_i from g
+    reward    r_i = c · 1 / (loss(θ_i, local test of i) + penalty)
+
+Server, after the uploads:
+
+    state     S = (acc(θ_k, global test))_k            one entry per client (the last known one for a
+                                                       client that did not take part this round)
+    action    A = agent_S(S) ∈ [−1, 1]^K  →  w = (A + 1)/2 / Σ (A + 1)/2   (server_action_to_weights)
+    aggregate g' = Σ_k w_k θ_k / Σ_k w_k                (over this round's clients)
+    reward    R = s · 1 / (loss(g', global test) + penalty)
+
+c = ``client_reward_weight`` and s = ``server_reward_weight`` scale each agent's reward (the authors'
+code multiplies the rewards by ``c_reward_weight`` / ``s_reward_weight``); the paper's biased
+variants PAGE-10:1 (generalization first) and PAGE-1:10 (personalization first) are the ratios s:c.
+
+**Lag.** ``client_lag = 1`` (ALGORITHMS.md, the authors' code): the state a client acts on in round t
+is the local-test accuracy of the global model it received in round t − 1 (round 0: the initial
+model's); the accuracy of the model received in round t is measured before training and becomes the
+next state, so each transition (s_t, a_t, r_t, s_{t+1}) is stored in round t. ``client_lag = 0``: the
+client scores the model it just received and acts on that; the transition of round t − 1 is completed
+with it at the start of round t. ``server_lag = 0`` (the paper's workflow: the server's agent acts
+after the uploads, step ⑤ after ④): the server acts on this round's accuracies. ``server_lag = 1``
+(the authors' code: the server's action is drawn before the clients train): it acts on last round's
+accuracies (round 0: the initial model's accuracy for every client) and stores the transition with
+this round's accuracies as the next state.
+
+P-model = the model the client trained in its last round (the code's "local model"); G-model = g.
+``tune`` lists the factors the agents adjust (the paper's Figure 3 ablation): a factor left out is
+held at ``client.lr`` / ``client.epochs`` / data-size weights and an agent with nothing to tune is not
+run. See docs/page.md for the defaults, the paper-vs-code options and the overhead metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from pfl.errors import ConfigError, require
+from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload, weighted_mean
+from pfl.methods.registry import register
+from pfl.methods.rl_tuning import AgentPool, HparamRange, Timers, learn_after_warmup
+from pfl.optim.ddpg import INIT_SCHEMES, DDPGAgent, DDPGConfig, server_action_to_weights
+from pfl.seeding import derive_seed
+
+TUNABLE = ("lr", "epochs", "weights")
+
+
+def ddpg_config(state_dim: int, action_dim: int, names: dict[str, str] | None = None, **kwargs: Any) -> DDPGConfig:
+    """A DDPGConfig whose validation errors name the method's own fields (``names``: DDPG field →
+    method field where they differ)."""
+    try:
+        return DDPGConfig(state_dim, action_dim, **kwargs)
+    except ConfigError as err:
+        key = err.field.removeprefix("ddpg.")
+        raise ConfigError(f"method.{(names or {}).get(key, key)}", str(err).split(": ", 1)[-1]) from None
+
+
+@register
+class PAGE(Method):
+    """PAGE; the module docstring states the game. Defaults are PAGE's Synthetic settings."""
+
+    name = "page"
+    description = "client DDPG agents choose local lr and epochs, a server DDPG agent the aggregation weights"
+    has_personal_model = True
+
+    def __init__(
+        self,
+        lr_min: float = 1e-3,
+        lr_max: float = 0.1,
+        epoch_max: int = 20,
+        client_reward_weight: float = 1.0,
+        server_reward_weight: float = 1.0,
+        penalty: float = 1e-5,
+        client_lag: int = 1,
+        server_lag: int = 0,
+        tune: list[str] | None = None,
+        hidden: list[int] | None = None,
+        actor_lr: float = 5e-4,
+        critic_lr: float = 5e-3,
+        server_actor_lr: float = 5e-4,
+        server_critic_lr: float = 5e-3,
+        tau: float = 0.005,
+        gamma: float = 0.99,
+        buffer_size: int = 60000,
+        ddpg_batch_size: int = 32,
+        warmup: int = 35,
+        ou_theta: float = 0.15,
+        ou_sigma: float = 0.2,
+        eps_decay_steps: int = 500,
+        init: str = "fan_in",
+        epoch_rounding: str = "round",
+        warmup_space: str = "agent",
+        replay_actions: str = "agent",
+    ):
+        require(client_reward_weight > 0, "method.client_reward_weight", f"must be > 0 (got {client_reward_weight})")
+        require(server_reward_weight > 0, "method.server_reward_weight", f"must be > 0 (got {server_reward_weight})")
+        require(penalty > 0, "method.penalty", f"must be > 0 (got {penalty})", "it keeps 1/(loss + penalty) finite")
+        require(client_lag in (0, 1), "method.client_lag", f"must be 0 or 1 (got {client_lag})")
+        require(server_lag in (0, 1), "method.server_lag", f"must be 0 or 1 (got {server_lag})")
+        tune = list(TUNABLE) if tune is None else list(tune)
+        unknown = sorted(set(tune) - set(TUNABLE))
+        require(not unknown, "method.tune", f"unknown factors {unknown}", f"choose from {', '.join(TUNABLE)}")
+        require(init in INIT_SCHEMES, "method.init", f"unknown scheme {init!r}", f"use one of {INIT_SCHEMES}")
+        self.lr_min, self.lr_max, self.epoch_max = lr_min, lr_max, epoch_max
+        self.client_reward_weight, self.server_reward_weight, self.penalty = (
+            client_reward_weight,
+            server_reward_weight,
+            penalty,
+        )
+        self.client_lag, self.server_lag, self.tune = client_lag, server_lag, tune
+        self.hidden = [40, 30] if hidden is None else list(hidden)
+        self.actor_lr, self.critic_lr = actor_lr, critic_lr
+        self.server_actor_lr, self.server_critic_lr = server_actor_lr, server_critic_lr
+        self.tau, self.gamma, self.buffer_size, self.ddpg_batch_size, self.warmup = (
+            tau,
+            gamma,
+            buffer_size,
+            ddpg_batch_size,
+            warmup,
+        )
+        self.ou_theta, self.ou_sigma, self.eps_decay_steps, self.init = ou_theta, ou_sigma, eps_decay_steps, init
+        self.epoch_rounding, self.warmup_space, self.replay_actions = epoch_rounding, warmup_space, replay_actions
+        self.range = HparamRange(lr_min, lr_max, epoch_max, epoch_rounding, warmup_space, replay_actions)
+        self.client_config = self._config(1, 2, actor_lr, critic_lr, noise=True)
+        self._config(1, 1, server_actor_lr, server_critic_lr, noise=False)  # validated before any training
+        self._pool = AgentPool()
+        self._timers = Timers()
+        # (lr, epochs, reward) of the clients trained since the last aggregation, then of the last
+        # round: what ``metrics`` reports (a function of the round, so resumed runs report the same).
+        self._trained: dict[int, tuple[float, int, float]] = {}
+        self._last_round: dict[int, tuple[float, int, float]] = {}
+
+    # -- configuration ----------------------------------------------------------------------------
+    @property
+    def tunes_client(self) -> bool:
+        return "lr" in self.tune or "epochs" in self.tune
+
+    @property
+    def tunes_server(self) -> bool:
+        return "weights" in self.tune
+
+    def _config(self, state_dim: int, action_dim: int, actor_lr: float, critic_lr: float, noise: bool) -> DDPGConfig:
+        prefix = "" if noise else "server_"
+        return ddpg_config(
+            state_dim,
+            action_dim,
+            {"batch_size": "ddpg_batch_size", "actor_lr": f"{prefix}actor_lr", "critic_lr": f"{prefix}critic_lr"},
+            hidden=tuple(self.hidden),
+            actor_lr=actor_lr,
+            critic_lr=critic_lr,
+            tau=self.tau,
+            gamma=self.gamma,
+            buffer_size=self.buffer_size,
+            batch_size=self.ddpg_batch_size,
+            warmup=self.warmup,
+            noise=noise,
+            ou_theta=self.ou_theta,
+            ou_sigma=self.ou_sigma,
+            eps_decay_steps=self.eps_decay_steps,
+            init=self.init,
+        )
+
+    def server_config(self, num_clients: int) -> DDPGConfig:
+        """The server agent: state and action have one entry per client; no exploration noise."""
+        return self._config(num_clients, num_clients, self.server_actor_lr, self.server_critic_lr, noise=False)
+
+    # -- hooks a test (or a variant) may replace ---------------------------------------------------
+    def client_action(self, agent: DDPGAgent, state: Tensor, client: ClientContext) -> Tensor:
+        """Client ``client``'s action in [−1, 1]² for ``state``."""
+        return self.range.act(agent, state)
+
+    def server_action(self, agent: DDPGAgent, state: Tensor, server: ServerContext) -> Tensor:
+        """The server's action in [−1, 1]^K for ``state``."""
+        return agent.act(state)
+
+    # -- server -----------------------------------------------------------------------------------
+    def init_server(self, server: ServerContext) -> State:
+        state: State = {"global": server.init_state.clone()}
+        if not self.tunes_server:
+            return state
+        require(
+            server.evaluator is not None,
+            "data.global_test_frac",
+            "PAGE's server agent scores every client's model on the server's global test set, and there is none",
+            "set data.global_test_frac > 0 (data.official_test for on-disk sources), or drop weights from method.tune",
+        )
+        start = server.evaluate(server.init_state)
+        agent = self._pool.new(self.server_config(server.num_clients), derive_seed(server.seed, "page", "server"))
+        state["agent"] = agent.state_dict()
+        state["acc"] = torch.full((server.num_clients,), start.acc)  # round 0's lagged state
+        state["weights"] = torch.full((server.num_clients,), 1.0 / server.num_clients)
+        return state
+
+    def aggregate(self, server: ServerContext, uploads: dict[int, Upload]) -> None:
+        self._last_round, self._trained = self._trained, {}
+        cids = sorted(uploads)
+        states = [uploads[c].state for c in cids]
+        if not self.tunes_server:
+            started = time.perf_counter()
+            server["global"] = weighted_mean(states, [uploads[c].weight for c in cids])
+            self._timers.add("aggregation", started)
+            return
+        timers = self._timers
+        started = time.perf_counter()
+        accs = server["acc"].clone()
+        for cid in cids:
+            accs[cid] = server.evaluate(uploads[cid].state).acc
+        started = timers.add("server_eval", started)
+        config = self.server_config(server.num_clients)
+        agent = self._pool.load(config, server["agent"])
+        if self.server_lag == 0:
+            if "pending" in server:
+                p = server["pending"]
+                agent.remember(p["state"], p["action"], p["reward"], accs)
+                learn_after_warmup(agent)
+            observed = accs
+        else:
+            observed = server["acc"]
+        action = self.server_action(agent, observed, server)
+        weights = server_action_to_weights(action.detach().to(torch.float64).cpu())
+        started = timers.add("server_agent", started)
+        w = weights[cids]
+        w = w if float(w.sum()) > 0 else torch.ones_like(w)
+        server["global"] = weighted_mean(states, w.tolist())
+        started = timers.add("aggregation", started)
+        reward = self.server_reward_weight / (server.evaluate(server["global"]).loss + self.penalty)
+        started = timers.add("server_eval", started)
+        stored = action if self.replay_actions == "agent" else weights.float()
+        if self.server_lag == 0:
+            server["pending"] = {"state": accs.clone(), "action": stored.clone(), "reward": torch.tensor(reward)}
+        else:
+            agent.remember(observed, stored, reward, accs)
+            learn_after_warmup(agent)
+        server["agent"] = agent.state_dict()
+        timers.add("server_agent", started)
+        server["acc"] = accs
+        server["weights"] = weights.float()
+        server["reward"] = torch.tensor(reward)
+
+    # -- client -----------------------------------------------------------------------------------
+    def _client_agent(self, client: ClientContext) -> DDPGAgent:
+        if "agent" in client.state:
+            return self._pool.load(self.client_config, client.state["agent"])
+        return self._pool.new(self.client_config, derive_seed(client.worker.seed, "page", "client", client.cid))
+
+    def local_update(self, client: ClientContext, payload: State) -> Upload:
+        timers = self._timers
+        g = payload["global"]
+        lr, epochs = client.lr, client.epochs
+        agent = None
+        started = time.perf_counter()
+        received = torch.tensor([client.evaluate(g, "test").acc])  # the received model on the local test
+        started = timers.add("client_eval", started)
+        if self.tunes_client:
+            agent = self._client_agent(client)
+            if self.client_lag == 0:
+                pending = client.state.get("pending")
+                if pending is not None:
+                    agent.remember(pending["state"], pending["action"], pending["reward"], received)
+                    learn_after_warmup(agent)
+                observed = received
+            else:
+                observed = client.state.get("obs", received)
+            action = self.client_action(agent, observed, client)
+            tuned_lr, tuned_epochs = self.range.hparams(action)
+            lr = tuned_lr if "lr" in self.tune else lr
+            epochs = tuned_epochs if "epochs" in self.tune else epochs
+            started = timers.add("client_agent", started)
+        trained = client.fit(g, lr=lr, epochs=epochs)
+        started = timers.add("local_train", started)
+        reward = self.client_reward_weight / (client.evaluate(trained, "test").loss + self.penalty)
+        started = timers.add("client_eval", started)
+        if agent is not None:
+            stored = self.range.replayed(action, lr, epochs)
+            if self.client_lag == 0:
+                client.state["pending"] = {"state": received, "action": stored.clone(), "reward": torch.tensor(reward)}
+            else:
+                agent.remember(observed, stored, reward, received)
+                learn_after_warmup(agent)
+                client.state["obs"] = received
+            client.state["agent"] = agent.state_dict()
+            timers.add("client_agent", started)
+        client.state["personal"] = trained
+        self._trained[client.cid] = (lr, epochs, reward)
+        return Upload(trained, client.num_samples)
+
+    # -- reporting --------------------------------------------------------------------------------
+    def metrics(self, server: ServerContext) -> dict[str, float]:
+        """Table 5's split of a round: ``time.page.*_ms`` per round (local training and the client
+        agents summed over the round's clients, as a sequential simulation spends them; the same per
+        client under ``*_per_client_ms``) and the agents' share of it; plus the latest round's mean
+        learning rate, epochs and rewards (of the clients this process trained) and the largest
+        aggregation weight."""
+        seconds, counts = self._timers.take()
+        rounds = max(counts.get("aggregation", 0), 1)
+        out: dict[str, float] = {}
+        for phase in ("local_train", "client_agent", "client_eval", "aggregation", "server_agent", "server_eval"):
+            out[f"time.page.{phase}_ms"] = 1e3 * seconds.get(phase, 0.0) / rounds
+        updates = max(counts.get("local_train", 0), 1)
+        out["time.page.local_train_per_client_ms"] = 1e3 * seconds.get("local_train", 0.0) / updates
+        out["time.page.client_agent_per_client_ms"] = 1e3 * seconds.get("client_agent", 0.0) / updates
+        fl = seconds.get("local_train", 0.0) + seconds.get("aggregation", 0.0)
+        agents = seconds.get("client_agent", 0.0) + seconds.get("server_agent", 0.0)
+        out["time.page.agents_over_fl"] = agents / fl if fl > 0 else 0.0
+        if self._last_round:
+            rows = [self._last_round[c] for c in sorted(self._last_round)]
+            out["page.lr.mean"] = sum(r[0] for r in rows) / len(rows)
+            out["page.epochs.mean"] = sum(r[1] for r in rows) / len(rows)
+            out["page.client_reward.mean"] = sum(r[2] for r in rows) / len(rows)
+        if "reward" in server:
+            out["page.server_reward"] = float(server["reward"])
+            out["page.weight.max"] = float(server["weights"].max())
+        return out

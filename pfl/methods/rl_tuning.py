@@ -1,0 +1,134 @@
+"""What PAGE and Dap-FL share: DDPG agents kept as plain state dicts, the client action → (learning
+rate, epochs) mapping with its warm-up and replay options, and per-round timers.
+
+An agent's whole state (networks, Adam moments, replay rows, OU noise, counters, generator) lives in
+the client's or the server's state dict, so it is checkpointed with the federation and a resumed
+run takes the same actions. ``AgentPool`` loads a state dict into a scratch agent of the same
+configuration (one per configuration, reused like the worker's one model): the pool is a pure
+cache, every call to ``load`` restores everything the agent does next.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from pfl.errors import require
+from pfl.optim.ddpg import DDPGAgent, DDPGConfig, client_action_to_hparams
+
+WARMUP_SPACES = ("agent", "hparams")
+REPLAY_ACTIONS = ("agent", "mapped")
+
+
+class AgentPool:
+    """Scratch DDPG agents, one per configuration, into which saved agents are loaded."""
+
+    def __init__(self) -> None:
+        self._scratch: dict[str, DDPGAgent] = {}
+
+    def new(self, config: DDPGConfig, seed: int) -> DDPGAgent:
+        """A freshly initialised agent (its first state dict is what ``load`` restores later)."""
+        return DDPGAgent(config, seed)
+
+    def load(self, config: DDPGConfig, state: dict[str, Any]) -> DDPGAgent:
+        """The agent saved in ``state``. The returned object is shared: save it (``state_dict``)
+        before loading another agent of the same configuration."""
+        key = repr(sorted(config.to_dict().items()))
+        agent = self._scratch.get(key)
+        if agent is None:
+            agent = self._scratch[key] = DDPGAgent(config, 0)
+        agent.load_state_dict(state)
+        return agent
+
+
+def learn_after_warmup(agent: DDPGAgent) -> None:
+    """One critic and one actor step, once the agent has acted past its warm-up (the authors' code
+    updates from the first round whose action came from the actor)."""
+    if agent.acts > agent.config.warmup:
+        agent.learn()
+
+
+@dataclass
+class HparamRange:
+    """Client actions (2 values in [−1, 1]) as a local learning rate and a number of local epochs.
+
+    ``rounding``: "round" or "floor" (the authors' code), see ``client_action_to_hparams``.
+    ``warmup_space``: "agent" — warm-up actions are uniform in the agent's [−1, 1]² (with the
+    clipped mapping lr = lr_max, and independently epochs = epoch_max, with probability 1 − lr_max);
+    "hparams" — the authors' code: uniform in [lr_min, lr_max] for both components, obtained from
+    the same uniform draw u = (a + 1)/2 as u' = lr_min + u (lr_max − lr_min), stored as a' = 2u' − 1
+    (which maps back to the same hyper-parameters).
+    ``replay``: "agent" stores the agent-space action (standard DDPG); "mapped" stores (lr, epochs)
+    as the authors' code does.
+    """
+
+    lr_min: float
+    lr_max: float
+    epoch_max: int
+    rounding: str = "round"
+    warmup_space: str = "agent"
+    replay: str = "agent"
+
+    def __post_init__(self) -> None:
+        require(
+            0 < self.lr_min <= self.lr_max, "method.lr_min", f"need 0 < lr_min <= lr_max ({self.lr_min}, {self.lr_max})"
+        )
+        require(self.lr_max <= 1, "method.lr_max", f"must be <= 1 (got {self.lr_max})", "(a + 1)/2 never exceeds 1")
+        require(self.epoch_max >= 1, "method.epoch_max", f"must be >= 1 (got {self.epoch_max})")
+        require(
+            self.rounding in ("round", "floor"), "method.epoch_rounding", f"unknown {self.rounding!r}", "round | floor"
+        )
+        require(
+            self.warmup_space in WARMUP_SPACES,
+            "method.warmup_space",
+            f"unknown {self.warmup_space!r}",
+            f"choose one of {', '.join(WARMUP_SPACES)}",
+        )
+        require(
+            self.replay in REPLAY_ACTIONS,
+            "method.replay_actions",
+            f"unknown {self.replay!r}",
+            f"choose one of {', '.join(REPLAY_ACTIONS)}",
+        )
+
+    def hparams(self, action: Tensor) -> tuple[float, int]:
+        return client_action_to_hparams(action, self.lr_min, self.lr_max, self.epoch_max, self.rounding)
+
+    def act(self, agent: DDPGAgent, state: Tensor) -> Tensor:
+        """The agent's exploring action, with warm-up draws moved to ``warmup_space``."""
+        warm = agent.in_warmup
+        a = agent.act(state)
+        if warm and self.warmup_space == "hparams":
+            u = self.lr_min + (a + 1.0) / 2.0 * (self.lr_max - self.lr_min)
+            a = 2.0 * u - 1.0
+        return a
+
+    def replayed(self, action: Tensor, lr: float, epochs: int) -> Tensor:
+        """What goes into the replay buffer for this action."""
+        return action if self.replay == "agent" else torch.tensor([lr, float(epochs)])
+
+
+class Timers:
+    """Wall-clock seconds per named phase and how often each phase ran, since the last ``take``.
+    Timings describe the machine, not the run: they are never part of the checkpointed state."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.counts: dict[str, int] = defaultdict(int)
+
+    def add(self, name: str, started: float) -> float:
+        now = time.perf_counter()
+        self.seconds[name] += now - started
+        self.counts[name] += 1
+        return now
+
+    def take(self) -> tuple[dict[str, float], dict[str, int]]:
+        out = dict(self.seconds), dict(self.counts)
+        self.seconds.clear()
+        self.counts.clear()
+        return out

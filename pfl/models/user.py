@@ -1,0 +1,69 @@
+"""Your own model without editing pfl: ``model.name: mypkg.module:builder`` or ``mypkg.module.builder``.
+
+The object found there is either a builder ``(cfg: ModelConfig, input_shape, num_classes) -> nn.Module``
+or an ``nn.Module`` subclass constructed as ``Class(input_shape, num_classes)``. The module must be
+importable (installed, or on ``PYTHONPATH``). For head-based methods make it an ``nn.Sequential`` ending
+in its ``nn.Linear`` classifier (docs/models.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+from torch import nn
+
+from pfl.errors import ConfigError
+from pfl.models.config import ModelConfig
+
+
+def is_import_path(name: str) -> bool:
+    return ":" in name or "." in name
+
+
+def split_import_path(name: str) -> tuple[str, str]:
+    """``pkg.mod:attr.sub`` -> (``pkg.mod``, ``attr.sub``); ``pkg.mod.attr`` -> (``pkg.mod``, ``attr``)."""
+    if ":" in name:
+        module, _, attr = name.partition(":")
+    else:
+        module, _, attr = name.rpartition(".")
+    if not module or not attr:
+        raise ConfigError(
+            "model.name", f"{name!r} is not an import path", "write pkg.module:builder or pkg.module.builder"
+        )
+    return module, attr
+
+
+def import_model(name: str, cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    module_name, attr = split_import_path(name)
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(
+            "model.name",
+            f"cannot import module {module_name!r} for model {name!r}: {err}",
+            "install it or put its directory on PYTHONPATH, or choose a registered model",
+        ) from err
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(
+                "model.name",
+                f"module {module_name!r} has no {attr!r} (model {name!r})",
+                "check the name after the module path",
+            )
+        obj = getattr(obj, part)
+    if inspect.isclass(obj) and issubclass(obj, nn.Module):
+        net = obj(input_shape, num_classes)
+    elif callable(obj):
+        net = obj(cfg, input_shape, num_classes)
+    else:
+        raise ConfigError(
+            "model.name",
+            f"{name!r} is a {type(obj).__name__}, not a model builder or nn.Module class",
+            "point it at a function (cfg, input_shape, num_classes) -> nn.Module or an nn.Module subclass",
+        )
+    if not isinstance(net, nn.Module):
+        raise ConfigError(
+            "model.name", f"{name!r} returned a {type(net).__name__}, not an nn.Module", "return the network"
+        )
+    return net

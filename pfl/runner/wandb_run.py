@@ -1,0 +1,218 @@
+"""The W&B side of a run, as one loop callback (``WandbRun``) and the identity it runs under.
+
+What W&B keeps must be what pfl reports:
+
+- Identity: a run's W&B id is its readable name plus a random suffix (``fedavg-digits-s0-…-3f9a1c2e``),
+  stored in the run folder (``wandb_run.json``) so that ``--resume`` continues the same W&B run and a
+  new run that reuses a ``--tracking.name`` (or every local sweep's ``run000``) gets a new one.
+  ``tracking.group`` (default: the sweep, or the experiment: dataset, clients, partition),
+  ``tracking.tags`` (the method and dataset are always tagged) and ``tracking.job_type`` sort hundreds
+  of synced runs in the W&B UI.
+- History: every evaluated round is logged at ``step = round`` and committed at once; the transaction
+  log is flushed every ``FLUSH_SECONDS``, so a killed run loses at most its last round in W&B.
+- Resume: online, W&B's own resume (``resume="allow"`` with the stored id) and the rounds the server
+  did not get are logged again. Offline, the SDK cannot resume (it ignores ``resume`` and starts a
+  second offline folder at step 0), so the resumed process starts the same id afresh, logs the
+  checkpoint's whole history first, and deletes the superseded offline folders of that id: one run,
+  complete, for ``wandb sync``.
+- Summary: at the end the W&B summary is set to summary.json's metrics (the reported round's under
+  ``eval.select``, and run-level ones such as ``rounds_to_target`` and ``new.*``) plus
+  ``selected_round``; per-round keys that pfl does not report (the last round's values under
+  ``eval.select: best_test``) are removed. A sweep therefore optimises the number pfl reports.
+- Console: W&B starts silently; one line at the end says where the run is (and how to upload it).
+"""
+
+from __future__ import annotations
+
+import json
+import netrc
+import os
+import re
+import secrets
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pfl.config import RunConfig
+from pfl.data.ecosystem import dataset_label
+from pfl.data.sources import NATURAL_SOURCES
+from pfl.federation.loop import Callback, FederatedLoop
+
+IDENTITY_FILE = "wandb_run.json"
+FLUSH_SECONDS = 0.1  # how often W&B writes its transaction log (W&B's default: 15 s)
+MEDIA_KEYS = ("clients", "plots/")  # summary entries besides the metrics: the client table, the plots
+ID_NAME_CHARS = 48  # the readable part of an id; W&B ids must stay short
+
+
+def wandb_mode() -> str:
+    """'online' when the user is logged in (API key in the environment or ~/.netrc), else 'offline'.
+    An explicit WANDB_MODE always wins."""
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    try:
+        if netrc.netrc().authenticators("api.wandb.ai"):
+            return "online"
+    except (FileNotFoundError, netrc.NetrcParseError):
+        pass
+    return "offline"
+
+
+def new_run_id(name: str) -> str:
+    """``name`` reduced to W&B's id alphabet (letters, digits, - and _), plus 8 random hex digits:
+    unique across sweeps and reruns, still readable."""
+    readable = re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-")[:ID_NAME_CHARS] or "run"
+    return f"{readable}-{secrets.token_hex(4)}"
+
+
+def experiment_name(cfg: RunConfig) -> str:
+    """The data setting a run belongs to, independent of method and seed (the default W&B group):
+    ``<dataset>-<clients>c[-iid|-dir<alpha>|-pat<k>]``."""
+    d = cfg.data
+    name = f"{dataset_label(d.source)}-{d.num_clients}c"
+    if d.source in NATURAL_SOURCES:
+        return name
+    return name + {"iid": "-iid", "dirichlet": f"-dir{d.alpha:g}"}.get(d.partition, f"-pat{d.classes_per_client}")
+
+
+@dataclass
+class WandbIdentity:
+    """Who the run is in W&B; ``id`` is stored in the run folder and reused on resume."""
+
+    id: str
+    name: str
+    project: str
+    group: str
+    tags: list[str] = field(default_factory=list)
+    job_type: str = "fit"
+
+    def save(self, run_dir: Path) -> None:
+        (run_dir / IDENTITY_FILE).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+
+def stored_id(run_dir: Path) -> str | None:
+    """The W&B id recorded in ``run_dir`` (None when the run never logged to W&B)."""
+    path = run_dir / IDENTITY_FILE
+    if not path.exists():
+        return None
+    try:
+        return str(json.loads(path.read_text())["id"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def run_identity(cfg: RunConfig, run_dir: Path, resume: bool) -> WandbIdentity:
+    """A resumed run keeps its stored id; any other run gets a new one."""
+    t = cfg.tracking
+    name = run_dir.name
+    run_id = (stored_id(run_dir) if resume else None) or new_run_id(name)
+    tags = list(dict.fromkeys([cfg.method.name, dataset_label(cfg.data.source), *t.tags]))
+    return WandbIdentity(run_id, name, t.project, t.group or experiment_name(cfg), tags, t.job_type)
+
+
+class WandbRun(Callback):
+    """Per-round metrics, the client table, the plots and the reported summary, to one W&B run."""
+
+    def __init__(self, identity: WandbIdentity, run_dir: Path, config: dict[str, Any], resume: bool = False):
+        self.identity, self.run_dir, self.config, self.resume = identity, run_dir, config, resume
+        self.run: Any = None
+        self.next_step = 0  # W&B refuses steps below the run's current one
+
+    # -- start ----------------------------------------------------------------------------------------
+    def on_fit_start(self, loop: FederatedLoop) -> None:
+        mode = wandb_mode()
+        print(f"W&B: starting {mode} run {self.identity.id} ({self.run_dir / 'wandb'})", flush=True)
+        self.run = self._init(mode)
+        self.identity.id = self.run.id  # a sweep agent chooses the id itself
+        self.identity.save(self.run_dir)
+        self.next_step = int(self.run.step)
+        for row in loop.history:  # a resumed run: the rounds W&B does not hold yet
+            self._log(row)
+        if self.run.offline:
+            self._drop_superseded_offline_runs()
+
+    def _init(self, mode: str) -> Any:
+        import wandb
+
+        ident = self.identity
+        settings: dict[str, Any] = {"silent": True}
+        # An experimental setting of recent wandb versions (older ones flush every 15 s).
+        if "x_transaction_log_flush_interval" in getattr(wandb.Settings, "model_fields", {}):
+            settings["x_transaction_log_flush_interval"] = FLUSH_SECONDS
+        where: dict[str, Any] = {"project": ident.project, "id": ident.id}
+        if os.environ.get("WANDB_SWEEP_ID"):
+            where = {}  # the agent has chosen project and id; W&B ignores (and warns about) others
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        return wandb.init(
+            dir=str(self.run_dir),
+            name=ident.name,
+            group=ident.group,
+            tags=ident.tags,
+            job_type=ident.job_type,
+            config=self.config,
+            mode=mode,
+            resume="allow" if self.resume and mode == "online" else None,
+            settings=wandb.Settings(**settings),
+            **where,
+        )
+
+    def _drop_superseded_offline_runs(self) -> None:
+        """Earlier offline folders of this id hold a prefix of the history just logged again."""
+        current = Path(self.run.settings.sync_dir).resolve()
+        pattern = re.compile(rf"^offline-run-\d{{8}}_\d{{6}}-{re.escape(self.identity.id)}(-.*)?$")
+        for folder in (self.run_dir / "wandb").glob("offline-run-*"):
+            if folder.is_dir() and pattern.match(folder.name) and folder.resolve() != current:
+                shutil.rmtree(folder)
+
+    # -- rounds ---------------------------------------------------------------------------------------
+    def on_evaluation(self, loop: FederatedLoop, metrics: dict[str, Any]) -> None:
+        self._log(metrics)
+
+    def _log(self, row: dict[str, Any]) -> None:
+        step = int(row["round"])
+        if step < self.next_step:
+            return  # already in W&B (logged before a kill that came before the checkpoint)
+        self.run.log({k: v for k, v in row.items() if k != "round"}, step=step, commit=True)
+        self.next_step = step + 1
+
+    # -- end ------------------------------------------------------------------------------------------
+    def on_fit_end(self, loop: FederatedLoop, summary: dict[str, Any]) -> None:
+        import wandb
+
+        rows = loop.selected_rows
+        media: dict[str, Any] = {}
+        if rows:
+            columns = list(rows[0])
+            media["clients"] = wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows])
+        for plot in sorted(self.run_dir.glob("*.png")):  # written by FileOutputs, which runs first
+            media[f"plots/{plot.stem}"] = wandb.Image(str(plot), caption=plot.stem)
+        write_summary(self.run.summary, summary, loop.history)
+        if media:  # end-of-run objects belong to the summary, not to a round
+            self.run.summary.update(media)
+        where = self.run.settings.sync_dir if self.run.offline else self.run.url
+        offline = self.run.offline
+        self.run.finish()
+        line = f"W&B run {self.identity.id} ({'offline' if offline else 'online'}): {where}"
+        print(line + (f"\n  upload it with: wandb sync {where}" if offline else ""), flush=True)
+
+
+def reported_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """What the W&B summary must hold: summary.json's metrics and the reported round."""
+    return {**summary["metrics"], "selected_round": summary["selected_round"]}
+
+
+def write_summary(target: Any, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
+    """Set the reported numbers and remove per-round keys pfl does not report (``target`` is a W&B
+    run summary: a mapping with ``update`` and ``del``)."""
+    reported = reported_summary(summary)
+    target.update(reported)
+    logged = {k for row in history for k in row if k != "round"}
+    for key in sorted(logged - set(reported)):
+        del target[key]
+
+
+def wandb_callback(cfg: RunConfig, run_dir: Path, config: dict[str, Any], resume: bool) -> WandbRun:
+    """The W&B callback of a run in ``run_dir`` (a resumed run continues its stored W&B id)."""
+    return WandbRun(run_identity(cfg, run_dir, resume), run_dir, config, resume)

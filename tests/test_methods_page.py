@@ -1,0 +1,244 @@
+"""PAGE and the baselines of its table (Dap-FL, FedALA, FedRecon): identities only a correct
+implementation has."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from pfl.errors import ConfigError
+from pfl.methods import ClientContext, weighted_mean
+from pfl.methods.dapfl import DapFL
+from pfl.methods.page import PAGE
+from pfl.optim.ddpg import client_action_to_hparams, server_action_to_weights
+from tests.conftest import make_loop, tiny_config
+
+ROOT = Path(__file__).resolve().parents[1]
+RANGE = {"lr_min": 0.01, "lr_max": 0.1, "epoch_max": 3}
+FAST_AGENTS = {"warmup": 2, "ddpg_batch_size": 2, **RANGE}
+
+
+def fixed_client_action(cid: int) -> torch.Tensor:
+    """Agent-space actions that map inside the range: lr 0.025 + 0.005·cid, epochs 2 or 3."""
+    return torch.tensor([-0.95 + 0.01 * cid, -0.9 + 0.02 * cid])
+
+
+class FixedPAGE(PAGE):
+    """PAGE whose agents are replaced by fixed actions (they still store and learn from them)."""
+
+    def client_action(self, agent, state, client):
+        return fixed_client_action(client.cid)
+
+    def server_action(self, agent, state, server):
+        return torch.linspace(-0.5, 0.5, server.num_clients)
+
+
+class FixedDapFL(DapFL):
+    def client_action(self, agent, state, client):
+        return fixed_client_action(client.cid)
+
+
+def reference_round(loop, global_state, hparams, weights):
+    """One FedAvg round with per-client learning rates, epochs and aggregation weights, trained on
+    a separate loop over the same federation and seed (so the same keyed batches)."""
+    trained = []
+    for cid in range(loop.server.num_clients):
+        ctx = ClientContext(cid, loop.round, loop.worker, {}, loop.init_state)
+        lr, epochs = hparams[cid]
+        trained.append(ctx.fit(global_state, lr=lr, epochs=epochs))
+    loop.round += 1
+    return weighted_mean(trained, weights), trained
+
+
+def test_page_with_fixed_actions_is_fedavg_with_those_learning_rates_epochs_and_weights():
+    cfg = tiny_config("page", FAST_AGENTS)
+    cfg.method = FixedPAGE(**FAST_AGENTS)
+    loop, ref = make_loop(cfg), make_loop(tiny_config("fedavg"))
+    n = loop.server.num_clients
+    hparams = [client_action_to_hparams(fixed_client_action(c), **RANGE) for c in range(n)]
+    assert len({h for h in hparams}) > 2  # the clients really train differently
+    weights = server_action_to_weights(torch.linspace(-0.5, 0.5, n).double()).tolist()
+    g = loop.server["global"].clone()
+    for _ in range(3):
+        loop.run_round()
+        g, trained = reference_round(ref, g, hparams, weights)
+        assert torch.equal(loop.server["global"], g)
+        for cid in range(n):
+            assert torch.equal(loop.clients[cid]["personal"], trained[cid])  # the P-model is the trained one
+
+
+def test_page_tuning_nothing_is_fedavg():
+    loop = make_loop(tiny_config("page", {"tune": []}))
+    fedavg = make_loop(tiny_config("fedavg"))
+    for _ in range(3):
+        loop.run_round()
+        fedavg.run_round()
+        assert torch.equal(loop.server["global"], fedavg.server["global"])
+    assert "agent" not in loop.server.state and "agent" not in loop.clients[0]
+
+
+def test_page_agents_choose_different_hparams_and_weights():
+    loop = make_loop(tiny_config("page", FAST_AGENTS))
+    loop.run_round()
+    rows = loop.method._trained or loop.method._last_round
+    assert len({(lr, e) for lr, e, _ in rows.values()}) > 1
+    w = loop.server["weights"]
+    assert abs(float(w.sum()) - 1) < 1e-6 and float(w.max() - w.min()) > 0
+
+
+def _run_and_capture(loop):
+    loop.run_round()
+    clients = {cid: s["agent"]["buffer"]["actions"][-1].clone() for cid, s in loop.clients.items() if "agent" in s}
+    return clients, loop.server["weights"].clone(), loop.server["global"].clone()
+
+
+@pytest.mark.parametrize("lags", [(1, 0), (0, 1)])
+def test_checkpoint_restore_takes_the_same_next_actions(lags):
+    args = {**FAST_AGENTS, "client_lag": lags[0], "server_lag": lags[1]}
+    loop = make_loop(tiny_config("page", args))
+    for _ in range(5):  # past the warm-up: actions come from the actors, and the agents learn
+        loop.run_round()
+    assert loop.clients[0]["agent"]["learn_steps"] > 0 and loop.server["agent"]["learn_steps"] > 0
+    buf = io.BytesIO()
+    torch.save(loop.state_dict(), buf)
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=True)
+    fresh = make_loop(tiny_config("page", args))  # a new method object: nothing carried over in memory
+    fresh.load_state_dict(saved)
+    for _ in range(2):
+        a_clients, a_weights, a_global = _run_and_capture(loop)
+        b_clients, b_weights, b_global = _run_and_capture(fresh)
+        assert a_clients.keys() == b_clients.keys()
+        for cid in a_clients:
+            assert torch.equal(a_clients[cid], b_clients[cid])
+        assert torch.equal(a_weights, b_weights)
+        assert torch.equal(a_global, b_global)
+
+
+def test_biased_variants_change_only_the_reward_weighting():
+    base = make_loop(tiny_config("page", FAST_AGENTS))
+    biased = make_loop(tiny_config("page", {**FAST_AGENTS, "server_reward_weight": 10.0, "client_reward_weight": 0.5}))
+    for loop in (base, biased):
+        loop.run_round()
+    assert torch.equal(base.server["global"], biased.server["global"])  # same warm-up actions
+    a, b = base.server["pending"], biased.server["pending"]  # server_lag 0: the transition awaits its next state
+    assert torch.equal(a["state"], b["state"]) and torch.equal(a["action"], b["action"])
+    assert abs(float(b["reward"]) / float(a["reward"]) - 10.0) < 1e-5
+    for cid in base.clients:
+        ra, rb = base.clients[cid]["agent"]["buffer"], biased.clients[cid]["agent"]["buffer"]
+        assert torch.equal(ra["states"], rb["states"]) and torch.equal(ra["actions"], rb["actions"])
+        assert torch.allclose(rb["rewards"], 0.5 * ra["rewards"], rtol=1e-6)
+    # the configs of the paper's biased variants differ from PAGE's only in the two reward weights
+    conf = {
+        n: yaml.safe_load((ROOT / f"conf/method/{n}.yaml").read_text())["method"]
+        for n in ("page", "page_10_1", "page_1_10")
+    }
+    weights = {"client_reward_weight", "server_reward_weight"}
+    for variant in ("page_10_1", "page_1_10"):
+        changed = {k for k in conf["page"].keys() | conf[variant].keys() if conf["page"].get(k) != conf[variant].get(k)}
+        assert changed and changed <= weights
+    assert conf["page_10_1"]["server_reward_weight"] / conf["page_10_1"]["client_reward_weight"] == 10
+    assert conf["page_1_10"]["client_reward_weight"] / conf["page_1_10"]["server_reward_weight"] == 10
+
+
+def test_page_needs_a_global_test_set():
+    with pytest.raises(ConfigError, match="data.global_test_frac"):
+        make_loop(tiny_config("page", data={"source": "digits", "num_clients": 6, "global_test_frac": 0.0}))
+
+
+def test_page_reports_its_overhead_like_table_5():
+    loop = make_loop(tiny_config("page", FAST_AGENTS, trainer={"rounds": 2}))
+    metrics = loop.fit()["metrics"]
+    for key in ("local_train_ms", "client_agent_ms", "aggregation_ms", "server_agent_ms", "agents_over_fl"):
+        assert metrics[f"time.page.{key}"] > 0
+    assert 0.01 <= metrics["page.lr.mean"] <= 0.1 and 1 <= metrics["page.epochs.mean"] <= 3
+
+
+@pytest.mark.parametrize("weighting", ["samples", "uniform"])
+def test_dapfl_with_fixed_actions_is_weighted_fedavg(weighting):
+    cfg = tiny_config("dapfl", FAST_AGENTS)
+    cfg.method = FixedDapFL(weighting=weighting, **FAST_AGENTS)
+    loop, ref = make_loop(cfg), make_loop(tiny_config("fedavg"))
+    n = loop.server.num_clients
+    hparams = [client_action_to_hparams(fixed_client_action(c), **RANGE) for c in range(n)]
+    sizes = [len(loop.worker.split(c).train) for c in range(n)]
+    weights = sizes if weighting == "samples" else [1.0] * n
+    g = loop.server["global"].clone()
+    for _ in range(3):
+        loop.run_round()
+        g, _ = reference_round(ref, g, hparams, weights)
+        assert torch.equal(loop.server["global"], g)
+
+
+def test_dapfl_reward_is_the_change_of_accuracy_minus_loss():
+    loop = make_loop(tiny_config("dapfl", FAST_AGENTS))
+    loop.run_round()
+    first = {cid: float(s["score"]) for cid, s in loop.clients.items()}
+    loop.run_round()
+    for cid, s in loop.clients.items():
+        buf = s["agent"]["buffer"]
+        acc, loss = s["obs"].tolist()
+        assert abs(float(s["score"]) - (acc - loss)) < 1e-6
+        assert abs(float(buf["rewards"][1]) - (float(s["score"]) - first[cid])) < 1e-5
+        assert abs(float(buf["rewards"][0]) - first[cid]) < 1e-5  # the code's last_reward starts at 0
+        assert torch.equal(buf["next_states"][0], buf["states"][1])  # the next state is the next round's state
+
+
+def test_fedala_with_weights_fixed_at_one_downloads_the_global_model():
+    fedala = make_loop(tiny_config("fedala", {"eta": 0.0}))
+    fedavg = make_loop(tiny_config("fedavg"))
+    for _ in range(3):
+        fedala.run_round()
+        fedavg.run_round()
+        assert torch.equal(fedala.server["global"], fedavg.server["global"])
+
+
+def test_fedala_learns_weights_in_the_unit_box_on_the_top_layers_only():
+    loop = make_loop(tiny_config("fedala", {"eta": 1.0, "layer_idx": 1, "max_start_epochs": 5}))
+    loop.run_round()
+    g = loop.server["global"].clone()
+    client = loop.client(0)
+    own = client.state["personal"].clone()
+    start = loop.method.adaptive_local_aggregation(client, g, own)
+    head = loop.worker.flat.layout.head
+    w = client.state["ala_weights"]
+    assert w.shape == (head.stop - head.start,)
+    assert float(w.min()) >= 0 and float(w.max()) <= 1 and float(w.min()) < 1  # learnt, clipped
+    assert torch.equal(start[: head.start], g[: head.start])  # lower layers: the global model
+    mixed = g[head] + (own[head] - g[head]) * (1 - w)
+    assert torch.allclose(start[head], mixed)
+    fedavg = make_loop(tiny_config("fedavg"))
+    fedavg.run_round()
+    loop.run_round()
+    fedavg.run_round()
+    assert not torch.equal(loop.server["global"], fedavg.server["global"])
+
+
+def test_fedrecon_without_local_parameters_is_fedavg():
+    fedrecon = make_loop(tiny_config("fedrecon", {"local_layers": 0}))
+    fedavg = make_loop(tiny_config("fedavg"))
+    for _ in range(3):
+        fedrecon.run_round()
+        fedavg.run_round()
+        assert torch.equal(fedrecon.server["global"], fedavg.server["global"])
+
+
+def test_fedrecon_reconstructs_only_the_local_layers_and_keeps_nothing():
+    loop = make_loop(tiny_config("fedrecon", {"local_layers": 1}))
+    payloads_before = loop.server["global"].clone()
+    loop.run_round()
+    assert not loop.clients  # stateless clients
+    head = loop.worker.flat.layout.head
+    assert torch.equal(loop.server["global"][head], payloads_before[head])  # local layers never leave clients
+    client = loop.client(2)
+    start = loop.method.compose(
+        loop.server["global"][loop.method.mask(loop.server.layout)], client.init_state, client.layout
+    )
+    rebuilt = loop.method.reconstruct(client, start, "check")
+    assert torch.equal(rebuilt[: head.start], start[: head.start])  # the global part is frozen
+    assert not torch.equal(rebuilt[head], start[head])
+    assert torch.equal(start[head], client.init_state[head])  # from scratch: the initial local layers

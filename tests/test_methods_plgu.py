@@ -1,0 +1,294 @@
+"""FedSAM, PLGU-LF, PLGU-GRep, pFedHN and PLGU-GHN: identities and one-step hand computations.
+
+Which identities hold bit for bit (torch.equal) and which to a tolerance:
+- FedSAM with ρ = 0 = FedAvg: bit for bit.
+- PLGU-LF with every layer personal = FedAvg (global model): bit for bit.
+- PLGU-LF with D = 0, Λ = I and the ascent at the global copy = FedSAM: bit for bit.
+- PLGU-GRep without Eq. 11's step and with ρ = 0 = FedRep: bit for bit.
+- PLGU-GHN with ρ = 0 = pFedHN: bit for bit.
+- One step of PLGU-LF / PLGU-GRep and one round of pFedHN against a hand computation: 1e-6
+  (the hand computation sums in another order).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.func import functional_call
+
+from pfl.errors import ConfigError
+from pfl.federation.loop import FederatedLoop
+from pfl.methods import method_class
+from pfl.methods.plgu import PLGULF
+from pfl.optim.hypernet import HyperNetwork, layer_sizes
+from pfl.runner.args import parse_fit_args
+from tests.conftest import make_loop, tiny_config
+from tests.methods_helpers import exchanged_round
+
+HALF = {"fraction": 0.5}
+MOMENTUM = {"momentum": 0.9, "weight_decay": 1e-3}
+ONE_BATCH = {"batch_size": 1000, "epochs": 1, "lr": 0.1}
+RHO = 0.05
+METHODS = ("fedsam", "plgu_lf", "plgu_grep", "pfedhn", "plgu_ghn")
+
+
+def _fit(name: str, args: dict | None = None, **groups) -> FederatedLoop:
+    loop = make_loop(tiny_config(name, args, **{"trainer": HALF, "client": MOMENTUM, **groups}))
+    loop.fit()
+    return loop
+
+
+def _equal_servers(a: FederatedLoop, b: FederatedLoop) -> bool:
+    """The two server states hold the same keys and bit-identical tensors (one level of nesting)."""
+    if a.server.state.keys() != b.server.state.keys():
+        return False
+    for key, value in a.server.state.items():
+        other = b.server[key]
+        if isinstance(value, dict):
+            if value.keys() != other.keys() or not all(torch.equal(value[k], other[k]) for k in value):
+                return False
+        elif not torch.equal(value, other):
+            return False
+    return True
+
+
+def _same_metrics(a: FederatedLoop, b: FederatedLoop, prefixes: tuple[str, ...] = ("",)) -> bool:
+    """Equal metrics (those starting with one of ``prefixes``), timings aside."""
+    ma, mb = a.evaluate(), b.evaluate()
+    keys = [k for k in ma if k.startswith(prefixes) and not k.startswith(("throughput.", "time."))]
+    return ma.keys() == mb.keys() and all(ma[k] == mb[k] for k in keys)
+
+
+def _grad_at(loop: FederatedLoop, params: Tensor, x: Tensor, y: Tensor, region: slice | None = None) -> Tensor:
+    p = params.detach().clone().requires_grad_(True)
+    loss = F.cross_entropy(functional_call(loop.worker.module.net, loop.flat.param_dict(p), (x,)), y)
+    g = torch.autograd.grad(loss, p)[0]
+    if region is not None:  # a frozen part has no gradient
+        mask = torch.zeros_like(g, dtype=torch.bool)
+        mask[region] = True
+        g = torch.where(mask, g, torch.zeros_like(g))
+    return g
+
+
+def _only_batch(loop: FederatedLoop, cid: int, purpose: str = "train") -> tuple[Tensor, Tensor]:
+    (b,) = list(loop.worker.batches(cid, loop.round, purpose, 1))
+    return loop.worker.data.x[b], loop.worker.data.y[b]
+
+
+# -- identities -----------------------------------------------------------------------------------
+def test_fedsam_with_rho_zero_is_fedavg_and_with_rho_not():
+    fedavg = _fit("fedavg")
+    assert torch.equal(fedavg.server["global"], _fit("fedsam", {"rho": 0.0}).server["global"])
+    assert not torch.equal(fedavg.server["global"], _fit("fedsam").server["global"])
+
+
+@pytest.mark.parametrize("d", [2, 5])  # the tiny MLP has 2 layers; a larger D personalizes them all
+def test_plgu_lf_with_every_layer_personal_is_fedavg(d):
+    fedavg, lf = _fit("fedavg"), _fit("plgu_lf", {"personal_layers": d})
+    assert torch.equal(fedavg.server["global"], lf.server["global"])
+    a, b = fedavg.evaluate(), lf.evaluate()
+    assert all(a[k] == b[k] for k in a if k.startswith("gm.l_acc"))
+
+
+def test_plgu_lf_with_no_personal_layer_is_fedsam_with_identity_scale_and_global_ascent():
+    fedsam = _fit("fedsam")
+    exact = _fit("plgu_lf", {"personal_layers": 0, "scale": "identity", "ascent": "global"})
+    assert torch.equal(fedsam.server["global"], exact.server["global"])
+    for args in ({"scale": "layer", "ascent": "global"}, {"scale": "identity", "ascent": "personal"}):
+        near = _fit("plgu_lf", {"personal_layers": 0, **args})  # the paper's choices: FedSAM-like only
+        assert not torch.equal(fedsam.server["global"], near.server["global"])
+
+
+def test_plgu_grep_without_pre_step_and_rho_zero_is_fedrep():
+    fedrep = _fit("fedrep", {"head_epochs": 2})
+    grep = _fit("plgu_grep", {"head_epochs": 2, "rho": 0.0, "pre_step": False})
+    assert torch.equal(fedrep.server["global"], grep.server["global"])
+    assert fedrep.evaluate()["pm.l_acc.mean"] == grep.evaluate()["pm.l_acc.mean"]
+    assert not torch.equal(fedrep.server["global"], _fit("plgu_grep", {"head_epochs": 2}).server["global"])
+
+
+def test_plgu_ghn_with_rho_zero_is_pfedhn():
+    pfedhn, ghn = _fit("pfedhn"), _fit("plgu_ghn", {"rho": 0.0})
+    assert _equal_servers(pfedhn, ghn)
+    assert pfedhn.evaluate()["pm.l_acc.mean"] == ghn.evaluate()["pm.l_acc.mean"]
+    assert not _equal_servers(pfedhn, _fit("plgu_ghn"))
+
+
+# -- PLGU-LF ------------------------------------------------------------------------------------------
+def _lf_client(loop: FederatedLoop, cid: int = 0):
+    """A client whose personalized model moved far on the classifier and a little on the first layer."""
+    w = loop.server["global"]
+    layers = list(loop.flat.layout.layer_slices().values())
+    gen = torch.Generator().manual_seed(0)
+    theta = w.clone()
+    for sl, size in ((layers[0], 0.01), (layers[1], 1.0)):  # random: a constant shift of all logits is invisible
+        theta[sl] += size * torch.randn(sl.stop - sl.start, generator=gen)
+    client = loop.client(cid)
+    client.state["personal"] = theta
+    return client, w, theta, layers
+
+
+def test_plgu_lf_round_start_keeps_the_most_personal_layers_and_perturbs_only_the_others():
+    loop = make_loop(tiny_config("plgu_lf", {"personal_layers": 1}))
+    client, w, theta, layers = _lf_client(loop)
+    method: PLGULF = loop.method
+    xi, personal, universal = method.split_layers(theta, w, client)
+    assert personal == [1] and universal == [0] and float(xi[1]) > float(xi[0]) > 0
+    start = method.personal_start(theta, w, personal, client.flat)
+    assert torch.equal(start[layers[1]], theta[layers[1]]) and torch.equal(start[layers[0]], w[layers[0]])
+    scale = method.perturbation_scale(xi, universal, client)
+    assert torch.equal(scale[layers[1]], torch.zeros_like(scale[layers[1]]))
+    assert torch.equal(scale[layers[0]], torch.full_like(scale[layers[0]], float(xi[0])))
+
+
+@pytest.mark.parametrize("ascent", ["personal", "global"])
+def test_plgu_lf_step_equals_algorithm_1_by_hand(ascent):
+    loop = make_loop(tiny_config("plgu_lf", {"personal_layers": 1, "ascent": ascent}, client=ONE_BATCH))
+    client, w, theta_prev, layers = _lf_client(loop)
+    x, y = _only_batch(loop, client.cid)
+    n = loop.flat.num_params
+    upload = loop.method.local_update(client, {"global": w})
+    theta0 = w.clone()
+    theta0[layers[1]] = theta_prev[layers[1]]
+    g_theta = _grad_at(loop, theta0[:n], x, y)
+    g_ascent = g_theta if ascent == "personal" else _grad_at(loop, w[:n], x, y)
+    xi0 = (theta_prev[layers[0]] - w[layers[0]]).norm() / (layers[0].stop - layers[0].start)
+    xi1 = (theta_prev[layers[1]] - w[layers[1]]).norm() / (layers[1].stop - layers[1].start)
+    lam = torch.zeros(n)
+    lam[layers[0]] = xi0 / (xi0 + xi1)  # Λ on the universal layer; the personal layer is not perturbed
+    eps = RHO * lam * g_ascent / g_ascent.norm()
+    torch.testing.assert_close(client.state["personal"][:n], theta0[:n] - 0.1 * g_theta, rtol=0, atol=1e-6)
+    expected = w[:n] - 0.1 * _grad_at(loop, w[:n] + eps, x, y)
+    torch.testing.assert_close(upload.state[:n], expected, rtol=0, atol=1e-6)
+    assert (expected - (w[:n] - 0.1 * _grad_at(loop, w[:n], x, y))).abs().max() > 1e-6  # ε mattered
+
+
+# -- PLGU-GRep ----------------------------------------------------------------------------------------
+def test_plgu_grep_body_step_equals_eqs_11_to_13_by_hand():
+    cfg = tiny_config("plgu_grep", {"head_epochs": 0}, client=ONE_BATCH, model={"name": "mlp", "hidden": [16, 16]})
+    loop = make_loop(cfg)
+    layers = list(loop.flat.layout.layer_slices().values())  # two body layers and the head
+    body, head = slice(0, layers[-1].start), layers[-1]
+    n = loop.flat.num_params
+    client = loop.client(0)
+    payload = loop.method.payload(loop.server, 0)
+    own = loop.init_state.clone()
+    own[layers[0]] += 0.02  # the client's last representation: moved on the first layer only
+    own[head] += 0.5
+    client.state["personal"] = own
+    start = own.clone()
+    start[loop.method.mask(loop.flat.layout)] = payload["shared"]
+    x, y = _only_batch(loop, 0)
+    loop.method.local_update(client, payload)
+    phi1 = start[:n] - 0.1 * _grad_at(loop, start[:n], x, y, region=body)  # Eq. 11
+    g = _grad_at(loop, phi1, x, y, region=body)
+    lam = torch.zeros(n)
+    lam[layers[0]] = 1.0  # ξ: only layer 0 moved, so it gets all the score; layer 1 gets 0
+    eps = RHO * lam * g / g[body].norm()  # Eq. 12: the norm over the body's gradient
+    expected = phi1 - 0.1 * _grad_at(loop, phi1 + eps, x, y, region=body)  # Eq. 13
+    torch.testing.assert_close(client.state["personal"][:n], expected, rtol=0, atol=1e-6)
+    assert torch.equal(client.state["personal"][head], own[head])  # the head stays frozen in the body phase
+    assert (expected - (phi1 - 0.1 * g)).abs().max() > 1e-6  # ε mattered
+
+
+# -- pFedHN -------------------------------------------------------------------------------------------
+def test_pfedhn_round_descends_the_distance_to_the_trained_weights_by_autograd():
+    loop = make_loop(tiny_config("pfedhn", trainer=HALF))
+    method = loop.method
+    before = {k: v.clone() for k, v in loop.server["hn"].items()}
+    payloads, uploads = exchanged_round(loop)
+    hn = HyperNetwork(
+        loop.server.num_clients, layer_sizes(loop.flat.layout.layer_slices()), generator=torch.Generator()
+    )
+    hn.load_state_dict(before)
+    cids = sorted(uploads)
+    for cid in cids:  # each client trained the hypernetwork's output for it
+        torch.testing.assert_close(payloads[cid]["params"], hn(cid).detach(), rtol=0, atol=0)
+    w = hn(cids)
+    target = torch.stack([payloads[c]["params"] + uploads[c]["delta"] for c in cids])
+    surrogate = 0.5 * (w - target).pow(2).sum(dim=1)  # ½‖w_i − (w_i + Δw_i)‖², target held fixed
+    phi = hn.phi_parameters()
+    g_phi = torch.autograd.grad(surrogate.mean(), phi, retain_graph=True)  # φ: mean over the round's clients
+    (g_v,) = torch.autograd.grad(surrogate.sum(), [hn.embeddings])  # v_i: its own client's gradient
+    named = dict(hn.named_parameters())
+    grads = {name: g for name, g in zip([n for n in named if n != "embeddings"], g_phi, strict=True)}
+    grads["embeddings"] = g_v
+    for name, p in named.items():  # first SGD step: momentum buffer = gradient (+ weight decay)
+        expected = p.detach() - method.hn_lr * (grads[name] + method.hn_weight_decay * p.detach())
+        torch.testing.assert_close(loop.server["hn"][name], expected, rtol=0, atol=1e-6)
+    assert not torch.equal(loop.server["hn"]["embeddings"], before["embeddings"])
+
+
+def test_pfedhn_personal_model_is_the_hypernetwork_output():
+    loop = _fit("pfedhn")
+    n = loop.flat.num_params
+    hn = loop.method.hypernet(loop.server)
+    for cid in range(loop.server.num_clients):
+        state = loop.method.personal_state(loop.server, loop.client(cid))
+        assert torch.equal(state[:n], hn(cid).detach())
+
+
+# -- registry-style properties ------------------------------------------------------------------------
+@pytest.mark.parametrize("name", METHODS)
+def test_same_seed_same_numbers_and_resume_is_identical(name):
+    cfg = tiny_config(name, trainer=HALF, client=MOMENTUM)
+    a = make_loop(cfg)
+    a.run_round(), a.run_round()
+    b = make_loop(cfg)
+    b.load_state_dict(copy.deepcopy(a.state_dict()))
+    a.run_round(), b.run_round()
+    assert _equal_servers(a, b) and _same_metrics(a, b)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_a_round_does_not_depend_on_the_order_clients_train_in(name):
+    cfg = tiny_config(name, trainer=HALF, client=MOMENTUM)
+    a, b = make_loop(cfg), make_loop(cfg)
+    for loop in (a, b):
+        loop.run_round()  # every client has personal state from round 0 on
+    a.run_round()
+    sampled = b.sampled_clients().tolist()
+    payloads = {cid: b.method.payload(b.server, cid) for cid in sampled}
+    uploads = {cid: b.method.local_update(b.client(cid), payloads[cid]) for cid in reversed(sampled)}
+    b.aggregate(dict(sorted(uploads.items())))
+    b.round += 1  # (the loop's communication counters did not see this round: compare the models)
+    assert _equal_servers(a, b) and _same_metrics(a, b, ("pm.", "gm."))
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "field"),
+    [
+        ("fedsam", {"rho": -0.1}, "method.rho"),
+        ("plgu_lf", {"personal_layers": -1}, "method.personal_layers"),
+        ("plgu_lf", {"scale": "diag"}, "method.scale"),
+        ("plgu_lf", {"ascent": "both"}, "method.ascent"),
+        ("plgu_grep", {"p": 0.5}, "method.p"),
+        ("plgu_ghn", {"rho": -1.0}, "method.rho"),
+        ("pfedhn", {"hn_momentum": 1.0}, "method.hn_momentum"),
+        ("pfedhn", {"chunk": 0}, "method.chunk"),
+    ],
+)
+def test_bad_hyper_parameters_are_config_errors(name, args, field):
+    with pytest.raises(ConfigError, match=field):
+        method_class(name)(**args)
+
+
+def test_plgu_grep_needs_a_body_to_perturb():
+    with pytest.raises(ConfigError, match="method.personal_layers"):
+        make_loop(tiny_config("plgu_grep", {"personal_layers": 2}))  # the tiny MLP has two layers
+
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+PLGU_METHODS = ("fedsam", "plgu_lf", "plgu_grep", "pfedhn", "pfedhn_official", "plgu_ghn")
+
+
+@pytest.mark.parametrize("path", sorted((CONF / "experiment").glob("plgu_*.yaml")), ids=lambda p: p.stem)
+def test_every_plgu_experiment_parses_with_every_plgu_method_config(path):
+    for name in PLGU_METHODS:
+        cfg = parse_fit_args(["--config", str(path), "--config", str(CONF / "method" / f"{name}.yaml")])[0]
+        assert cfg.client.batch_size == 50 and cfg.client.epochs == 5 and cfg.data.partition == "pathological"
