@@ -4,7 +4,7 @@
 
 The paper's setting: 100 clients, 10 online per round, so with history the server solves over
 K = 10 client rows + ∇F + 90 stored rows = 101, for the FMNIST MLP (784-128-128-10, 118 k parameters)
-and a CIFAR-10 CNN (conv 64, conv 64, FC 384: 1.7 M parameters). Server: ``FedPG.aggregate`` on
+and FedPG's CIFAR-10 CNN (fedpg_cnn: conv 64, conv 64, FC 384, FC 192: 0.8 M parameters). Server: ``FedPG.aggregate`` on
 synthetic uploads (Gram product, min-norm solve, update, history; with γ > 0 also the 10 personalized
 directions), median of ``--repeats``. Clients: one real local update (train loss at w, then 5 epochs
 of batch 50 over 525 samples, FMNIST's 700 per client at 75/25) through pfl's worker on synthetic
@@ -32,7 +32,7 @@ from pfl.models import ModelConfig
 ONLINE, CLIENTS, TRAIN = 10, 100, 525
 SETTINGS = {
     "mlp (FMNIST, 118 k)": (ModelConfig(name="mlp", hidden=[128, 128]), (1, 28, 28)),
-    "cnn (CIFAR-10, 1.7 M)": (ModelConfig(name="cnn", channels=[64, 64], fc=384), (3, 32, 32)),
+    "fedpg_cnn (CIFAR-10, 0.8 M)": (ModelConfig(name="fedpg_cnn"), (3, 32, 32)),
 }
 
 
