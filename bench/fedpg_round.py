@@ -72,10 +72,10 @@ def server_seconds(p: int, gamma: float, repeats: int) -> list[float]:
         server.state = method.init_server(server)
         server["history"] = {c: torch.randn(p, generator=g) * 0.01 + shared for c in range(ONLINE, CLIENTS)}
         w = server["global"]
-        uploads = {
-            c: Upload(w - (torch.randn(p, generator=g) * 0.01 + shared), 525.0, {"loss": torch.rand(1, generator=g) + 1})
-            for c in range(ONLINE)
-        }
+        uploads = {}
+        for c in range(ONLINE):
+            loss = {"loss": torch.rand(1, generator=g) + 1}
+            uploads[c] = Upload(w - (torch.randn(p, generator=g) * 0.01 + shared), 525.0, loss)
         started = time.process_time()
         method.aggregate(server, uploads)
         times.append(time.process_time() - started)
