@@ -4,6 +4,7 @@ checked inside the methods (their aggregate hooks and stored state), not only in
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from tests.conftest import make_loop, tiny_config
 from tests.methods_helpers import exchanged_round
 
 TOL = 1e-9
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # -- a bare server over a P-dimensional parameter vector --------------------------------------------
@@ -441,6 +443,16 @@ def test_honest_metrics_leave_the_malicious_clients_out():
 
 
 # -- configuration -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["fedpg", "sfedpg", "fedmgda_plus", "splitgp"])
+def test_class_defaults_are_the_paper_config(name):
+    import yaml
+
+    conf = dict(yaml.safe_load((ROOT / "conf" / "method" / f"{name}.yaml").read_text())["method"])
+    default = method_class(conf.pop("name"))()
+    assert {k: getattr(default, k) for k in conf} == conf
+    assert default.hparams().items() >= conf.items()
+
+
 def test_attack_and_decay_options_parse_and_bad_values_are_refused():
     from pfl.runner.args import parse_fit_args
 
