@@ -4,7 +4,9 @@ PLGU claims its strategy adds no computation beyond SAM's (two forward/backward 
 mini-batch). This times whole rounds (10 sampled clients, 2 local epochs, batch 10, MNIST-shaped
 data) of each method, rounds interleaved across methods so all see the same machine load, and
 reports the median round time and its ratio to the plain-SGD baseline of the same family
-(FedAvg for the scheme-I methods, FedRep for PLGU-GRep, pFedHN for PLGU-GHN).
+(FedAvg for the scheme-I methods, FedRep for PLGU-GRep, pFedHN for PLGU-GHN). Both the wall time
+and the process CPU time are measured; on a shared machine the CPU time (one intra-op thread) is
+the steadier measure of the computation.
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python bench/sam.py [--model cnn|mlp|resnet18] [--rounds 5] [--json out.json]
 
@@ -41,8 +43,10 @@ VARIANTS: dict[str, tuple[str, dict, str]] = {
 }
 
 
-def round_times(model: str, rounds: int, clients: int = 10, labels: list[str] | None = None) -> dict[str, float]:
-    """Median seconds per round of the variants (one warm-up round each, then interleaved)."""
+def round_times(
+    model: str, rounds: int, clients: int = 10, labels: list[str] | None = None
+) -> dict[str, tuple[float, float]]:
+    """Median (wall, CPU) seconds per round of the variants (one warm-up round each, then interleaved)."""
     loops = {}
     for label in labels or list(VARIANTS):
         method, args, _ = VARIANTS[label]
@@ -50,13 +54,15 @@ def round_times(model: str, rounds: int, clients: int = 10, labels: list[str] | 
         loops[label] = make_loop(replace(cfg, model=MODEL_CHOICES[model]))
     for loop in loops.values():
         loop.run_round()
-    times: dict[str, list[float]] = {label: [] for label in loops}
+    wall: dict[str, list[float]] = {label: [] for label in loops}
+    cpu: dict[str, list[float]] = {label: [] for label in loops}
     for _ in range(rounds):
         for label, loop in loops.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             loop.run_round()
-            times[label].append(time.perf_counter() - t0)
-    return {label: statistics.median(t) for label, t in times.items()}
+            wall[label].append(time.perf_counter() - t0)
+            cpu[label].append(time.process_time() - c0)
+    return {label: (statistics.median(wall[label]), statistics.median(cpu[label])) for label in loops}
 
 
 def main() -> None:
@@ -76,13 +82,14 @@ def main() -> None:
         labels = [label for label in VARIANTS if label in keep or label in {VARIANTS[k][2] for k in keep}]
     medians = round_times(args.model, args.rounds, args.clients, labels)
     rows = []
-    print(f"| variant ({args.model}, {args.clients} clients x 2 epochs, batch 10) | s / round | vs baseline |")
-    print("|---|---|---|")
+    setting = f"{args.model}, {args.clients} clients x 2 epochs, batch 10"
+    print(f"| variant ({setting}) | wall s / round | CPU s / round | CPU vs baseline |")
+    print("|---|---|---|---|")
     for label in labels:
         base = VARIANTS[label][2]
-        ratio = medians[label] / medians[base]
-        rows.append({"variant": label, "round_s": medians[label], "baseline": base, "ratio": ratio})
-        print(f"| {label} | {medians[label]:.3f} | {ratio:.2f}x {base} |")
+        (wall, cpu), ratio = medians[label], medians[label][1] / medians[base][1]
+        rows.append({"variant": label, "round_s": wall, "cpu_s": cpu, "baseline": base, "cpu_ratio": ratio})
+        print(f"| {label} | {wall:.3f} | {cpu:.3f} | {ratio:.2f}x {base} |")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(
