@@ -146,7 +146,11 @@ def plan(path: str | Path, count: int | None = None, root: Path | None = None) -
 
 def run_parallel(jobs: dict[str, list[str]], workers: int = 1, what: str = "sweep") -> None:
     """Run ``python -m pfl <argv>`` for every job in ``workers`` processes, printing progress; the
-    cores are split between workers. Raises ConfigError naming every failed job."""
+    cores are split between workers. Raises ConfigError naming every failed job.
+
+    Threads: each run sets torch's threads itself (``trainer.threads``, default 1); the split of the
+    cores in OMP_NUM_THREADS is what a run with ``trainer.threads: null`` gets, and bounds the other
+    OpenMP pools, so workers x threads never exceeds the cores by default."""
     threads = str(max(1, (os.cpu_count() or 1) // max(workers, 1)))
     env = {**os.environ, "OMP_NUM_THREADS": threads}
 
@@ -158,11 +162,21 @@ def run_parallel(jobs: dict[str, list[str]], workers: int = 1, what: str = "swee
     failed = []
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for done, (name, code, err) in enumerate(pool.map(launch, jobs.items()), 1):
-            print(f"[{done}/{len(jobs)}] {name}: {'ok' if code == 0 else f'FAILED ({code})'}", flush=True)
+            print(f"[{done}/{len(jobs)}] {name}: {run_status(code)}", flush=True)
             if code != 0:
                 failed.append(f"{name}: {(err.strip().splitlines() or [''])[-1]}")
     if failed:
         raise ConfigError(what, f"{len(failed)} of {len(jobs)} runs failed: {'; '.join(failed)}")
+
+
+EXIT_MEANINGS = {2: "bad input", 3: "training diverged"}  # pfl.cli's exit codes
+
+
+def run_status(code: int) -> str:
+    """A run's line in the progress table: ok only for exit code 0."""
+    if code == 0:
+        return "ok"
+    return f"FAILED (exit {code}: {EXIT_MEANINGS.get(code, 'killed' if code < 0 else 'error')})"
 
 
 def run_sweep(path: str | Path, count: int | None = None, workers: int = 1, root: Path | None = None) -> list[Path]:
