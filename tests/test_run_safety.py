@@ -423,7 +423,7 @@ def test_the_run_sets_torch_threads_itself_and_restores_them(tmp_path):
         ):
             record = tmp_path / f"{name}.txt"
             method = ["--method", f"{SELF}.CountThreads", "--method.record", str(record)]
-            assert fit(tmp_path, name, *method, *threads) == 0
+            assert fit(tmp_path, name, *method, *threads, "--trainer.rounds", "1") == 0
             assert set(record.read_text().split()) == {str(expected)}, name
             assert torch.get_num_threads() == 3  # restored after the run
         assert apply_threads(None) == 3 and torch.get_num_threads() == 3
