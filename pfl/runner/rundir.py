@@ -99,7 +99,8 @@ def refuse_busy(run_dir: Path, owner: str, field: str) -> ConfigError:
     return ConfigError(
         field,
         f"run folder {run_dir} is in use by {owner}",
-        "wait for that run to finish, stop it, or choose another --tracking.name",
+        "wait for that run to finish or stop it"
+        + (", or choose another --tracking.name" if field != "--resume" else ""),
     )
 
 
