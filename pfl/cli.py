@@ -1,6 +1,8 @@
 """Command line: ``python -m pfl fit|methods|sweep|reproduce|data|report``.
 
 Argument parsing for ``fit`` lives in ``pfl.runner.args``; this module only dispatches commands.
+Exit codes: 0 success (also a resume with nothing left to do), 2 bad input or an unusable run
+folder (one line on stderr, nothing written), 3 training diverged (round and client named).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-from pfl.errors import ConfigError
+from pfl.errors import ConfigError, TrainingDiverged
 from pfl.methods import methods
 from pfl.runner.args import build_fit_parser, method_from_argv, parse_fit_args
 
@@ -29,9 +31,14 @@ def fit(argv: list[str]) -> dict[str, Any]:
     if rank_zero_only.rank != 0:  # the other ranks of a multi-process run stay quiet
         return summary
     shown = {k: v for k, v in summary["metrics"].items() if k.endswith((".mean", ".std")) or k == "gm.acc"}
+    if summary.get("already_finished"):
+        print(f"{summary['run_dir']} already finished its {summary['rounds']} rounds; nothing to do", end=" ")
+        print(f"(resume with --trainer.rounds > {summary['rounds']} to continue it). Its results:")
+    if summary.get("replaced"):
+        print(f"the earlier run of that name was moved to {summary['replaced']}")
     print(f"{summary['method']} on {summary['dataset']}: {summary['rounds']} rounds -> {summary['run_dir']}")
     for key, value in shown.items():
-        print(f"  {key:<24} {value:.4f}")
+        print(f"  {key:<24} {'n/a' if value is None else format(value, '.4f')}")
     return summary
 
 
@@ -102,4 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except TrainingDiverged as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
     return 0

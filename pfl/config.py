@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, get_args
 
+import torch
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT_STR, _PRECISION_INPUT_STR_ALIAS
 
 from pfl.data.config import validate_data_config
@@ -32,6 +34,8 @@ class TrainerConfig:
         precision: any Fabric precision: 32-true, 16-mixed (with a gradient scaler), bf16-mixed,
             bf16-true, 16-true, 64-true, ...
         progress: show a progress bar.
+        threads: torch intra-op threads of this process (null: torch's default, i.e. OMP_NUM_THREADS or
+            every core). 1 is fastest for small federated batches; raise it for large models.
     """
 
     rounds: int = 50
@@ -45,6 +49,9 @@ class TrainerConfig:
     strategy: str = "auto"
     precision: str = "32-true"
     progress: bool = True
+    # Small per-client batches gain nothing from intra-op parallelism and lose a lot when threads
+    # contend for busy cores (docs/runs.md); set in-process, so `python -m pfl` is as fast as `make train`.
+    threads: int | None = 1
 
 
 @dataclass
@@ -185,7 +192,10 @@ class TrackingConfig:
         wandb: log to Weights & Biases (offline unless logged in); false disables it.
         project: W&B project name.
         root: directory under which each run gets its own folder.
-        name: run folder name (default: <method>-<dataset>-s<seed>-<timestamp>).
+        name: run folder name (default: <method>-<dataset>-s<seed>-<timestamp>); an existing run
+            folder is refused unless the run is resumed (--resume) or overwrite is true.
+        overwrite: replace an existing run folder of the same name: the old folder is moved to
+            <root>/_replaced/<name>-<timestamp> once the new run's set-up has passed (never deleted).
         group: W&B group (default: the experiment, <dataset>-<clients>c-<partition>; sweeps: the sweep).
         tags: extra W&B tags (the method and the dataset are always tagged).
         job_type: W&B job type (fit; local sweeps: sweep).
@@ -195,6 +205,7 @@ class TrackingConfig:
     project: str = "pfl"
     root: str = "runs"
     name: str | None = None
+    overwrite: bool = False
     group: str | None = None
     tags: list[str] = field(default_factory=list)
     job_type: str = "fit"
@@ -217,6 +228,7 @@ class RunConfig:
 def validate(cfg: RunConfig) -> None:
     """Raise ConfigError naming the first invalid field. Runs before any data or model is built."""
     t, c = cfg.trainer, cfg.client
+    check_finite(cfg)
     require(t.rounds >= 1, "trainer.rounds", f"must be >= 1 (got {t.rounds})")
     require(
         0 < t.fraction <= 1,
@@ -245,6 +257,9 @@ def validate(cfg: RunConfig) -> None:
         f"choose one of {', '.join(PRECISIONS)}",
     )
     require(t.devices >= 1, "trainer.devices", f"must be >= 1 (got {t.devices})")
+    check_accelerator(t)
+    if t.threads is not None:
+        require(t.threads >= 1, "trainer.threads", f"must be >= 1 or null (got {t.threads})", "null: torch's default")
     require(t.num_nodes >= 1, "trainer.num_nodes", f"must be >= 1 (got {t.num_nodes})")
     require(
         t.strategy in STRATEGIES,
@@ -267,6 +282,8 @@ def validate(cfg: RunConfig) -> None:
 
 def validate_eval(e: EvalConfig) -> None:
     require(e.batch_size >= 1, "eval.batch_size", f"must be >= 1 (got {e.batch_size})")
+    if e.target is not None:  # the task's own range is checked once the data are loaded (validate_target)
+        require(e.target >= 0, "eval.target", f"must be >= 0 (got {e.target})")
     for name, value, choices in (
         ("select", e.select, SELECTS),
         ("reference", e.reference, REFERENCES),
@@ -275,3 +292,66 @@ def validate_eval(e: EvalConfig) -> None:
         require(value in choices, f"eval.{name}", f"unknown value {value!r}", f"choose one of {', '.join(choices)}")
     require(0 < e.s_acc_others <= 1, "eval.s_acc_others", f"must be in (0, 1] (got {e.s_acc_others})")
     require(e.new_client_epochs >= 0, "eval.new_client_epochs", f"must be >= 0 (got {e.new_client_epochs})")
+
+
+def validate_target(e: EvalConfig, task: str) -> None:
+    """``eval.target`` in the task's range: an accuracy in [0, 1] (classification), an MAE > 0 (regression)."""
+    if e.target is None:
+        return
+    if task == "regression":
+        require(e.target > 0, "eval.target", f"a regression target is an MAE and must be > 0 (got {e.target})")
+    else:
+        require(
+            0 <= e.target <= 1,
+            "eval.target",
+            f"a classification target is an accuracy and must be in [0, 1] (got {e.target})",
+            "e.g. 0.8 for 80 % mean personalized accuracy",
+        )
+
+
+def check_finite(cfg: RunConfig) -> None:
+    """Every float of every group (nested groups and lists included) and of the method's
+    hyper-parameters must be finite: jsonargparse reads ``1e400`` as inf and ``nan`` as NaN."""
+    for group in fields(cfg):
+        value = getattr(cfg, group.name)
+        if group.name == "method":
+            for key, hp in value.hparams().items():
+                _require_finite(hp, f"method.{key}")
+        else:
+            _require_finite(value, group.name)
+
+
+def _require_finite(value: Any, name: str) -> None:
+    if is_dataclass(value) and not isinstance(value, type):
+        for f in fields(value):
+            _require_finite(getattr(value, f.name), f"{name}.{f.name}")
+    elif isinstance(value, (list, tuple)):
+        for k, item in enumerate(value):
+            _require_finite(item, f"{name}[{k}]")
+    elif isinstance(value, float):
+        require(math.isfinite(value), name, f"must be a finite number (got {value})")
+
+
+def check_accelerator(t: TrainerConfig) -> None:
+    """An explicitly requested accelerator must exist here (``auto`` picks what there is)."""
+    if t.accelerator in ("cuda", "gpu"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        require(
+            count > 0,
+            "trainer.accelerator",
+            f"{t.accelerator} was asked for but torch {torch.__version__} sees no CUDA GPU on this machine",
+            "use --trainer.accelerator auto or cpu",
+        )
+        require(
+            t.devices <= count,
+            "trainer.devices",
+            f"{t.devices} GPUs per node asked for, {count} visible here",
+            f"use --trainer.devices {count} or fewer",
+        )
+    elif t.accelerator == "mps":
+        require(
+            torch.backends.mps.is_available(),
+            "trainer.accelerator",
+            "mps was asked for but is not available on this machine",
+            "use --trainer.accelerator auto or cpu",
+        )

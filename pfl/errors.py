@@ -1,17 +1,38 @@
-"""The one error type for bad input: raised before any training starts, caught by the CLI."""
+"""The error types a user can act on, each caught by the CLI with its own exit code:
+``ConfigError`` (bad input, raised before any training starts; exit 2) and ``TrainingDiverged``
+(a client's training produced NaN/inf; exit 3)."""
 
 
 class ConfigError(ValueError):
     """A configuration, data file or hyper-parameter is invalid. The message names the field and the fix."""
 
     def __init__(self, field: str, problem: str, fix: str = ""):
-        self.field = field
+        self.field, self.problem, self.fix = field, problem, fix
         message = f"{field}: {problem}"
         if fix:
             message += f" ({fix})"
         super().__init__(message)
 
+    def __reduce__(self):  # pickles with its three parts (multi-process runs send it between ranks)
+        return type(self), (self.field, self.problem, self.fix)
+
 
 def require(condition: bool, field: str, problem: str, fix: str = "") -> None:
     if not condition:
         raise ConfigError(field, problem, fix)
+
+
+class TrainingDiverged(RuntimeError):
+    """A local update (or the server step after it) produced a non-finite loss or model: the run
+    stops in that round, before anything of it is checkpointed or reported."""
+
+    def __init__(self, round_idx: int, client: int | None, what: str):
+        self.round, self.client, self.what = round_idx, client, what
+        where = f"round {round_idx}" + (f", client {client}" if client is not None else "")
+        super().__init__(
+            f"training diverged in {where}: {what} (lower client.lr, or server.lr for an adaptive server "
+            "optimizer; nothing of this round was checkpointed or reported)"
+        )
+
+    def __reduce__(self):
+        return type(self), (self.round, self.client, self.what)

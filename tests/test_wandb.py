@@ -183,9 +183,9 @@ def test_ids_unique_across_two_local_sweeps_and_reruns(offline):
             assert set(rec.tags) == {"fedavg", "digits"}
             assert json.loads((run_dir / wandb_run.IDENTITY_FILE).read_text())["id"] == rec.run_id
     assert len(ids) == 2 and len(set(ids)) == 2, ids  # every local sweep names its first run run000
-    # a new run reusing a name (not --resume) is a new W&B run
+    # a new run reusing a name (overwrite, not --resume) is a new W&B run
     runs, _ = plan(sweep, root=offline / "sweep-a")
-    cfg, ns, parser, _ = parse_fit_args(runs[0].argv[1:])
+    cfg, ns, parser, _ = parse_fit_args([*runs[0].argv[1:], "--tracking.overwrite", "true"])
     run_experiment(cfg, parser.dump(ns))
     latest = json.loads((seen_dirs[0] / wandb_run.IDENTITY_FILE).read_text())["id"]
     assert latest not in ids

@@ -22,6 +22,7 @@ from pfl.config import RunConfig
 from pfl.data.federated import FederatedData
 from pfl.engine.flat import FlatModule
 from pfl.engine.worker import Worker
+from pfl.federation import divergence
 from pfl.federation.attacks import Attack
 from pfl.federation.checkpoint import load_checkpoint, save_checkpoint
 from pfl.federation.distributed import Cohort, move
@@ -131,15 +132,21 @@ class FederatedLoop:
         uploads: dict[int, Upload] = {}
         fits = []
         mine = self.cohort.share(sampled, self._sizes)
+        single = self.cohort.world_size == 1
         for cid in mine:
             ctx = self.client(cid)
             uploads[cid] = self.method.local_update(ctx, payloads[cid])
             fits += ctx.fits
-        if self.cohort.world_size > 1:
+            if single:  # stop at the first diverged client, named (several ranks: after the exchange)
+                divergence.check_clients(self.round + 1, [cid], uploads, self.clients)
+                divergence.check_losses(self.round + 1, [f.loss for f in ctx.fits], cid)
+        if not single:
             # Every rank aggregates the full, id-sorted upload dict and stores every client's new state.
             states = {cid: self.clients.get(cid, {}) for cid in mine}
             uploads, states, fits = self.cohort.exchange(uploads, states, fits, self.worker.device)
             self.clients.update(states)
+            divergence.check_clients(self.round + 1, sampled, uploads, self.clients)  # the same on every rank
+            divergence.check_losses(self.round + 1, [f.loss for f in fits])
         if self.attack is not None:
             uploads = self.attack.apply(uploads, payloads, self.round)
         for cid in sampled:
@@ -148,6 +155,7 @@ class FederatedLoop:
         self.train_samples += sum(f.samples_seen for f in fits)
         self.train_seconds += sum(f.seconds for f in fits)
         self.aggregate(uploads)
+        divergence.check_server(self.round + 1, self.server.state)
         self.evals.comm.extra(*self.method.comm_extra(self.server))
         # Drop empty entries so FedAvg-like methods keep no per-client memory.
         for cid in sampled:

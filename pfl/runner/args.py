@@ -10,10 +10,14 @@ read as ``--key value``.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
+from typing import Any
 
+import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from pfl.config import (
     AttackConfig,
@@ -26,7 +30,7 @@ from pfl.config import (
     validate,
 )
 from pfl.data.settings import DataConfig
-from pfl.errors import ConfigError
+from pfl.errors import ConfigError, require
 from pfl.methods import method_class, methods
 from pfl.models import ModelConfig
 
@@ -98,13 +102,35 @@ def _method_in_file(path: Path) -> str | None:
         raise ConfigError(
             "--config", f"file not found: {path}", "give the path of an existing YAML file, e.g. conf/default.yaml"
         )
-    conf = OmegaConf.load(path)
-    method = conf.get("method") if hasattr(conf, "get") else None
+    conf = load_yaml(path)
+    method = conf.get("method")
     if isinstance(method, str):
         return method
     if method is not None and method.get("name") is not None:
         return str(method.get("name"))
     return None
+
+
+def load_yaml(path: Path) -> DictConfig:
+    """A config file as a mapping; one that is not (unreadable, bad YAML syntax, a list) is a one-line ConfigError."""
+    if not path.is_file():
+        raise ConfigError("--config", f"{path} is not a file", "give the path of a YAML file, e.g. conf/default.yaml")
+    try:
+        conf = OmegaConf.load(path)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError("--config", f"{path} is not valid YAML{where}: {problem}", "fix the file's syntax") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError("--config", f"cannot read {path}: {err}") from None
+    except OmegaConfBaseException as err:
+        raise ConfigError("--config", f"{path} cannot be read as a config: {str(err).splitlines()[0]}") from None
+    if not isinstance(conf, DictConfig):
+        raise ConfigError(
+            "--config", f"{path} holds a YAML list, not a mapping of groups", "e.g. trainer:\n  rounds: 5"
+        )
+    return conf
 
 
 def _rewrite_resume(argv: list[str]) -> tuple[list[str], Path | None]:
@@ -135,13 +161,14 @@ def hyphenate(argv: list[str]) -> list[str]:
 
 
 def parse_fit_args(argv: list[str]) -> tuple[RunConfig, Namespace, ArgumentParser, Path | None]:
+    """The run's configuration from ``argv``, validated. With ``--resume DIR`` the overrides are first
+    checked against DIR/config.yaml (``check_resume_overrides``); nothing is written here."""
     argv, resume_dir = _rewrite_resume(hyphenate(list(argv)))
     name, argv = method_from_argv(argv)
     parser = build_fit_parser(name)
-    try:
-        ns = parser.parse_args(argv)
-    except argparse.ArgumentError as err:
-        raise ConfigError("arguments", _explain(str(err), parser)) from None
+    ns = _parse(parser, argv)
+    if resume_dir is not None:
+        check_resume_overrides(resume_dir, ns)
     method_args = ns.method.clone().as_dict()
     method_args.pop("name", None)
     method = method_class(name)(**method_args)
@@ -151,6 +178,96 @@ def parse_fit_args(argv: list[str]) -> tuple[RunConfig, Namespace, ArgumentParse
     cfg = RunConfig(method=method, seed=init.seed, **{g: init[g] for g in GROUPS})
     validate(cfg)
     return cfg, ns, parser, resume_dir
+
+
+def _parse(parser: ArgumentParser, argv: list[str], field: str = "arguments") -> Namespace:
+    try:
+        return parser.parse_args(argv)
+    except argparse.ArgumentError as err:
+        raise ConfigError(field, " ".join(_explain(str(err), parser).split())) from None  # one line
+
+
+# What a resume may change: how long it runs (trainer.rounds, checked against the rounds done once
+# the checkpoint is read), when it evaluates and checkpoints, where it runs (device settings change
+# results only by float rounding), what is reported from the evaluations, and where results go.
+# Everything else (seed, method, client, server, data, model, precision, sampling, eval.s_acc_others
+# and eval.pm_source, which define metrics already in the history) would mix two experiments.
+RESUME_ALLOWED = frozenset(
+    {
+        "trainer.rounds",
+        "trainer.eval_every",
+        "trainer.checkpoint_every",
+        "trainer.progress",
+        "trainer.threads",
+        "trainer.accelerator",
+        "trainer.devices",
+        "trainer.num_nodes",
+        "trainer.strategy",
+        "eval.batch_size",
+        "eval.target",
+        "eval.select",
+        "eval.new_client_epochs",
+        "eval.reference",
+        "tracking.wandb",
+        "tracking.project",
+        "tracking.root",
+        "tracking.overwrite",
+    }
+)
+_NOT_SETTINGS = ("config", "resume", "__path__")
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if not prefix and key in _NOT_SETTINGS:
+            continue
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def resume_changes(run_dir: Path, ns: Namespace) -> dict[str, tuple[Any, Any]]:
+    """``{key: (recorded, now)}`` for every setting ``ns`` changes from ``run_dir/config.yaml``."""
+    path = run_dir / "config.yaml"
+    recorded_parser = build_fit_parser(_method_in_file(path) or DEFAULT_METHOD)
+    recorded = _flatten(_parse(recorded_parser, ["--config", str(path)], "--resume").as_dict())
+    now = _flatten(ns.as_dict())
+    keys = list(recorded) + [k for k in now if k not in recorded]
+    return {k: (recorded.get(k), now.get(k)) for k in keys if recorded.get(k) != now.get(k)}
+
+
+def check_resume_overrides(run_dir: Path, ns: Namespace) -> None:
+    """Refuse a resume whose overrides change what the recorded run is (``RESUME_ALLOWED``)."""
+    refused = {k: v for k, v in resume_changes(run_dir, ns).items() if k not in RESUME_ALLOWED}
+    if refused:
+        listing = ", ".join(f"{k} ({a!r} -> {b!r})" for k, (a, b) in refused.items())
+        raise ConfigError(
+            "--resume",
+            f"{run_dir} was recorded with other settings; a resume may not change {listing}",
+            "start a new run (another --tracking.name) for a different setting; a resume may change only "
+            + ", ".join(sorted(RESUME_ALLOWED)),
+        )
+
+
+def check_resume_progress(run_dir: Path, rounds_done: int, rounds: int) -> bool:
+    """Refuse fewer rounds than ``run_dir`` has done; True when it has already finished ``rounds``
+    (its summary.json reports them), i.e. there is nothing left to do."""
+    require(
+        rounds >= rounds_done,
+        "trainer.rounds",
+        f"{rounds} is fewer than the {rounds_done} rounds {run_dir} has already done",
+        f"resume with --trainer.rounds {rounds_done} or more; a run is never cut back",
+    )
+    if rounds != rounds_done:
+        return False
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False  # killed between its last checkpoint and its summary: the resume writes it
+    return isinstance(summary, dict) and summary.get("rounds") == rounds_done
 
 
 def _explain(message: str, parser: ArgumentParser) -> str:

@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+import json
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 
-from pfl.config import RunConfig, validate
+from pfl.config import RunConfig, validate, validate_target
 from pfl.data import build_data
 from pfl.data.ecosystem import dataset_label
+from pfl.engine.worker import task_of
+from pfl.errors import ConfigError
+from pfl.federation.checkpoint import CHECKPOINT
 from pfl.federation.loop import Callback, FederatedLoop
 from pfl.methods import class_path
+from pfl.runner.args import check_resume_progress
 from pfl.runner.outputs import FileOutputs, RunFiles, run_dir_under
 from pfl.runner.reference import ensure_local_reference
+from pfl.runner.rundir import RunClaim, precheck
 from pfl.runner.wandb_run import wandb_callback
 
 
@@ -46,35 +54,122 @@ def run_name(cfg: RunConfig) -> str:
     return f"{cfg.method.name}-{dataset_label(cfg.data.source)}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def apply_threads(threads: int | None) -> int:
+    """Set torch's intra-op threads for this process (None: leave torch's default); returns the previous count."""
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return previous
+
+
 def run_experiment(
     cfg: RunConfig,
     config_text: str | None = None,
     resume_dir: Path | None = None,
     run_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) one experiment; returns the summary also written to ``summary.json``."""
+    """Run (or resume) one experiment; returns the summary also written to ``summary.json``.
+
+    Order (docs/runs.md): validate and build everything (data, devices, model, the resumed state)
+    while writing nothing; then claim the run folder (created, locked, an old one moved aside when
+    overwriting); then build the LOCAL reference, write config.yaml and train. A resume of a run that
+    has already finished its rounds returns its summary with ``already_finished`` and touches nothing.
+    """
+    previous_threads = apply_threads(cfg.trainer.threads)
+    try:
+        return _run(cfg, config_text, resume_dir, run_dir)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run(cfg: RunConfig, config_text: str | None, resume_dir: Path | None, run_dir: Path | None) -> dict[str, Any]:
     validate(cfg)
     data = build_data(cfg.data, cfg.seed)
+    validate_target(cfg.eval, task_of(data))
     fabric = make_fabric(cfg)
     # Several processes (trainer.devices / num_nodes): fabric.launch() starts the other local ranks
-    # (or joins the ones torchrun/SLURM started). Only rank 0 writes files and logs.
+    # (or joins the ones torchrun/SLURM started). Only rank 0 touches the run folder and logs.
     fabric.launch()
-    if resume_dir is not None:
+    resume = resume_dir is not None
+    auto_name = not resume and run_dir is None and not cfg.tracking.name
+    if resume:
         run_dir = resume_dir
     run_dir = fabric.broadcast(run_dir or run_dir_under(cfg.tracking.root, run_name(cfg)))  # one name on every rank
-    callbacks: list[Callback] = []
+    overwrite = cfg.tracking.overwrite and not resume  # a resume never moves anything
+    _on_rank_zero(fabric, lambda: precheck(run_dir, resume=resume, overwrite=overwrite, auto_name=auto_name))
+    loop = FederatedLoop(cfg, data, None, fabric)  # builds the model: a bad one fails before any file exists
+    seen = None
+    if resume:
+        seen = _checkpoint_identity(run_dir)
+        loop.resume(run_dir)
+        if check_resume_progress(run_dir, loop.round, cfg.trainer.rounds):
+            summary = json.loads((run_dir / "summary.json").read_text())
+            return {**summary, "run_dir": str(run_dir), "already_finished": True}
+    claim = RunClaim(run_dir, Path(cfg.tracking.root), resume=resume, overwrite=overwrite, auto_name=auto_name)
+    _on_rank_zero(fabric, claim.acquire)
+    try:
+        run_dir = fabric.broadcast(claim.dir)
+        if resume:
+            _on_rank_zero(fabric, lambda: _require_unchanged(run_dir, seen))
+        if cfg.eval.reference == "local" and cfg.method.name != "local" and loop.evals.reference is None:
+            loop.evals.reference = ensure_local_reference(cfg, data, fabric)
+        if fabric.is_global_zero:
+            loop.run_dir = run_dir
+            loop.callbacks = _outputs(cfg, run_dir, config_text, resume)
+        summary = loop.fit()
+    except BaseException:
+        if fabric.is_global_zero:
+            claim.release(failed=True)  # removes a folder it created that holds no result yet
+        raise
     if fabric.is_global_zero:
-        files = RunFiles(run_dir)
-        if config_text is not None:
-            files.write_config(config_text)
-        callbacks.append(FileOutputs(files))
-        if cfg.tracking.wandb:
-            callbacks.append(wandb_callback(cfg, run_dir, flat_config(cfg), resume=resume_dir is not None))
-    loop = FederatedLoop(cfg, data, run_dir if fabric.is_global_zero else None, fabric, callbacks)
-    if resume_dir is not None:
-        loop.resume(resume_dir)
-    if cfg.eval.reference == "local" and cfg.method.name != "local" and loop.evals.reference is None:
-        loop.evals.reference = ensure_local_reference(cfg, data, fabric)
-    summary = loop.fit()
+        claim.release()
     summary["run_dir"] = str(run_dir)
+    if claim.replaced is not None:
+        summary["replaced"] = str(claim.replaced)
     return summary
+
+
+def _outputs(cfg: RunConfig, run_dir: Path, config_text: str | None, resumed: bool) -> list[Callback]:
+    """Rank 0's output callbacks; writes config.yaml (only when it changes, atomically)."""
+    files = RunFiles(run_dir)
+    if config_text is not None:
+        path = run_dir / "config.yaml"
+        if not path.exists() or path.read_text() != config_text:
+            files.write_config(config_text)
+    callbacks: list[Callback] = [FileOutputs(files)]
+    if cfg.tracking.wandb:
+        callbacks.append(wandb_callback(cfg, run_dir, flat_config(cfg), resume=resumed))
+    return callbacks
+
+
+def _on_rank_zero(fabric: L.Fabric, step: Callable[[], Any]) -> None:
+    """Run ``step`` on rank 0; a ConfigError there is raised on every rank (no rank waits forever)."""
+    error = None
+    if fabric.is_global_zero:
+        try:
+            step()
+        except ConfigError as err:
+            error = err
+    if fabric.world_size > 1:
+        error = fabric.broadcast(error)
+    if error is not None:
+        raise error
+
+
+def _checkpoint_identity(run_dir: Path) -> tuple[int, int] | None:
+    try:
+        st = (run_dir / CHECKPOINT).stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def _require_unchanged(run_dir: Path, seen: tuple[int, int] | None) -> None:
+    """The checkpoint read before the lock was taken is still the newest one (no other process
+    advanced the run in between)."""
+    if _checkpoint_identity(run_dir) != seen:
+        raise ConfigError(
+            "--resume",
+            f"{run_dir} changed while this resume was loading it (another process continued the run)",
+            "check that run, then resume again",
+        )

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import json
+import math
+import numbers
 import os
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,28 @@ def run_dir_under(root: str | Path, name: str) -> Path:
     return Path(root) / relative
 
 
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN/inf float (Python or numpy, at any depth) replaced by None, tuples as
+    lists: what strict JSON can hold. A metric that could not be computed reads null, not NaN."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    return value
+
+
+def strict_json(value: Any) -> str:
+    """RFC 8259 JSON (no bare NaN/Infinity, which Python's json writes by default but other readers reject)."""
+    return json.dumps(json_safe(value), indent=2, sort_keys=True, allow_nan=False)
+
+
 class RunFiles:
     """Everything a run writes into ``runs/<name>/``; files are rewritten whole, so a resumed run
     never leaves duplicate or partial rows."""
@@ -40,7 +64,9 @@ class RunFiles:
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def write_config(self, text: str) -> None:
-        (self.dir / "config.yaml").write_text(text)
+        tmp = self.dir / "config.yaml.tmp"  # atomic: a kill never leaves a half config that --resume reads
+        tmp.write_text(text)
+        os.replace(tmp, self.dir / "config.yaml")
 
     def write_metrics(self, history: list[dict[str, Any]]) -> None:
         _write_csv(self.dir / "metrics.csv", history)
@@ -50,7 +76,7 @@ class RunFiles:
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         tmp = self.dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2, sort_keys=True))
+        tmp.write_text(strict_json(summary))
         os.replace(tmp, self.dir / "summary.json")
 
 

@@ -39,7 +39,8 @@ def run_claims(
         jobs = {}
         for label, args in claim.runs.items():
             argv = [*claim.base, *args, "--tracking.root", str(out / claim.key), "--tracking.name", label]
-            argv += ["--trainer.progress", "false"]
+            # The suite regenerates its runs: an earlier one of the same label is moved aside, not refused.
+            argv += ["--trainer.progress", "false", "--tracking.overwrite", "true"]
             if quick:
                 rounds = parse_fit_args(argv)[0].trainer.rounds // 10 or 1
                 argv += ["--trainer.rounds", str(rounds), "--trainer.eval_every", str(rounds)]

@@ -182,7 +182,11 @@ def plan(path: str | Path, count: int | None = None, root: Path | None = None) -
 def run_parallel(jobs: dict[str, list[str]], workers: int = 1, what: str = "sweep") -> None:
     """Run ``python -m pfl <argv>`` for every job in ``workers`` processes; the cores are split between
     workers. A line per finished run (with elapsed time and ETA) and, on a terminal, a live bar below
-    them. Raises ConfigError naming every failed job."""
+    them. Raises ConfigError naming every failed job.
+
+    Threads: each run sets torch's threads itself (``trainer.threads``, default 1); the split of the
+    cores in OMP_NUM_THREADS is what a run with ``trainer.threads: null`` gets, and bounds the other
+    OpenMP pools, so workers x threads never exceeds the cores by default."""
     threads = str(max(1, (os.cpu_count() or 1) // max(workers, 1)))
     env = {**os.environ, "OMP_NUM_THREADS": threads}
     env.pop("WANDB_SERVICE", None)  # each run starts its own W&B service: a killed run frees its id with it
@@ -201,7 +205,7 @@ def run_parallel(jobs: dict[str, list[str]], workers: int = 1, what: str = "swee
             for future in done:
                 name = pending.pop(future)
                 code, err, seconds = future.result()
-                progress.finished(name, "ok" if code == 0 else f"FAILED ({code})", seconds)
+                progress.finished(name, run_status(code), seconds)
                 if code != 0:
                     failed.append(f"{name}: {(err.strip().splitlines() or [''])[-1]}")
             progress.tick()
@@ -278,6 +282,16 @@ class RunProgress:
 
     def close(self) -> None:
         self.bar.close()
+
+
+EXIT_MEANINGS = {2: "bad input", 3: "training diverged"}  # pfl.cli's exit codes
+
+
+def run_status(code: int) -> str:
+    """A run's line in the progress table: ok only for exit code 0."""
+    if code == 0:
+        return "ok"
+    return f"FAILED (exit {code}: {EXIT_MEANINGS.get(code, 'killed' if code < 0 else 'error')})"
 
 
 def run_sweep(path: str | Path, count: int | None = None, workers: int = 1, root: Path | None = None) -> list[Path]:

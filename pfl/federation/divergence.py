@@ -1,0 +1,81 @@
+"""Stop a run whose training has diverged: the first non-finite loss or tensor of a round, named.
+
+A NaN or inf that reaches the aggregate spreads to every client through the global model, and the
+metrics then read NaN (or an accuracy of one class) for the rest of the run. The loop therefore
+checks each round, before anything of it is checkpointed or reported:
+
+- every sampled client's upload and stored state (what the method trained) for non-finite values;
+- every local fit's mean training loss for ±inf. A NaN loss is not checked on its own, because
+  ``ClientContext.record_fit`` reports NaN for methods that run their own loop (no loss known); a
+  real NaN loss from SGD leaves NaN parameters, which the tensor check catches;
+- the server state after aggregation and the server optimizer's step.
+
+In a multi-process round every rank runs the check on the gathered uploads, states and fits, so
+all ranks stop together with the same message.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from pfl.errors import TrainingDiverged
+
+
+def _tensors(obj: Any, path: str) -> Iterator[tuple[str, Tensor]]:
+    """Every floating tensor inside ``obj`` (tensors, dicts, lists, dataclasses such as Upload) with its path."""
+    if isinstance(obj, Tensor):
+        if obj.is_floating_point() or obj.is_complex():
+            yield path, obj
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from _tensors(value, f"{path}[{key!r}]")
+    elif isinstance(obj, (list, tuple)):
+        for k, value in enumerate(obj):
+            yield from _tensors(value, f"{path}[{k}]")
+    elif is_dataclass(obj) and not isinstance(obj, type):
+        for f in fields(obj):
+            yield from _tensors(getattr(obj, f.name), f"{path}.{f.name}")
+
+
+def first_nonfinite(obj: Any, name: str) -> str | None:
+    """A description of the first tensor in ``obj`` holding NaN or inf, or None when all are finite."""
+    for path, tensor in _tensors(obj, name):
+        finite = torch.isfinite(tensor)
+        if not bool(finite.all()):
+            bad = int((~finite).sum())
+            kind = "NaN" if bool(torch.isnan(tensor).any()) else "inf"
+            return f"{path} has {bad} non-finite value(s) ({kind})"
+    return None
+
+
+def infinite_loss(losses: Iterable[float]) -> str | None:
+    for loss in losses:
+        if math.isinf(loss):
+            return f"the local training loss is {loss}"
+    return None
+
+
+def check_clients(round_idx: int, clients: Iterable[int], uploads: dict[int, Any], states: dict[int, Any]) -> None:
+    """Raise TrainingDiverged naming the first client (by id) whose upload or state is non-finite."""
+    for cid in sorted(clients):
+        what = first_nonfinite(uploads.get(cid), "upload") or first_nonfinite(states.get(cid, {}), "client state")
+        if what:
+            raise TrainingDiverged(round_idx, cid, what)
+
+
+def check_losses(round_idx: int, losses: Iterable[float], client: int | None = None) -> None:
+    what = infinite_loss(losses)
+    if what:
+        raise TrainingDiverged(round_idx, client, what)
+
+
+def check_server(round_idx: int, state: Any) -> None:
+    what = first_nonfinite(state, "server state")
+    if what:
+        raise TrainingDiverged(round_idx, None, f"{what} after aggregation")
