@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -240,6 +241,11 @@ class Checkpoint:
         return out
 
 
+def _unlink_all(paths: list[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
 class CheckpointChain:
     """Writes and reads the incremental chain of ``run_dir``; the next link extends the last one
     written or loaded."""
@@ -255,6 +261,7 @@ class CheckpointChain:
         self._previous: _Link | None = None  # the link at checkpoint.prev.pt when known
         self.last_bytes = 0
         self.last_seconds = 0.0
+        self._collector: threading.Thread | None = None
 
     # -- policy -----------------------------------------------------------------------------------
     def due_for_base(self) -> bool:
@@ -296,23 +303,23 @@ class CheckpointChain:
             payload[name] = list(delta.items)
             meta["lists"][name] = int(delta.start)
         pending = self.run_dir / PENDING
-        # The link's size is known only after writing; the policy fields count it from the segments
-        # plus an estimate of the link file (tensor bytes), then the exact size is kept in memory.
+        # The compaction policy compares tensor bytes (file overheads left out): segments + link.
         estimate = size + tree_bytes(payload)
         meta["depth"] = parent.depth + 1 if parent else 0
         meta["base_bytes"] = parent.base_bytes if parent else estimate
         meta["delta_bytes"] = parent.delta_bytes + estimate if parent else 0
         payload[META] = meta
-        size += _write_verified(tree_map(lambda t: t.detach().cpu(), payload), pending)
+        _write_verified(tree_map(lambda t: t.detach().cpu(), payload), pending)
         link = _Link.of(meta)
         self._commit(link, pending)
-        self.last_bytes = size
+        self.last_bytes = estimate
         self.last_seconds = time.perf_counter() - started
         return self.run_dir / CHECKPOINT
 
     def _stream(self, link_id: str, name: str, entries: Iterable[tuple[int, Any]]) -> tuple[dict, list[str], int]:
         """Map entries into segment files of at most ``segment_bytes`` each (a segment is written as
-        soon as it is full); what is left stays inline in the link file."""
+        soon as it is full); what is left stays inline in the link file. Returns (inline entries,
+        segment names, tensor bytes in the segments)."""
         buffer: dict[int, Any] = {}
         held, written, segments = 0, 0, []
         for key, value in entries:
@@ -320,17 +327,18 @@ class CheckpointChain:
             nbytes = tree_bytes(value)
             if buffer and held + nbytes > self.segment_bytes:
                 segments.append(f"{link_id}.{name}.{len(segments)}.pt")
-                written += self._place(buffer, self.chain_dir / segments[-1])
+                self._place(buffer, self.chain_dir / segments[-1])
+                written += held
                 buffer, held = {}, 0
             buffer[int(key)] = value
             held += nbytes
         return buffer, segments, written
 
-    def _place(self, payload: Any, path: Path) -> int:
+    def _place(self, payload: Any, path: Path) -> None:
         pending = path.with_name(path.name + ".tmp")
-        size = _write_verified(payload, pending)
+        _write_verified(payload, pending)
         os.replace(pending, path)
-        return size
+        _fsync_dir(path.parent)
 
     def _commit(self, link: _Link, pending: Path) -> None:
         """Make ``link`` the newest and the link it follows the fallback; then drop unreachable files.
@@ -347,12 +355,13 @@ class CheckpointChain:
                 old = self._previous
                 if old is not None and fallback is not None and old.id in self._ancestry(fallback):
                     os.replace(previous, self.chain_dir / f"{old.id}.pt")
-                else:
-                    previous.unlink()
+                else:  # not needed any more: deleted with the other unreachable files, off this thread
+                    os.replace(previous, self.chain_dir / f"unused-{secrets.token_hex(4)}.pt")
             if path.exists():
                 os.replace(path, previous)
         os.replace(pending, path)
-        _fsync_dir(self.chain_dir)
+        # One directory fsync makes the renames durable: journaling filesystems commit the renames
+        # into the chain folder (earlier, in the same journal) with it. Segments were synced already.
         _fsync_dir(self.run_dir)
         self._lineage[link.id] = link
         self._previous = fallback
@@ -367,13 +376,23 @@ class CheckpointChain:
         return ids
 
     def _collect(self) -> None:
-        """Delete chain files that neither the newest link nor its fallback needs."""
+        """Delete chain files that neither the newest link nor its fallback needs. The deletions run
+        in a background thread (an unlink costs a few ms on some filesystems, and nothing waits for
+        it); files left by a process that exits first are collected by the next save."""
         needed = set(self._ancestry(self.head)) | set(self._ancestry(self._previous))
         self._lineage = {k: v for k, v in self._lineage.items() if k in needed}
         keep = {f"{i}.pt" for i in needed} | {s for i in needed for s in self._lineage[i].segments}
-        for file in self.chain_dir.iterdir():
-            if file.name not in keep:
-                file.unlink(missing_ok=True)
+        doomed = [f for f in self.chain_dir.iterdir() if f.name not in keep]
+        if self._collector is not None:
+            self._collector.join()
+        self._collector = threading.Thread(target=_unlink_all, args=(doomed,), daemon=True)
+        self._collector.start()
+
+    def wait(self) -> None:
+        """Until the background deletions are done."""
+        if self._collector is not None:
+            self._collector.join()
+            self._collector = None
 
     # -- loading ----------------------------------------------------------------------------------
     def load(self) -> Checkpoint | None:

@@ -69,14 +69,14 @@ def tree_bytes(tree: Any) -> int:
 
 
 def tree_equal(a: Any, b: Any) -> bool:
-    """Same structure, same keys, bit-identical tensors (same dtype, shape and values)."""
+    """Same structure, same keys, bit-identical tensors (same dtype, shape and bytes)."""
     if isinstance(a, Tensor) or isinstance(b, Tensor):
         return (
             isinstance(a, Tensor)
             and isinstance(b, Tensor)
             and a.dtype == b.dtype
             and a.shape == b.shape
-            and torch.equal(a.cpu(), b.cpu())
+            and torch.equal(_bits(a), _bits(b))
         )
     if isinstance(a, dict) or isinstance(b, dict):
         return (
@@ -88,6 +88,11 @@ def tree_equal(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(tree_equal(x, y) for x, y in zip(a, b, strict=True))
     return bool(a == b)
+
+
+def _bits(t: Tensor) -> Tensor:
+    """The tensor's bytes (NaN equals the same NaN, -0.0 differs from 0.0)."""
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
 
 
 def detached_copy(tree: Any, device: torch.device | str) -> Any:
