@@ -115,10 +115,12 @@ def test_change_tracking_of_both_stores(tmp_path):
 
 def test_disk_store_run_equals_memory_store_run():
     budget = 40_000 / 2**20  # about one MLP state: every round spills and reloads
-    for method, ev in (("ditto", {}), ("fedavg", {"pm_source": "local_update"})):
+    cases = (("ditto", {}, False), ("fedavg", {"pm_source": "local_update"}, False), ("local", {}, True))
+    for method, ev, vec in cases:  # vectorized: states filled in after the local updates stay pinned
         runs = {}
         for kind in ("memory", "disk"):
-            cfg = tiny_config(method, trainer={"rounds": 4, "client_store": kind, "store_budget_mb": budget}, eval=ev)
+            trainer = {"rounds": 4, "client_store": kind, "store_budget_mb": budget, "vectorize": vec}
+            cfg = tiny_config(method, trainer=trainer, eval=ev)
             loop = make_loop(cfg)
             runs[kind] = (loop.fit(), loop)
         (a, mem), (b, disk) = runs["memory"], runs["disk"]
@@ -351,3 +353,82 @@ def test_only_the_reportable_rounds_keep_their_client_rows():
     vals = [h["pm.val_acc.mean"] for h in loop.history]
     best = loop.history[max(range(len(vals)), key=lambda i: (vals[i], -i))]["round"]
     assert set(loop.evals.rows) == {best, 5}
+
+
+# -- vectorized training ----------------------------------------------------------------------------
+VECTOR_CASES = [
+    ("fedavg", {}, {"momentum": 0.9, "weight_decay": 1e-3}, {"augment": "flip"}),
+    ("fedprox", {"mu": 0.1}, {"momentum": 0.5}, {}),
+    ("local", {}, {"epochs": 2}, {}),
+    ("ditto", {"prox": "exact", "lam": 0.5}, {}, {}),
+    ("ditto", {"prox": "gradient", "lam": 0.5}, {"weight_decay": 1e-3}, {}),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "args", "client", "data"), VECTOR_CASES, ids=[c[0] + str(c[1]) for c in VECTOR_CASES]
+)
+def test_vectorized_rounds_equal_the_sequential_rounds(method, args, client, data):
+    """Clients of unequal sizes (Dirichlet split, batch 16: different numbers of batches and short last
+    batches) trained together end where each would alone, within float summation order."""
+    loops = {}
+    for vec in (False, True):
+        cfg = tiny_config(method, args, trainer={"rounds": 3, "vectorize": vec}, client=client, data=data)
+        loops[vec] = make_loop(cfg)
+        loops[vec].fit()
+    seq, vec = loops[False], loops[True]
+    sizes = {len(seq.worker.split(c).train) for c in range(6)}
+    assert len(sizes) > 1  # unequal clients: padding and masking are exercised
+    if "global" in seq.server.state:
+        torch.testing.assert_close(vec.server["global"], seq.server["global"], rtol=0, atol=1e-5)
+    assert seq.clients.keys() == vec.clients.keys()
+    for cid in seq.clients:
+        for key, value in seq.clients[cid].items():
+            torch.testing.assert_close(vec.clients[cid][key], value, rtol=0, atol=1e-5)
+    for key in ("train.loss", "pm.l_acc.mean"):
+        assert vec.history[-1][key] == pytest.approx(seq.history[-1][key], abs=1e-5)
+    assert vec.train_samples == seq.train_samples
+    assert not torch.equal(
+        vec.init_state, (vec.server.state.get("global") if "global" in vec.server.state else vec.clients[0]["personal"])
+    )
+
+
+def test_vectorize_refuses_what_it_cannot_do_exactly():
+    from pfl.engine.vectorized import unsupported
+    from pfl.engine.worker import TrainSettings, Worker
+
+    cases = [
+        tiny_config("pgfed", trainer={"vectorize": True}),
+        tiny_config("ditto", {"prox": "autograd"}, trainer={"vectorize": True}),
+        tiny_config("fedavg", trainer={"vectorize": True, "precision": "bf16-mixed"}),
+    ]
+    for cfg in cases:
+        with pytest.raises(ConfigError, match="trainer.vectorize"):
+            make_loop(cfg)
+    data = make_loop(tiny_config("fedavg")).worker.data
+    dim = data.x[0].numel()
+    nets = {
+        "BatchNorm": torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(dim, 4), torch.nn.BatchNorm1d(4)),
+        "dropout": torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Dropout(0.2), torch.nn.Linear(dim, 10)),
+        "": torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Dropout(0.0), torch.nn.Linear(dim, 10)),
+    }
+    for word, net in nets.items():
+        reasons = unsupported(Worker(net, data, TrainSettings(), seed=0))
+        assert (word in " ".join(reasons)) if word else reasons == []
+
+
+def test_a_deferred_fit_refuses_reads_of_untrained_states():
+    from pfl.engine.vectorized import DeferredWorker, NotVectorizable, VectorTrainer
+
+    loop = make_loop(tiny_config("fedavg", trainer={"vectorize": True}))
+    deferred = DeferredWorker(loop.worker, VectorTrainer(loop.worker))
+    deferred.fit(0, loop.init_state, 0)
+    with pytest.raises(NotVectorizable):
+        deferred.gradient(loop.worker.split(0).train[:4])
+    with pytest.raises(NotVectorizable):
+        deferred.fit(1, loop.init_state, 0, loss_fn=lambda net, x, y: net(x).sum())
+    trained = deferred.snapshot()
+    deferred.fit(1, trained, 0)  # starts from an untrained state: the first fit is trained first
+    assert not torch.equal(trained[: loop.flat.num_params], loop.init_state[: loop.flat.num_params])
+    loop.worker.fit(0, loop.init_state, 0)
+    torch.testing.assert_close(trained, loop.worker.snapshot(), rtol=0, atol=1e-5)

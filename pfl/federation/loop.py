@@ -18,23 +18,42 @@ from typing import Any
 
 import lightning as L
 import numpy as np
+import torch
 from tqdm.auto import tqdm
 
 from pfl.config import RunConfig
 from pfl.data.federated import FederatedData
 from pfl.engine.flat import FlatModule
+from pfl.engine.vectorized import DeferredWorker, VectorTrainer, unsupported
 from pfl.engine.worker import TrainSettings, Worker
+from pfl.errors import require
 from pfl.federation.checkpoint import Checkpoint, CheckpointChain, ListDelta, MapDelta
 from pfl.federation.distributed import Cohort, move
 from pfl.federation.server_opt import ServerOptimizer
 from pfl.federation.store import ClientStore, make_store
 from pfl.methods.base import ClientContext, ServerContext, Upload
+from pfl.methods.registry import methods
 from pfl.metrics.evaluate import evaluate_new_clients
 from pfl.metrics.session import EvalSession
 from pfl.models import build_model
 from pfl.seeding import numpy_rng, seed_everything
 
 TIMING_PREFIXES = ("throughput.", "time.")  # metrics that measure the machine, not the method
+# Methods whose local update only passes trained states on (into the upload or the client's state)
+# without reading them during the round: exactly these can be trained vectorized (trainer.vectorize).
+VECTORIZABLE = ("fedavg", "fedprox", "local", "ditto")
+
+
+def vectorize_problems(cfg: RunConfig, worker: Worker) -> list[str]:
+    """Why ``trainer.vectorize`` cannot train this run's clients together (empty: it can)."""
+    method = cfg.method
+    registry = methods()
+    problems = []
+    if not any(type(method) is registry.get(name) for name in VECTORIZABLE):
+        problems.append(f"method {method.name!r} is not one of {', '.join(VECTORIZABLE)}")
+    elif getattr(method, "prox", None) == "autograd":
+        problems.append("ditto's prox=autograd objective is a training_step (use exact or gradient)")
+    return problems + unsupported(worker, cfg.trainer.precision)
 
 
 def sample_clients(seed: int, round_idx: int, num_clients: int, count: int) -> np.ndarray:
@@ -118,6 +137,13 @@ class FederatedLoop:
         self._history_saved = 0  # history rows already in the checkpoint chain
         self._rows_saved = True  # the client rows of the last evaluation are in the chain
         self._sizes = data.sizes("train")
+        if t.compile:  # the forward of every fit and evaluation; the vectorized step below as well
+            self.worker.module.net = torch.compile(self.worker.module.net, dynamic=True)
+        self.vectorized: VectorTrainer | None = None
+        if t.vectorize:
+            problems = vectorize_problems(cfg, self.worker)
+            require(not problems, "trainer.vectorize", "; ".join(problems), "set trainer.vectorize false")
+            self.vectorized = VectorTrainer(self.worker, compile=t.compile)
 
     @property
     def flat(self) -> FlatModule:
@@ -148,10 +174,21 @@ class FederatedLoop:
         uploads: dict[int, Upload] = {}
         fits = []
         mine = self.cohort.share(sampled, self._sizes)
-        for cid in mine:
-            ctx = self.client(cid)
-            uploads[cid] = self.method.local_update(ctx, payloads[cid])
-            fits += ctx.fits
+        if self.vectorized is not None:
+            # The local updates record their fits; the flush trains them all together and fills in
+            # the trained states, so those clients' states stay on the device until then.
+            deferred = DeferredWorker(self.worker, self.vectorized)
+            with self.clients.pin(mine), self.evals.trained.pin(mine):
+                for cid in mine:
+                    ctx = ClientContext(cid, self.round, deferred, self.clients.setdefault(cid, {}), self.init_state)  # type: ignore[arg-type]
+                    uploads[cid] = self.method.local_update(ctx, payloads[cid])
+                    fits += ctx.fits
+                deferred.flush()
+        else:
+            for cid in mine:
+                ctx = self.client(cid)
+                uploads[cid] = self.method.local_update(ctx, payloads[cid])
+                fits += ctx.fits
         if self.cohort.world_size > 1:
             # Every rank aggregates the full, id-sorted upload dict and stores every client's new state.
             states = {cid: self.clients.get(cid, {}) for cid in mine}

@@ -25,6 +25,7 @@ import shutil
 import tempfile
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, MutableMapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,22 @@ class ClientStore(MutableMapping[int, Any]):
     def __init__(self) -> None:
         self._changed: set[int] = set()
         self._removed: set[int] = set()
+        self.pinned: set[int] = set()  # in use: never evicted (see ``pin``)
+
+    @contextmanager
+    def pin(self, cids: Iterable[int]) -> Iterator[None]:
+        """Keep these clients' states on the device while the block runs (e.g. while their trained
+        states are still being filled in by vectorized training)."""
+        before = set(self.pinned)
+        self.pinned |= {int(c) for c in cids}
+        try:
+            yield
+        finally:
+            self.pinned = before
+            self._unpinned()
+
+    def _unpinned(self) -> None:
+        """Back within budget once the pinned states may go (nothing to do in memory)."""
 
     # -- change tracking (for incremental checkpoints) ---------------------------------------------
     def mark_changed(self, cids: Iterable[int]) -> None:
@@ -323,13 +340,16 @@ class DiskStore(ClientStore):
             self._clean.add(cid)
         self._evict(keep=cid)
 
-    def _evict(self, keep: int) -> None:
+    def _unpinned(self) -> None:
+        self._evict(keep=None)
+
+    def _evict(self, keep: int | None) -> None:
         self._measure()
         total = sum(self._sizes[c] for c in self._resident)
         for cid in list(self._resident):
             if total <= self.budget:
                 break
-            if cid == keep:
+            if cid == keep or cid in self.pinned:
                 continue
             value = self._resident.pop(cid)
             if cid not in self._clean:
