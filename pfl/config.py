@@ -26,8 +26,10 @@ class TrainerConfig:
         fraction: share of clients sampled per round, in (0, 1].
         clients_per_round: a fixed number of sampled clients; overrides fraction when set.
         eval_every: evaluate every this many rounds (and always after the last).
-        checkpoint_every: checkpoint every this many rounds; a killed run loses at most this many.
-            Checkpoints are incremental (pfl.federation.checkpoint): a round's costs what it changed.
+        checkpoint_every: a killed run loses at most this many rounds (1: every round is checkpointed).
+            Above 1, a checkpoint is also written as soon as the time since the last one is 20x what
+            that one cost (checkpointing then takes at most ~5 % of the run). Checkpoints are
+            incremental (pfl.federation.checkpoint): a round's costs what it changed, not N.
         client_store: where per-client state lives between rounds: memory (on the training device)
             or disk (at most store_budget_mb on the device, the least recently used spilled to files).
         store_budget_mb: the disk store's budget on the training device, in MiB.

@@ -269,6 +269,31 @@ def test_checkpoint_cost_follows_the_sampled_clients_not_n(tmp_path):
     assert sum(written[24]) < 2 * sum(written[6])
 
 
+def test_checkpoints_are_written_every_round_or_when_they_cost_under_a_twentieth(tmp_path):
+    loop = make_loop(tiny_config("fedavg", trainer={"rounds": 20, "checkpoint_every": 4}), run_dir=tmp_path)
+    assert loop.checkpoint_due()  # the first one measures what a checkpoint costs
+    loop.run_round()
+    loop.save()
+    loop._save_cost = 1e6  # expensive: only the cap on rounds lost applies
+    due = []
+    for _ in range(8):
+        loop.run_round()
+        due.append(loop.checkpoint_due())
+        if due[-1]:
+            loop.save()
+            loop._save_cost = 1e6
+    assert due == [False, False, False, True] * 2
+    loop._save_cost = 0.0  # cheap: after every round
+    loop.run_round()
+    assert loop.checkpoint_due()
+    every = make_loop(tiny_config("fedavg", trainer={"checkpoint_every": 1}), run_dir=tmp_path / "b")
+    every.run_round()
+    every.save()
+    every._save_cost = 1e6
+    every.run_round()
+    assert every.checkpoint_due()  # the default: a killed run loses at most one round
+
+
 FIT = [
     "--config", "conf/method/ditto.yaml", "--data.num_clients", "8", "--trainer.fraction", "0.5",
     "--trainer.rounds", "60", "--trainer.eval_every", "20", "--model.hidden", "[16]", "--client.epochs", "1",

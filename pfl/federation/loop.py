@@ -42,6 +42,7 @@ TIMING_PREFIXES = ("throughput.", "time.")  # metrics that measure the machine, 
 # Methods whose local update only passes trained states on (into the upload or the client's state)
 # without reading them during the round: exactly these can be trained vectorized (trainer.vectorize).
 VECTORIZABLE = ("fedavg", "fedprox", "local", "ditto")
+CHECKPOINT_COST_RATIO = 20.0  # with checkpoint_every > 1: checkpoint once this many times its cost has passed
 
 
 def vectorize_problems(cfg: RunConfig, worker: Worker) -> list[str]:
@@ -136,6 +137,7 @@ class FederatedLoop:
         self.chain = CheckpointChain(run_dir) if run_dir is not None else None
         self._history_saved = 0  # history rows already in the checkpoint chain
         self._rows_saved = True  # the client rows of the last evaluation are in the chain
+        self._saved_round, self._saved_at, self._save_cost = 0, time.perf_counter(), None
         self._sizes = data.sizes("train")
         if t.compile:  # the forward of every fit and evaluation; the vectorized step below as well
             self.worker.module.net = torch.compile(self.worker.module.net, dynamic=True)
@@ -262,7 +264,7 @@ class FederatedLoop:
                 bar.set_postfix({k: f"{v:.4f}" for k, v in shown.items()})
                 for cb in self.callbacks:
                     cb.on_evaluation(self, metrics)
-            if self.run_dir is not None and (self.round % t.checkpoint_every == 0 or last):
+            if self.run_dir is not None and (last or self.checkpoint_due()):
                 self.save()
         bar.close()
         summary = self.summary(metrics)
@@ -350,6 +352,14 @@ class FederatedLoop:
             store.clear_changes()
         self._history_saved, self._rows_saved = len(self.history), True
 
+    def checkpoint_due(self) -> bool:
+        """After a round: ``trainer.checkpoint_every`` rounds since the last checkpoint (at most that
+        many are lost to a kill), or earlier once the time since it is ``CHECKPOINT_COST_RATIO`` times
+        what it cost, so checkpoints take at most ~1/20 of the run while the rounds allow."""
+        if self.round - self._saved_round >= self.cfg.trainer.checkpoint_every or self._save_cost is None:
+            return True
+        return time.perf_counter() - self._saved_at >= CHECKPOINT_COST_RATIO * self._save_cost
+
     def save(self) -> None:
         """Write one link of the checkpoint chain: a delta with what changed since the last link
         (server state, counters, clients trained or removed, new history rows, the client rows
@@ -370,7 +380,9 @@ class FederatedLoop:
         self.clients.clear_changes()
         self.evals.trained.clear_changes()
         self._history_saved, self._rows_saved = len(self.history), True
-        self.checkpoint_seconds += time.perf_counter() - started
+        self._saved_at = time.perf_counter()
+        self._save_cost, self._saved_round = self._saved_at - started, self.round
+        self.checkpoint_seconds += self._save_cost
 
     def resume(self, run_dir: Path) -> bool:
         """Restore the newest readable checkpoint of ``run_dir`` (False when it has none); later
