@@ -51,7 +51,7 @@ PREVIOUS = "checkpoint.prev.pt"
 PENDING = "checkpoint.pt.tmp"
 CHAIN_DIR = "checkpoint.chain"
 META = "_chain"
-SEGMENT_BYTES = 256 * 2**20  # map entries beyond this go to separate files, written one at a time
+SEGMENT_BYTES = 64 * 2**20  # map entries beyond this go to separate files, written one at a time
 MAX_LINKS = 200  # a new base after this many links at the latest (bounds the files resume opens)
 
 

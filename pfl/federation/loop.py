@@ -115,7 +115,11 @@ class FederatedLoop:
         self.server_optimizer = ServerOptimizer(cfg.server)
         self.cohort = Cohort.from_fabric(fabric)
         t = cfg.trainer
-        self.clients: ClientStore = make_store(t.client_store, t.store_budget_mb, self.worker.device)
+        # A disk store spills into the run directory (its own disk), else into a temporary folder.
+        spill = None if run_dir is None else Path(run_dir) / "client_store" / f"rank{self.cohort.rank}"
+        self.clients: ClientStore = make_store(
+            t.client_store, t.store_budget_mb, self.worker.device, spill and spill / "clients"
+        )
         self.round = 0  # rounds completed
         self.history: list[dict[str, Any]] = []
         self.client_rows: list[dict[str, Any]] = []
@@ -125,7 +129,7 @@ class FederatedLoop:
             cfg.eval,
             self.worker,
             cfg.seed,
-            trained=make_store(t.client_store, t.store_budget_mb, self.worker.device),
+            trained=make_store(t.client_store, t.store_budget_mb, self.worker.device, spill and spill / "trained"),
             share=self.cohort.share if several else None,
             gather=self.cohort.gather_objects if several else None,
             rank=self.cohort.rank,

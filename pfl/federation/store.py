@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, MutableMapping
 from contextlib import contextmanager
@@ -255,6 +256,7 @@ class DiskStore(ClientStore):
         self._spilled: set[int] = set()  # on disk only
         self.reads = 0
         self.writes = 0
+        self._cleanup = weakref.finalize(self, _remove_spill, self.folder, self._own_folder)
 
     def _path(self, cid: int) -> Path:
         return self.folder / f"{cid}.pt"
@@ -369,15 +371,18 @@ class DiskStore(ClientStore):
         return torch.load(self._path(cid), map_location=self.device, weights_only=True)
 
     def close(self) -> None:
-        if self._own_folder:
-            shutil.rmtree(self.folder, ignore_errors=True)
-        else:
-            for path in self.folder.glob("*.pt*"):
-                path.unlink(missing_ok=True)
+        """Delete the spill files (and the folder when the store made it). Also runs when the store
+        is garbage collected or the interpreter exits; only a killed process leaves files behind,
+        which the next store in the same folder deletes."""
+        self._cleanup()
 
-    def __del__(self) -> None:  # a temporary folder never outlives its store
-        if getattr(self, "_own_folder", False):
-            shutil.rmtree(self.folder, ignore_errors=True)
+
+def _remove_spill(folder: Path, own: bool) -> None:
+    if own:
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    for path in folder.glob("*.pt*"):
+        path.unlink(missing_ok=True)
 
 
 def make_store(kind: str, budget_mb: float, device: torch.device | str, folder: Path | None = None) -> ClientStore:

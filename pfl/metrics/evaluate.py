@@ -88,7 +88,7 @@ def score_segments(worker: Worker, state: Tensor, segments: dict[str, Tensor]) -
     return scores
 
 
-BLOCK_BYTES = 256 * 2**20  # per-client P-models held at once before their block is scored
+BLOCK_BYTES = 64 * 2**20  # per-client P-models held at once before their block is scored
 
 
 def _shared_tensors(server: Any, global_state: Tensor | None) -> set[int]:
