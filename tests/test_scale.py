@@ -373,11 +373,23 @@ def test_each_rank_scores_its_share_and_the_gathered_rows_give_the_same_metrics(
 
 
 def test_only_the_reportable_rounds_keep_their_client_rows():
-    loop = make_loop(tiny_config("fedavg", trainer={"rounds": 5}, data={"val_frac": 0.2}, eval={"select": "best_val"}))
-    loop.fit()
-    vals = [h["pm.val_acc.mean"] for h in loop.history]
-    best = loop.history[max(range(len(vals)), key=lambda i: (vals[i], -i))]["round"]
-    assert set(loop.evals.rows) == {best, 5}
+    """Pruning after every evaluation keeps exactly the rows ``select`` can still report: the latest
+    round's and the best round's so far (ties: the earliest), whatever the sequence of scores."""
+    import numpy as np
+
+    loop = make_loop(tiny_config("fedavg", data={"val_frac": 0.2}))
+    rng = np.random.default_rng(0)
+    for select, key in (("best_val", "pm.val_acc.mean"), ("best_test", "pm.l_acc.mean"), ("final", "pm.l_acc.mean")):
+        evals = loop.evals
+        evals.cfg.select = select
+        history, evals.rows = [], {}
+        for r in range(1, 30):
+            history.append({"round": r, key: float(rng.integers(0, 5)) / 4})  # many ties
+            evals.rows[r] = [{"client": 0, "round": r}]
+            evals.keep_rows(history)
+            best = max(history, key=lambda h: (h[key], -h["round"]))["round"] if select != "final" else r
+            assert set(evals.rows) == {best, r}, (select, r)
+        assert evals.select(history)[1] == [{"client": 0, "round": best}]
 
 
 # -- vectorized training ----------------------------------------------------------------------------
