@@ -8,6 +8,8 @@ grows with N is only what the loop and the method keep per client.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning as L
 import torch
 
@@ -22,6 +24,7 @@ TRAIN, TEST = 40, 10  # per client: 50 samples, as MNIST-5k split over 100 clien
 MODELS = {
     "cnn": ModelConfig(name="cnn", channels=[32, 64], fc=512),  # FedAvg-CNN, 1.66 M parameters
     "mlp": ModelConfig(name="mlp", hidden=[128, 128]),  # 118 k parameters
+    "resnet18": ModelConfig(name="timm:resnet18", norm="group"),  # GroupNorm, CIFAR stem, 11.2 M parameters
 }
 
 
@@ -38,6 +41,21 @@ def mnist_like(num_clients: int, seed: int = 0) -> FederatedData:
     return FederatedData("mnist-like", x, y, 10, clients, global_test=torch.arange(POOL - 500, POOL))
 
 
+def cifar_like(num_clients: int, seed: int = 0, per_client: int = 50) -> FederatedData:
+    """CIFAR-shaped 3x32x32 random images, ``per_client`` samples per client (80/20 train/test)."""
+    g = torch.Generator().manual_seed(seed)
+    n = num_clients * per_client
+    x = torch.rand(n, 3, 32, 32, generator=g)
+    y = torch.randint(0, 10, (n,), generator=g)
+    train = int(0.8 * per_client)
+    clients = [
+        ClientSplit(train=torch.arange(k * per_client, k * per_client + train),
+                    test=torch.arange(k * per_client + train, (k + 1) * per_client))
+        for k in range(num_clients)
+    ]  # fmt: skip
+    return FederatedData("cifar-like", x, y, 10, clients, global_test=torch.zeros(0, dtype=torch.long))
+
+
 def bench_config(
     method: str,
     model: str,
@@ -47,11 +65,13 @@ def bench_config(
     epochs: int = 2,
     batch_size: int = 10,
     method_args: dict | None = None,
+    **trainer: object,
 ) -> RunConfig:
+    """``trainer``: extra TrainerConfig fields (client_store, store_budget_mb, vectorize, compile)."""
     return RunConfig(
         method=method_class(method)(**(method_args or {})),
         seed=0,
-        trainer=TrainerConfig(rounds=10**6, clients_per_round=per_round, progress=False),
+        trainer=TrainerConfig(rounds=10**6, clients_per_round=per_round, progress=False, **trainer),
         client=ClientConfig(epochs=epochs, batch_size=batch_size, lr=0.05),
         data=DataConfig(num_clients=num_clients),
         model=MODELS[model],
@@ -60,7 +80,8 @@ def bench_config(
     )
 
 
-def make_loop(cfg: RunConfig, data: FederatedData | None = None) -> FederatedLoop:
-    """The loop as a real run builds it: on a single-device CPU Fabric."""
+def make_loop(cfg: RunConfig, data: FederatedData | None = None, run_dir: Path | None = None) -> FederatedLoop:
+    """The loop as a real run builds it: on a single-device CPU Fabric (checkpoints in ``run_dir``)."""
     fabric = L.Fabric(accelerator="cpu", devices=1, precision="32-true")
-    return FederatedLoop(cfg, data if data is not None else mnist_like(cfg.data.num_clients), fabric=fabric)
+    data = data if data is not None else mnist_like(cfg.data.num_clients)
+    return FederatedLoop(cfg, data, run_dir=run_dir, fabric=fabric)

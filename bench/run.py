@@ -1,4 +1,5 @@
-"""``make bench``: overhead vs plain PyTorch, scaling with N, per-method cost, vectorized clients.
+"""``make bench``: overhead vs plain PyTorch, scaling with N, per-method cost, vectorized clients,
+checkpoint cost against N, a ResNet-18 round.
 
 Writes bench/results.json and prints the tables that docs/performance.md quotes. Every timing is
 the best of a few interleaved blocks after a warm-up round, on ``--threads`` intra-op threads
@@ -19,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from bench.common import bench_config, make_loop, mnist_like
+from bench.checkpoint import checkpoint_point, cost_share
+from bench.common import bench_config, cifar_like, make_loop, mnist_like
 from bench.overhead import PlainFedAvg, overhead
 from bench.scaling import interleaved_round_s, method_costs
 from bench.vmap import compare
@@ -76,12 +78,33 @@ def run_objectives() -> list[dict]:
 
 
 def run_vmap() -> list[dict]:
-    rows = []
-    for model in ("mlp", "cnn"):
-        loop = make_loop(bench_config("fedavg", model, 100, 10))
-        compare(loop, 1)  # warm-up
-        rows.append({"model": model, **compare(loop, ROUNDS[model] * 2)})
-    return rows
+    return [{"model": model, **compare(model, ROUNDS[model] * 2)} for model in ("mlp", "cnn")]
+
+
+def run_checkpoint() -> dict:
+    """Ditto MLP with every client holding a personal model: checkpoint per round against N; and the
+    checkpoint's share of a round in the overhead setup (FedAvg, 100 clients)."""
+    return {
+        "by_n": [checkpoint_point(n, 40) for n in (10, 100, 1000)],
+        "share": [cost_share(model, 3 * ROUNDS[model]) for model in ("mlp", "cnn")],
+    }
+
+
+def run_resnet() -> dict:
+    """One FedAvg round of 10 clients on ResNet-18 (GroupNorm, CIFAR stem), 3x32x32 random data,
+    20 training samples per client (2 steps of batch 10), after a one-client warm-up."""
+    cfg = bench_config("fedavg", "resnet18", 10, 10, epochs=1, batch_size=10)
+    loop = make_loop(cfg, cifar_like(10, per_client=25))
+    loop.worker.fit(0, loop.init_state, 0, purpose="warmup")
+    samples = loop.train_samples
+    t0 = time.perf_counter()
+    loop.run_round()
+    seconds = time.perf_counter() - t0
+    return {
+        "params": loop.flat.num_params,
+        "round_s": seconds,
+        "samples_per_s": (loop.train_samples - samples) / seconds,
+    }
 
 
 def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
@@ -143,15 +166,45 @@ def report(results: dict) -> str:
                 ("relative_to_term", "vs term", ".2f"),
             ],
         ),
-        "\nVectorized clients (functional_call + vmap) vs sequential worker, FedAvg round",
+        "\nVectorized clients (trainer.vectorize) vs sequential worker, FedAvg, 100 clients, 10 sampled",
         table(
             results["vmap"],
             [
                 ("model", "model", "s"),
                 ("sequential_round_s", "sequential s", ".4f"),
-                ("vmap_round_s", "vmap s", ".4f"),
+                ("vmap_round_s", "vectorized s", ".4f"),
+                ("speedup", "speed-up", ".2f"),
                 ("max_abs_diff", "max |diff|", ".1e"),
             ],
+        ),
+        "\nCheckpoint per round against N: Ditto MLP, every client with a personal model, 10 sampled",
+        table(
+            results["checkpoint"]["by_n"],
+            [
+                ("num_clients", "N", "d"),
+                ("round_s", "round s", ".3f"),
+                ("delta_s", "delta s", ".3f"),
+                ("amortised_s", "amortised s", ".3f"),
+                ("amortised_mb", "amortised MB", ".1f"),
+                ("base_s", "base s", ".2f"),
+                ("base_mb", "base MB", ".0f"),
+                ("full_s", "full checkpoint s", ".2f"),
+            ],
+        ),
+        "\nCheckpoint share of a round (FedAvg, 100 clients, 10 sampled)",
+        table(
+            results["checkpoint"]["share"],
+            [
+                ("model", "model", "s"),
+                ("round_s", "round s", ".4f"),
+                ("checkpoint_s", "checkpoint s", ".4f"),
+                ("share", "share", ".3f"),
+            ],
+        ),
+        "\nResNet-18 (GroupNorm), 3x32x32, FedAvg round of 10 clients x 20 samples",
+        table(
+            [results["resnet"]],
+            [("params", "params", "d"), ("round_s", "s/round", ".2f"), ("samples_per_s", "samples/s", ".1f")],
         ),
         f"\ntotal {results['seconds']:.0f} s",
     ]
@@ -174,6 +227,8 @@ def main(argv: list[str] | None = None) -> dict:
         "methods": run_methods(),
         "objectives": run_objectives(),
         "vmap": run_vmap(),
+        "checkpoint": run_checkpoint(),
+        "resnet": run_resnet(),
     }
     results["seconds"] = time.perf_counter() - t0
     args.out.write_text(json.dumps(results, indent=2))

@@ -28,7 +28,16 @@ class TrainerConfig:
         fraction: share of clients sampled per round, in (0, 1].
         clients_per_round: a fixed number of sampled clients; overrides fraction when set.
         eval_every: evaluate every this many rounds (and always after the last).
-        checkpoint_every: checkpoint every this many rounds; a killed run loses at most this many.
+        checkpoint_every: a killed run loses at most this many rounds (1: every round is checkpointed).
+            Above 1, a checkpoint is also written as soon as the time since the last one is 20x what
+            that one cost (checkpointing then takes at most ~5 % of the run). Checkpoints are
+            incremental (pfl.federation.checkpoint): a round's costs what it changed, not N.
+        client_store: where per-client state lives between rounds: memory (on the training device)
+            or disk (at most store_budget_mb on the device, the least recently used spilled to files).
+        store_budget_mb: the disk store's budget on the training device, in MiB.
+        vectorize: train the sampled clients of a round together (torch.func.vmap over stacked
+            states; pfl.engine.vectorized lists the methods, models and settings it supports).
+        compile: wrap the model's forward in torch.compile (and the vectorized step, when on).
         accelerator: auto (a GPU when there is one), cpu, cuda/gpu or mps (Lightning Fabric).
         devices: number of devices/processes.
         precision: any Fabric precision: 32-true, 16-mixed (with a gradient scaler), bf16-mixed,
@@ -52,6 +61,14 @@ class TrainerConfig:
     # Small per-client batches gain nothing from intra-op parallelism and lose a lot when threads
     # contend for busy cores (docs/runs.md); set in-process, so `python -m pfl` is as fast as `make train`.
     threads: int | None = 1
+    client_store: str = "memory"  # memory | disk (spills least recently used states beyond store_budget_mb)
+    store_budget_mb: float = 2048.0
+    vectorize: bool = False
+    compile: bool = False
+
+
+CLIENT_STORES = ("memory", "disk")
+PROTOCOLS = ("local", "sg", "global", "new")
 
 
 @dataclass
@@ -182,6 +199,9 @@ class EvalConfig:
     new_client_epochs: int = 1  # fine-tuning epochs before held-out new clients are evaluated
     reference: str = "none"  # local: compare with a LOCAL run on the same split and seed (R-Acc, PTR, gain)
     pm_source: str = "method"  # local_update: the model trained this round, before aggregation (FedPG)
+    # local: P-models on their own test (and validation); sg: FedPG's S- and G-tests; global: the global
+    # model on every client's test and the global test set; new: held-out clients after adaptation.
+    protocols: list[str] = field(default_factory=lambda: ["local", "global", "new"])
 
 
 @dataclass
@@ -256,6 +276,13 @@ def validate(cfg: RunConfig) -> None:
         f"unknown precision {t.precision!r}",
         f"choose one of {', '.join(PRECISIONS)}",
     )
+    require(
+        t.client_store in CLIENT_STORES,
+        "trainer.client_store",
+        f"unknown store {t.client_store!r}",
+        f"choose one of {', '.join(CLIENT_STORES)}",
+    )
+    require(t.store_budget_mb >= 0, "trainer.store_budget_mb", f"must be >= 0 (got {t.store_budget_mb})")
     require(t.devices >= 1, "trainer.devices", f"must be >= 1 (got {t.devices})")
     check_accelerator(t)
     if t.threads is not None:
@@ -291,6 +318,14 @@ def validate_eval(e: EvalConfig) -> None:
     ):
         require(value in choices, f"eval.{name}", f"unknown value {value!r}", f"choose one of {', '.join(choices)}")
     require(0 < e.s_acc_others <= 1, "eval.s_acc_others", f"must be in (0, 1] (got {e.s_acc_others})")
+    unknown = [p for p in e.protocols if p not in PROTOCOLS]
+    require(not unknown, "eval.protocols", f"unknown protocol(s) {unknown}", f"choose from {', '.join(PROTOCOLS)}")
+    require(
+        "local" in e.protocols,
+        "eval.protocols",
+        "must include local (the P-models' own-test scores that select, target and reference use)",
+        "e.g. [local, sg, global, new]",
+    )
     require(e.new_client_epochs >= 0, "eval.new_client_epochs", f"must be >= 0 (got {e.new_client_epochs})")
 
 

@@ -239,7 +239,7 @@ def test_regression_mae_and_reference(tmp_path):
         "fedavg",
         trainer={"rounds": 3},
         model={"name": "logreg"},
-        eval={"reference": "local"},
+        eval={"reference": "local", "protocols": ["local", "sg", "global", "new"]},
         tracking={"root": str(tmp_path), "wandb": False},
     )
     loop = FederatedLoop(cfg, data)
@@ -277,12 +277,13 @@ def test_bad_eval_options_name_the_field():
 
 
 def test_resume_keeps_communication_totals_and_round_history(tmp_path):
-    full = make_loop(tiny_config("fedavg", trainer={"rounds": 4}, data={"val_frac": 0.2}, eval={"select": "best_val"}))
+    ev = {"select": "best_val", "protocols": ["local", "sg", "global"]}
+    full = make_loop(tiny_config("fedavg", trainer={"rounds": 4}, data={"val_frac": 0.2}, eval=ev))
     expected = full.fit()
-    cut = tiny_config("fedavg", trainer={"rounds": 2}, data={"val_frac": 0.2}, eval={"select": "best_val"})
+    cut = tiny_config("fedavg", trainer={"rounds": 2}, data={"val_frac": 0.2}, eval=ev)
     make_loop(cut, run_dir=tmp_path, callbacks=[FileOutputs(RunFiles(tmp_path))]).fit()
     resumed = make_loop(
-        tiny_config("fedavg", trainer={"rounds": 4}, data={"val_frac": 0.2}, eval={"select": "best_val"}),
+        tiny_config("fedavg", trainer={"rounds": 4}, data={"val_frac": 0.2}, eval=ev),
         run_dir=tmp_path,
         callbacks=[FileOutputs(RunFiles(tmp_path))],
     )

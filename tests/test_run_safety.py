@@ -10,6 +10,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -152,6 +153,7 @@ def test_a_second_process_on_the_same_run_is_refused_while_the_first_runs(tmp_pa
         while busy_owner(tmp_path / "r") is None or not (tmp_path / "r" / "config.yaml").exists():
             assert first.poll() is None and time.time() < deadline, "the first run did not start"
             time.sleep(0.1)
+        first.send_signal(signal.SIGSTOP)  # holds its lock, writes nothing (no checkpoint) meanwhile
         for argv in ([*args, "--tracking.overwrite", "true"], ["--resume", str(tmp_path / "r")]):
             before = hashes(tmp_path / "r")
             assert main(["fit", *argv]) == 2

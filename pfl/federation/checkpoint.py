@@ -1,20 +1,42 @@
-"""Whole-federation checkpoints: written so that a crash never leaves the run without a good one,
-read without ever running code from the file.
+"""Whole-federation checkpoints as an incremental chain: written so that a crash never leaves the run
+without a good one, read without ever running code from the file, and costing what changed, not N.
 
-Saving: the new checkpoint goes to a temp file, is fsynced and loaded back (``weights_only``, memory
-mapped, so no second copy in memory); only then does the current checkpoint become
-``checkpoint.prev.pt`` and the temp file ``checkpoint.pt`` (two renames, then the directory is
-fsynced). A kill at any point leaves at least one complete, verified checkpoint.
+A checkpoint is a chain of links: a *base* holds the whole federation; each later *delta* holds what
+changed since the link before it (the server state and counters, the clients touched since then, the
+clients removed, the history rows appended). Resume reads the newest link and walks back to the base;
+for every client the newest version wins. The loop writes a new base when the deltas written since
+the last one add up to the base's size (or after ``max_links`` links), so a round's checkpoint costs
+about twice the bytes of what that round changed, amortised, whatever the number of clients.
+
+Files in the run directory:
+
+- ``checkpoint.pt``: the newest link; ``checkpoint.prev.pt``: the link before it (the fallback).
+- ``checkpoint.chain/<id>.pt``: older links still needed by one of those two; ``<id>.<map>.<k>.pt``:
+  segments of a link whose entries did not fit one file (``segment_bytes``: a base of 1 000 large
+  client states is streamed out segment by segment, never held in memory at once).
+
+Saving: every file goes to a temp name, is fsynced and loaded back (``weights_only``, memory mapped,
+so no second copy in memory) before it is renamed into place. Segments are placed first, then the
+link before the newest becomes ``checkpoint.prev.pt`` and the new link ``checkpoint.pt``; the
+directories are fsynced, and files no longer reachable from either are deleted. A kill at any point
+leaves at least one complete, verified chain.
 
 Loading: ``torch.load(..., weights_only=True)`` admits tensors, numbers, strings and containers
-only; a checkpoint that needs any other global is refused (ConfigError), never unpickled. A
-truncated or empty newest checkpoint is reported in one line and the previous one is used.
+only; a file that needs any other global is refused (ConfigError), never unpickled. A truncated or
+empty newest link (or one whose chain is incomplete) is reported in one line and the previous one is
+used. A file without chain metadata (written by ``save_checkpoint``, or by earlier versions of pfl)
+is a base on its own.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +44,15 @@ import torch
 from torch.serialization import get_unsafe_globals_in_checkpoint
 
 from pfl.errors import ConfigError
+from pfl.federation.store import detached_copy, tree_bytes, tree_map
 
 CHECKPOINT = "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"
 PENDING = "checkpoint.pt.tmp"
+CHAIN_DIR = "checkpoint.chain"
+META = "_chain"
+SEGMENT_BYTES = 64 * 2**20  # map entries beyond this go to separate files, written one at a time
+MAX_LINKS = 200  # a new base after this many links at the latest (bounds the files resume opens)
 
 
 class UnreadableCheckpoint(Exception):
@@ -68,8 +95,8 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(run_dir: Path, payload: dict[str, Any]) -> Path:
-    path, previous, pending = run_dir / CHECKPOINT, run_dir / PREVIOUS, run_dir / PENDING
+def _write_verified(payload: Any, pending: Path) -> int:
+    """torch.save ``payload`` to ``pending``, fsync, and load it back; returns the file's size."""
     with open(pending, "wb") as fh:
         torch.save(payload, fh)
         fh.flush()
@@ -82,6 +109,14 @@ def save_checkpoint(run_dir: Path, payload: dict[str, Any]) -> Path:
             f"the checkpoint just written does not load back with weights_only=True ({err}); "
             "checkpoints must hold only tensors, Python numbers, strings and containers (e.g. float() numpy scalars)"
         ) from None
+    return pending.stat().st_size
+
+
+def save_checkpoint(run_dir: Path, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` as a complete checkpoint on its own (no chain); the newest one becomes the
+    previous one. Every guarantee of the module holds."""
+    path, previous, pending = run_dir / CHECKPOINT, run_dir / PREVIOUS, run_dir / PENDING
+    _write_verified(payload, pending)
     if path.exists():
         os.replace(path, previous)
     os.replace(pending, path)
@@ -89,22 +124,367 @@ def save_checkpoint(run_dir: Path, payload: dict[str, Any]) -> Path:
     return path
 
 
-def load_checkpoint(run_dir: Path) -> dict[str, Any] | None:
-    """The newest readable checkpoint of ``run_dir`` (``checkpoint.pt``, else ``checkpoint.prev.pt``),
-    or None when the run has none. A damaged file is reported in one line on stderr and skipped."""
-    candidates = [p for p in (run_dir / CHECKPOINT, run_dir / PREVIOUS) if p.exists()]
-    if not candidates:
-        return None
-    damaged = []
-    for k, path in enumerate(candidates):
-        try:
-            return read_checkpoint(path)
-        except UnreadableCheckpoint as err:
-            damaged.append(f"{path} ({err})")
+# -- chains -----------------------------------------------------------------------------------------
+@dataclass
+class MapDelta:
+    """A keyed collection's change in one link: ``entries`` (key, value) set since the previous link
+    (all of them in a base; streamed, so a generator keeps memory flat), ``removed`` keys."""
+
+    entries: Iterable[tuple[int, Any]] = ()
+    removed: Iterable[int] = ()
+
+
+@dataclass
+class ListDelta:
+    """An append-only list's change: ``items`` from position ``start`` on."""
+
+    start: int
+    items: list[Any]
+
+
+@dataclass
+class _Link:
+    """A link as the chain knows it: where its file is, its parent, and its files in the chain folder."""
+
+    id: str
+    parent: str | None
+    depth: int  # links since the base (0 for a base)
+    base_bytes: int  # size of this chain's base
+    delta_bytes: int  # size of the deltas since the base, this one included
+    segments: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, meta: dict[str, Any]) -> _Link:
+        segments = [s for m in meta.get("maps", {}).values() for s in m.get("segments", [])]
+        return cls(meta["id"], meta.get("parent"), meta["depth"], meta["base_bytes"], meta["delta_bytes"], segments)
+
+
+class Checkpoint:
+    """A resolved chain, newest link first: merged values and lists, map entries streamed on demand."""
+
+    def __init__(self, links: list[tuple[Path, dict[str, Any]]], chain_dir: Path):
+        self.links = links  # (file, its content loaded memory-mapped), newest first
+        self.chain_dir = chain_dir
+
+    @property
+    def meta(self) -> dict[str, Any] | None:
+        return self.links[0][1].get(META)
+
+    def _maps(self) -> set[str]:
+        return {name for _, link in self.links for name in link.get(META, {}).get("maps", {})}
+
+    def _lists(self) -> set[str]:
+        return {name for _, link in self.links for name in link.get(META, {}).get("lists", {})}
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """Every value key, from the newest link that has it."""
+        skip = self._maps() | self._lists() | {META}
+        out: dict[str, Any] = {}
+        for _, link in self.links:
+            for key, value in link.items():
+                if key not in skip and key not in out:
+                    out[key] = value
+        return out
+
+    def list(self, name: str) -> list[Any]:
+        """An append-only list, rebuilt from the base up."""
+        out: list[Any] = []
+        for _, link in reversed(self.links):
+            if name in link.get(META, {}).get("lists", {}):
+                start = link[META]["lists"][name]
+                out = out[:start] + list(link.get(name, []))
+            elif name in link:
+                out = list(link[name])
+        return out
+
+    def map_keys(self, name: str) -> list[int]:
+        return [k for k, _ in self._map_entries(name, load=False)]
+
+    def map_items(self, name: str) -> Iterator[tuple[int, Any]]:
+        """(key, value) of a keyed collection, the newest version of each key, in key order per link;
+        values are copies (never memory-mapped file pages), read one segment at a time."""
+        for key, value in self._map_entries(name, load=True):
+            yield key, detached_copy(value, "cpu")
+
+    def _map_entries(self, name: str, load: bool) -> Iterator[tuple[int, Any]]:
+        seen: set[int] = set()
+        for _, link in self.links:
+            if META in link and name not in link[META].get("maps", {}):
+                continue  # this link did not write the map
+            meta = link.get(META, {}).get("maps", {}).get(name)
+            if meta is None:  # a file without chain metadata: a complete map, if it has one
+                for key, value in sorted(link.get(name, {}).items()):
+                    if key not in seen:
+                        seen.add(key)
+                        yield key, value
+                return
+            seen.update(meta.get("removed", []))
+            parts: list[Any] = [link.get(name, {})]
+            parts += [self.chain_dir / s for s in meta.get("segments", [])]
+            for part in parts:
+                entries = read_checkpoint(part, mmap=True) if isinstance(part, Path) else part
+                for key, value in sorted(entries.items()):
+                    if key not in seen:
+                        seen.add(key)
+                        yield key, value
+            if meta.get("full"):
+                return
+
+    def materialize(self) -> dict[str, Any]:
+        """The whole checkpoint as one dict (values, lists, maps): for small federations and tools."""
+        out = dict(self.values)
+        for name in self._lists():
+            out[name] = self.list(name)
+        for name in self._maps():
+            out[name] = dict(self.map_items(name))
+        return out
+
+
+def _unlink_all(paths: list[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+class CheckpointChain:
+    """Writes and reads the incremental chain of ``run_dir``; the next link extends the last one
+    written or loaded."""
+
+    def __init__(self, run_dir: Path, segment_bytes: int = SEGMENT_BYTES, max_links: int = MAX_LINKS):
+        self.run_dir = Path(run_dir)
+        self.chain_dir = self.run_dir / CHAIN_DIR
+        self.segment_bytes = segment_bytes
+        self.max_links = max_links
+        self.head: _Link | None = None  # the link at checkpoint.pt (or prev, after a fallback)
+        self._head_at: Path | None = None
+        self._lineage: dict[str, _Link] = {}  # every link the head and its fallback need
+        self._previous: _Link | None = None  # the link at checkpoint.prev.pt when known
+        self.last_bytes = 0
+        self.last_seconds = 0.0
+        self._collector: threading.Thread | None = None
+
+    # -- policy -----------------------------------------------------------------------------------
+    def due_for_base(self) -> bool:
+        """True when the next link should be a base: none yet, the deltas since the base add up to
+        its size, or the chain has ``max_links`` links."""
+        h = self.head
+        return h is None or h.delta_bytes >= h.base_bytes or h.depth + 1 >= self.max_links
+
+    # -- saving -----------------------------------------------------------------------------------
+    def save(
+        self,
+        values: dict[str, Any],
+        maps: dict[str, MapDelta] | None = None,
+        lists: dict[str, ListDelta] | None = None,
+        base: bool = False,
+    ) -> Path:
+        """Write one link: a base (``base=True``, or when nothing precedes it: ``maps`` then hold
+        every entry and ``lists`` start at 0) or a delta on the current head."""
+        started = time.perf_counter()
+        maps, lists = maps or {}, lists or {}
+        parent = None if base else self.head
+        if parent is None:
+            for name, delta in lists.items():
+                if delta.start != 0:
+                    raise ValueError(f"a base needs the whole list {name!r} (got it from position {delta.start})")
+        self.chain_dir.mkdir(parents=True, exist_ok=True)
+        link_id = f"{int(values.get('round', 0)):09d}-{secrets.token_hex(4)}"
+        payload: dict[str, Any] = dict(values)
+        meta: dict[str, Any] = {"version": 2, "id": link_id, "parent": parent.id if parent else None}
+        meta["maps"], meta["lists"] = {}, {}
+        size = 0
+        for name, delta in maps.items():
+            inline, segments, written = self._stream(link_id, name, delta.entries)
+            payload[name] = inline
+            meta["maps"][name] = {"removed": sorted(int(k) for k in delta.removed), "segments": segments}
+            meta["maps"][name]["full"] = parent is None
+            size += written
+        for name, delta in lists.items():
+            payload[name] = list(delta.items)
+            meta["lists"][name] = int(delta.start)
+        pending = self.run_dir / PENDING
+        # The compaction policy compares tensor bytes (file overheads left out): segments + link.
+        estimate = size + tree_bytes(payload)
+        meta["depth"] = parent.depth + 1 if parent else 0
+        meta["base_bytes"] = parent.base_bytes if parent else estimate
+        meta["delta_bytes"] = parent.delta_bytes + estimate if parent else 0
+        payload[META] = meta
+        _write_verified(tree_map(lambda t: t.detach().cpu(), payload), pending)
+        link = _Link.of(meta)
+        self._commit(link, pending)
+        self.last_bytes = estimate
+        self.last_seconds = time.perf_counter() - started
+        return self.run_dir / CHECKPOINT
+
+    def _stream(self, link_id: str, name: str, entries: Iterable[tuple[int, Any]]) -> tuple[dict, list[str], int]:
+        """Map entries into segment files of at most ``segment_bytes`` each (a segment is written as
+        soon as it is full); what is left stays inline in the link file. Returns (inline entries,
+        segment names, tensor bytes in the segments)."""
+        buffer: dict[int, Any] = {}
+        held, written, segments = 0, 0, []
+        for key, value in entries:
+            value = tree_map(lambda t: t.detach().cpu(), value)
+            nbytes = tree_bytes(value)
+            if buffer and held + nbytes > self.segment_bytes:
+                segments.append(f"{link_id}.{name}.{len(segments)}.pt")
+                self._place(buffer, self.chain_dir / segments[-1])
+                written += held
+                buffer, held = {}, 0
+            buffer[int(key)] = value
+            held += nbytes
+        return buffer, segments, written
+
+    def _place(self, payload: Any, path: Path) -> None:
+        pending = path.with_name(path.name + ".tmp")
+        _write_verified(payload, pending)
+        os.replace(pending, path)
+        _fsync_dir(path.parent)
+
+    def _commit(self, link: _Link, pending: Path) -> None:
+        """Make ``link`` the newest and the link it follows the fallback; then drop unreachable files.
+
+        Each step leaves a readable chain behind: the old fallback moves into the chain folder (when
+        still needed) before the current newest link takes its place, and only then does the new
+        link become ``checkpoint.pt``."""
+        path, previous = self.run_dir / CHECKPOINT, self.run_dir / PREVIOUS
+        fallback = self.head
+        if self._head_at == previous:  # resumed from the fallback: checkpoint.pt is damaged
+            path.unlink(missing_ok=True)
+        else:
+            if previous.exists():
+                old = self._previous
+                if old is not None and fallback is not None and old.id in self._ancestry(fallback):
+                    os.replace(previous, self.chain_dir / f"{old.id}.pt")
+                else:  # not needed any more: deleted with the other unreachable files, off this thread
+                    os.replace(previous, self.chain_dir / f"unused-{secrets.token_hex(4)}.pt")
+            if path.exists():
+                os.replace(path, previous)
+        os.replace(pending, path)
+        # One directory fsync makes the renames durable: journaling filesystems commit the renames
+        # into the chain folder (earlier, in the same journal) with it. Segments were synced already.
+        _fsync_dir(self.run_dir)
+        self._lineage[link.id] = link
+        self._previous = fallback
+        self.head, self._head_at = link, path
+        self._collect()
+
+    def _ancestry(self, link: _Link | None) -> list[str]:
+        ids = []
+        while link is not None:
+            ids.append(link.id)
+            link = self._lineage.get(link.parent) if link.parent else None
+        return ids
+
+    def _collect(self) -> None:
+        """Delete chain files that neither the newest link nor its fallback needs. The deletions run
+        in a background thread (an unlink costs a few ms on some filesystems, and nothing waits for
+        it); files left by a process that exits first are collected by the next save."""
+        needed = set(self._ancestry(self.head)) | set(self._ancestry(self._previous))
+        self._lineage = {k: v for k, v in self._lineage.items() if k in needed}
+        keep = {f"{i}.pt" for i in needed} | {s for i in needed for s in self._lineage[i].segments}
+        doomed = [f for f in self.chain_dir.iterdir() if f.name not in keep]
+        if self._collector is not None:
+            self._collector.join()
+        self._collector = threading.Thread(target=_unlink_all, args=(doomed,), daemon=True)
+        self._collector.start()
+
+    def wait(self) -> None:
+        """Until the background deletions are done."""
+        if self._collector is not None:
+            self._collector.join()
+            self._collector = None
+
+    # -- loading ----------------------------------------------------------------------------------
+    def load(self) -> Checkpoint | None:
+        """The newest readable chain (``checkpoint.pt``'s, else ``checkpoint.prev.pt``'s), or None when
+        the run has none; the next saved link extends it. A damaged file (or one whose chain is
+        incomplete) is reported in one line on stderr and skipped; when none is readable, a
+        ConfigError lists them."""
+        candidates = [p for p in (self.run_dir / CHECKPOINT, self.run_dir / PREVIOUS) if p.exists()]
+        if not candidates:
+            return None
+        found: dict[Path, dict[str, Any]] = {}
+        errors: dict[Path, str] = {}
+        for path in candidates:
+            try:
+                found[path] = read_checkpoint(path, mmap=True)
+            except UnreadableCheckpoint as err:
+                errors[path] = str(err)
+        damaged = []
+        for k, path in enumerate(candidates):
+            if path not in errors:
+                try:
+                    links = self._resolve(path, found)
+                except UnreadableCheckpoint as err:
+                    errors[path] = str(err)
+                else:
+                    self._adopt(path, links, found)
+                    return Checkpoint(links, self.chain_dir)
+            damaged.append(f"{path} ({errors[path]})")
             then = f"falling back to {candidates[k + 1]}" if k + 1 < len(candidates) else "no older checkpoint"
-            print(f"warning: checkpoint {path} is unreadable ({err}); {then}", file=sys.stderr)
-    raise ConfigError(
-        "--resume",
-        f"no readable checkpoint in {run_dir}: {'; '.join(damaged)}",
-        "start a new run; the damaged files cannot be resumed",
-    )
+            print(f"warning: checkpoint {path} is unreadable ({errors[path]}); {then}", file=sys.stderr)
+        raise ConfigError(
+            "--resume",
+            f"no readable checkpoint in {self.run_dir}: {'; '.join(damaged)}",
+            "start a new run; the damaged files cannot be resumed",
+        )
+
+    def _resolve(self, path: Path, found: dict[Path, dict[str, Any]]) -> list[tuple[Path, dict[str, Any]]]:
+        """The chain from the link at ``path`` back to its base. A writer may move a link into the
+        chain folder while this reads, so a missing parent is looked for again a few times."""
+        links = [(path, found[path])]
+        while (parent := links[-1][1].get(META, {}).get("parent")) is not None:
+            for attempt in range(5):
+                where = [p for p, content in found.items() if content.get(META, {}).get("id") == parent]
+                where.append(self.chain_dir / f"{parent}.pt")
+                target = next((p for p in where if p.exists()), None)
+                if target is not None:
+                    try:
+                        content = found[target] if target in found else read_checkpoint(target, mmap=True)
+                    except UnreadableCheckpoint as err:
+                        raise UnreadableCheckpoint(f"its chain link {target} is unreadable: {err}") from None
+                    if content.get(META, {}).get("id") == parent:
+                        links.append((target, content))
+                        break
+                time.sleep(0.05 * (attempt + 1))
+            else:
+                raise UnreadableCheckpoint(f"its chain link {parent} is missing")
+        return links
+
+    def _adopt(self, path: Path, links: list[tuple[Path, dict[str, Any]]], found: dict[Path, dict[str, Any]]) -> None:
+        """Continue the chain from the link just loaded (a file without chain metadata: the next
+        link is a base, and that file becomes its fallback)."""
+        self._lineage, self._previous, self._head_at = {}, None, path
+        metas = [content.get(META) for _, content in links]
+        if any(m is None for m in metas):
+            self.head = None
+            return
+        for meta in metas:
+            link = _Link.of(meta)
+            self._lineage[link.id] = link
+        self.head = _Link.of(metas[0])
+        meta = found.get(self.run_dir / PREVIOUS, {}).get(META) if path.name == CHECKPOINT else None
+        if meta is not None and meta["id"] in self._lineage:
+            self._previous = self._lineage[meta["id"]]
+
+
+def load_checkpoint(run_dir: Path) -> dict[str, Any] | None:
+    """The newest readable checkpoint of ``run_dir`` as one dict (a chain merged), or None when the
+    run has none. A damaged file is reported in one line on stderr and skipped."""
+    checkpoint = CheckpointChain(run_dir).load()
+    return None if checkpoint is None else checkpoint.materialize()
+
+
+__all__ = [
+    "CHAIN_DIR",
+    "CHECKPOINT",
+    "PREVIOUS",
+    "Checkpoint",
+    "CheckpointChain",
+    "ListDelta",
+    "MapDelta",
+    "UnreadableCheckpoint",
+    "load_checkpoint",
+    "read_checkpoint",
+    "save_checkpoint",
+]

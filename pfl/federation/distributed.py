@@ -79,6 +79,13 @@ class Cohort:
     def is_zero(self) -> bool:
         return self.rank == 0
 
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order (picklable Python objects; tensors on the CPU)."""
+        if self.world_size == 1:
+            return [obj]
+        assert self._gather is not None
+        return self._gather(obj)
+
     def share(self, clients: Sequence[int], sizes: Sequence[int]) -> list[int]:
         """The sampled clients this rank trains (all of them, in the given order, on one rank)."""
         if self.world_size == 1:

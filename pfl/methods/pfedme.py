@@ -101,7 +101,8 @@ class PFedMe(Method):
         last = client.round - 1  # the round just run
         trained = client.state.get("round")
         if self.all_clients_train and "sent" in server and (trained is None or int(trained) != last):
+            # Computed, not stored: evaluation changes no client's state (incremental checkpoints
+            # and the disk store rely on that), and the result depends only on the server's state.
             past = replace(client, round=last, fits=[])  # that round's batches, outside its accounting
-            client.state["personal"], _ = self.personalize(past, server["sent"])
-            client.state["round"] = torch.tensor(last)
+            return self.personalize(past, server["sent"])[0]
         return client.state.get("personal", client.init_state)

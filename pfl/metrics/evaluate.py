@@ -2,7 +2,9 @@
 
 A client's P-model is run once over the concatenation of every set it is scored on (own test, S-test,
 G-test, validation); the global model is run once over all clients' tests and the server's global
-test set. Scores per segment come from torchmetrics.
+test set. Scores per segment come from torchmetrics. Per-client P-models are scored a block at a
+time (``BLOCK_BYTES``), so memory does not grow with N; with several processes each scores its share
+of the clients and the rows are gathered (``evaluate_federation``).
 """
 
 from __future__ import annotations
@@ -86,87 +88,151 @@ def score_segments(worker: Worker, state: Tensor, segments: dict[str, Tensor]) -
     return scores
 
 
-def evaluate_federation(
+BLOCK_BYTES = 64 * 2**20  # per-client P-models held at once before their block is scored
+
+
+def _shared_tensors(server: Any, global_state: Tensor | None) -> set[int]:
+    """ids of the tensors the server holds: a P-model that is one of them is shared by clients (the
+    global model, a cluster model) and stays alive anyway, so its segments are collected over all
+    clients and scored in one pass at the end."""
+    state = getattr(server, "state", server)
+    ids = {id(v) for v in state.values() if isinstance(v, Tensor)} if isinstance(state, dict) else set()
+    if global_state is not None:
+        ids.add(id(global_state))
+    return ids
+
+
+class _Scorer:
+    """Scores (model, index set) segments with one forward pass per distinct model and group.
+
+    Shared models (held by the server, or the common init) collect segments from every client and
+    are scored once, at ``finish``. Per-client models are scored in blocks of at most ``block_bytes``
+    of models, then released, so evaluating N clients holds a block of P-models, not N (with a disk
+    client store, the others stay on disk). The same model on the same index set is scored once."""
+
+    def __init__(self, worker: Worker, shared: set[int], block_bytes: int):
+        self.worker, self.shared, self.block_bytes = worker, shared, block_bytes
+        self.scores: dict[str, float] = {}
+        self._groups: dict[int, tuple[Tensor, dict[str, Tensor]]] = {}  # shared: until finish
+        self._block: dict[int, tuple[Tensor, dict[str, Tensor]]] = {}
+        self._block_bytes = 0
+        self._aliases: dict[str, str] = {}
+        self._first: dict[tuple[int, int], str] = {}
+        self._block_first: dict[tuple[int, int], str] = {}
+
+    def add(self, state: Tensor, key: str, idx: Tensor) -> None:
+        shared = id(state) in self.shared
+        first = self._first if shared else self._block_first
+        seen = first.setdefault((id(state), id(idx)), key)
+        if seen != key:
+            self._aliases[key] = seen
+            return
+        groups = self._groups if shared else self._block
+        if id(state) not in groups and not shared:
+            self._block_bytes += state.numel() * state.element_size()
+        groups.setdefault(id(state), (state, {}))[1][key] = idx
+
+    def end_client(self) -> None:
+        """A client's segments are all added: score the block if it is full (ids of released
+        tensors may be reused, so the block's identity table goes with it)."""
+        if self._block_bytes >= self.block_bytes:
+            self._flush()
+
+    def _flush(self) -> None:
+        for state, segments in self._block.values():
+            self.scores.update(score_segments(self.worker, state, segments))
+        self._block, self._block_first, self._block_bytes = {}, {}, 0
+
+    def finish(self) -> dict[str, float]:
+        self._flush()
+        for state, segments in self._groups.values():
+            self.scores.update(score_segments(self.worker, state, segments))
+        for key, seen in self._aliases.items():
+            for suffix in ("", "_loss"):
+                if seen + suffix in self.scores:
+                    self.scores[key + suffix] = self.scores[seen + suffix]
+        return self.scores
+
+
+def score_clients(
     method: Method,
     server: ServerContext,
     worker: Worker,
     client: Callable[[int], ClientContext],
+    cids: Sequence[int],
     sets: EvalSets | None = None,
     personal: Callable[[int], Tensor | None] | None = None,
-    reference: Sequence[float] | None = None,
-) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Returns (aggregate metrics, one row per client).
-
-    ``sets`` adds FedPG's S/G-tests; ``personal(cid)`` overrides the method's P-model (None = keep
-    it); ``reference`` holds LOCAL's per-client own-test scores for R-Acc / PTR / gain.
-    """
+    with_global: bool = True,
+    global_test: bool = True,
+    block_bytes: int = BLOCK_BYTES,
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """One row per client in ``cids`` (its P-model's own-test/validation scores, S/G-tests with
+    ``sets``, the global model's score on its test with ``with_global``), and the global model's
+    scores on the server's global test set (``{"global": .., "global_loss": ..}``, with
+    ``global_test``). ``personal(cid)`` overrides the method's P-model (None = keep it)."""
     data, task = worker.data, worker.task
     score = SCORE[task]
     own = own_key(task)
-    rows: list[dict[str, Any]] = []
-    # Clients whose P-model is the same tensor (the global model for FedAvg, the common init before
-    # a client first trains) are scored in one batched pass, together with the global model's own
-    # segments: one forward pass per distinct model, not one per client.
-    global_state = method.global_state(server)
-    groups: dict[int, tuple[Tensor, dict[str, Tensor]]] = {}
-    aliases: dict[str, str] = {}  # the same model on the same index set is scored once
-    first_key: dict[tuple[int, int], str] = {}
-
-    def add(state: Tensor, key: str, idx: Tensor) -> None:
-        seen = first_key.setdefault((id(state), id(idx)), key)
-        if seen != key:
-            aliases[key] = seen
-            return
-        groups.setdefault(id(state), (state, {}))[1][key] = idx
-
-    for cid in range(data.num_clients):
+    global_state = method.global_state(server) if with_global else None
+    shared = _shared_tensors(server, global_state)
+    scorer = _Scorer(worker, shared, block_bytes)
+    for cid in cids:
         split = data.clients[cid]
+        ctx = client(cid)
+        shared.add(id(ctx.init_state))
         state = personal(cid) if personal is not None else None
         if state is None:
-            state = method.personal_state(server, client(cid))
+            state = method.personal_state(server, ctx)
         segments = {"l": split.test, "val": split.val}
         if sets is not None:
             segments.update(s=sets.s[cid], g=sets.g[cid])
         for seg, idx in segments.items():
-            add(state, f"{cid}:{seg}", idx)
-    if global_state is not None:
-        for cid in range(data.num_clients):
-            add(global_state, f"gm:c{cid}", data.clients[cid].test)
-        add(global_state, "gm:global", data.global_test)
-    scores: dict[str, float] = {}
-    for state, segments in groups.values():
-        scores.update(score_segments(worker, state, segments))
-    for key, seen in aliases.items():
-        for suffix in ("", "_loss"):
-            if seen + suffix in scores:
-                scores[key + suffix] = scores[seen + suffix]
+            scorer.add(state, f"{cid}:{seg}", idx)
+        if global_state is not None:
+            scorer.add(global_state, f"gm:c{cid}", split.test)
+        del state, ctx
+        scorer.end_client()
+    if global_state is not None and global_test:
+        scorer.add(global_state, "gm:global", data.global_test)
+    scores = scorer.finish()
 
-    for cid in range(data.num_clients):
+    rows: list[dict[str, Any]] = []
+    for cid in cids:
         split = data.clients[cid]
         row: dict[str, Any] = {"client": cid, "n_train": len(split.train), "n_test": len(split.test)}
         row[own], row["pm.l_loss"] = scores[f"{cid}:l"], scores[f"{cid}:l_loss"]
         for seg in ("s", "g", "val"):
             if f"{cid}:{seg}" in scores:
                 row[f"pm.{seg}_{score}"] = scores[f"{cid}:{seg}"]
+        if global_state is not None:
+            row[f"gm.l_{score}"], row["gm.l_loss"] = scores[f"gm:c{cid}"], scores[f"gm:c{cid}_loss"]
         rows.append(row)
+    gm_global = {k.removeprefix("gm:"): v for k, v in scores.items() if k.startswith("gm:global")}
+    return rows, gm_global
 
-    gm_scores: dict[str, float] = {}
-    if global_state is not None:
-        gm_scores = {k.removeprefix("gm:"): v for k, v in scores.items() if k.startswith("gm:")}
-        for cid, row in enumerate(rows):
-            row[f"gm.l_{score}"], row["gm.l_loss"] = gm_scores[f"c{cid}"], gm_scores[f"c{cid}_loss"]
 
+def summarize_rows(
+    rows: Sequence[dict[str, Any]],
+    task: str,
+    gm_global: dict[str, float] | None = None,
+    reference: Sequence[float] | None = None,
+) -> dict[str, float]:
+    """The federation's metrics from every client's row (sorted by client id) and the global model's
+    global-test scores; ``reference`` holds LOCAL's per-client own-test scores (R-Acc, PTR, gain) and
+    adds ``ref.*``/``gain`` to the rows."""
+    score = SCORE[task]
+    own = own_key(task)
     metrics: dict[str, float] = {}
     metrics.update(summarize(own, [r[own] for r in rows], tails=task == "classification"))
     for key in (f"pm.s_{score}", f"pm.g_{score}", f"pm.val_{score}", "pm.l_loss", "gm.l_loss"):
         values = [r[key] for r in rows if key in r]  # a tiny client may have no validation sample
         if values:
             metrics.update(summarize(key, values))
-    if global_state is not None:
-        key = f"gm.l_{score}"
+    key = f"gm.l_{score}"
+    if rows and key in rows[0]:
         metrics.update(summarize(key, [r[key] for r in rows], tails=task == "classification"))
-        if "global" in gm_scores:
-            metrics[f"gm.{score}"], metrics["gm.loss"] = gm_scores["global"], gm_scores["global_loss"]
+    if gm_global and "global" in gm_global:
+        metrics[f"gm.{score}"], metrics["gm.loss"] = gm_global["global"], gm_global["global_loss"]
 
     if reference is not None:
         values = [r[own] for r in rows]
@@ -179,7 +245,48 @@ def evaluate_federation(
         else:
             metrics["r_mae.mean"], metrics["ptr_mae"] = comp["r.mean"], comp["ptr"]
             metrics["gain_mae.mean"], metrics["gain_mae.std"] = comp["gain.mean"], comp["gain.std"]
-    return metrics, rows
+    return metrics
+
+
+Gather = Callable[[Any], list[Any]]
+
+
+def evaluate_federation(
+    method: Method,
+    server: ServerContext,
+    worker: Worker,
+    client: Callable[[int], ClientContext],
+    sets: EvalSets | None = None,
+    personal: Callable[[int], Tensor | None] | None = None,
+    reference: Sequence[float] | None = None,
+    *,
+    with_global: bool = True,
+    share: Sequence[int] | None = None,
+    rank: int = 0,
+    gather: Gather | None = None,
+    block_bytes: int = BLOCK_BYTES,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Returns (aggregate metrics, one row per client).
+
+    ``sets`` adds FedPG's S/G-tests; ``personal(cid)`` overrides the method's P-model (None = keep
+    it); ``reference`` holds LOCAL's per-client own-test scores for R-Acc / PTR / gain;
+    ``with_global=False`` leaves out the global model's scores.
+
+    With several processes, each scores only ``share`` (its clients; rank 0 also the global test)
+    and ``gather`` (all-gather of Python objects) brings every rank's rows together; every rank
+    then computes the same metrics from the same id-sorted rows.
+    """
+    cids = list(range(worker.data.num_clients)) if share is None else list(share)
+    rows, gm_global = score_clients(
+        method, server, worker, client, cids, sets, personal, with_global, rank == 0, block_bytes
+    )
+    if gather is not None:
+        parts = gather((rows, gm_global))
+        rows = sorted((r for part_rows, _ in parts for r in part_rows), key=lambda r: r["client"])
+        gm_global = next((g for _, g in parts if g), {})
+    if len(rows) != worker.data.num_clients:
+        raise RuntimeError(f"evaluation scored {len(rows)} of {worker.data.num_clients} clients")
+    return summarize_rows(rows, worker.task, gm_global, reference), rows
 
 
 HONEST_PREFIX = "honest."

@@ -1,10 +1,16 @@
 """Per-run evaluation state the loop keeps: communication totals, the models clients trained this
-round (FedPG's P-model for global-only methods), FedPG's fixed S/G test sets, per-round client rows
-and the LOCAL reference; plus the end-of-run choice of the reported round."""
+round (FedPG's P-model for global-only methods), FedPG's fixed S/G test sets, the client rows of
+the rounds that can still be reported and the LOCAL reference; plus the end-of-run choice of the
+reported round.
+
+``eval.protocols`` chooses what is measured: ``local`` (P-models on their own test and validation,
+always), ``sg`` (FedPG's S- and G-tests: about three times the test samples of ``local``),
+``global`` (the global model on every client's test and on the global test set) and ``new``
+(held-out clients after ``adapt_new_client``, at the end of the run)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
 
 import torch
@@ -15,20 +21,33 @@ from pfl.engine.worker import Worker
 from pfl.errors import ConfigError
 from pfl.methods.base import ClientContext, Method, ServerContext, Upload
 from pfl.metrics.comm import CommCounter
-from pfl.metrics.evaluate import EvalSets, evaluate_federation, honest_metrics, own_key
+from pfl.metrics.evaluate import EvalSets, Gather, evaluate_federation, honest_metrics, own_key
 from pfl.metrics.protocols import rounds_to_target, select_index
+
+Share = Callable[[Sequence[int], Sequence[int]], list[int]]  # (clients, their sizes) -> this rank's
 
 BEST_TEST_PREFIX = "best_test."
 
 
 class EvalSession:
-    def __init__(self, cfg: EvalConfig, worker: Worker, seed: int):
+    def __init__(
+        self,
+        cfg: EvalConfig,
+        worker: Worker,
+        seed: int,
+        trained: MutableMapping[int, Tensor] | None = None,
+        share: Share | None = None,
+        gather: Gather | None = None,
+        rank: int = 0,
+    ):
         self.cfg = cfg
         self.worker = worker
         self.seed = seed
         self.comm = CommCounter()
-        self.trained: dict[int, Tensor] = {}  # pm_source=local_update: last model each client trained
-        self.rows: dict[int, list[dict[str, Any]]] = {}  # round -> per-client rows
+        # pm_source=local_update: the last model each client trained (the loop passes a client store)
+        self.trained: MutableMapping[int, Tensor] = {} if trained is None else trained
+        self.rows: dict[int, list[dict[str, Any]]] = {}  # round -> per-client rows (see keep_rows)
+        self.share, self.gather, self.rank = share, gather, rank
         self.reference: dict[str, Any] | None = None
         self.conflicts: list[float] = []  # per round since the last evaluation: see observe_update
         self.malicious: frozenset[int] = frozenset()  # attacked clients (attack.*): honest.* leaves them out
@@ -37,6 +56,9 @@ class EvalSession:
     @property
     def own_key(self) -> str:
         return own_key(self.worker.task)
+
+    def measures(self, protocol: str) -> bool:
+        return protocol in self.cfg.protocols
 
     def check(self) -> None:
         """Fail before training when the chosen protocol cannot be measured on this data."""
@@ -77,11 +99,28 @@ class EvalSession:
     def evaluate(
         self, method: Method, server: ServerContext, client: Callable[[int], ClientContext], round_idx: int
     ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-        if self._sets is None:
+        if self._sets is None and self.measures("sg"):
             self._sets = EvalSets.build(self.worker, self.seed, self.cfg.s_acc_others)
-        personal = self.trained.get if self.pm_source(method) == "local_update" else None
+        personal = self._trained_model if self.pm_source(method) == "local_update" else None
         values = self.reference["values"] if self.reference is not None else None
-        metrics, rows = evaluate_federation(method, server, self.worker, client, self._sets, personal, values)
+        share = None
+        if self.share is not None:  # several processes: each scores its share of the clients
+            clients = self.worker.data.clients
+            sizes = [len(c.test) + len(c.val) for c in clients]
+            share = self.share(range(len(clients)), sizes)
+        metrics, rows = evaluate_federation(
+            method,
+            server,
+            self.worker,
+            client,
+            self._sets,
+            personal,
+            values,
+            with_global=self.measures("global"),
+            share=share,
+            rank=self.rank,
+            gather=self.gather if share is not None else None,
+        )
         if self.malicious:
             metrics.update(honest_metrics(rows, self.malicious, self.worker.task))
         metrics.update(self.comm.metrics(round_idx))
@@ -90,6 +129,21 @@ class EvalSession:
             self.conflicts = []
         self.rows[round_idx] = rows
         return metrics, rows
+
+    def _trained_model(self, cid: int) -> Tensor | None:
+        peek = getattr(self.trained, "peek", None)  # a client store: read without taking ownership
+        return peek(cid) if peek is not None else self.trained.get(cid)
+
+    def keep_rows(self, history: list[dict[str, Any]]) -> None:
+        """Drop the client rows no round selection can report any more: only the latest round's and
+        the best round's so far are kept (a round that is not the best of a prefix of the history
+        is never the best of the whole, ties going to the earliest), so memory does not grow with
+        the number of evaluations."""
+        if not history:
+            return
+        best = history[select_index(history, self.cfg.select, self.worker.task)]
+        keep = {int(history[-1]["round"]), int(best["round"])}
+        self.rows = {r: rows for r, rows in self.rows.items() if r in keep}
 
     # -- at the end -------------------------------------------------------------------------------
     def select(self, history: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -107,10 +161,14 @@ class EvalSession:
         return {"rounds_to_target": rounds_to_target(history, self.cfg.target, f"{self.own_key}.mean", higher)}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"comm": self.comm.state_dict(), "trained": self.trained, "rows": self.rows, "conflicts": self.conflicts}
+        """The small part of the state (the loop checkpoints ``trained`` and ``rows`` itself, only
+        when they change)."""
+        return {"comm": self.comm.state_dict(), "conflicts": list(self.conflicts)}
 
-    def load_state_dict(self, state: dict[str, Any], device) -> None:
+    def load_state_dict(self, state: dict[str, Any], device: Any = None) -> None:
+        """Restores ``state_dict()`` (and the ``rows`` of checkpoints of earlier versions, which kept
+        them here; the loop restores ``trained``)."""
         self.comm.load_state_dict(state["comm"])
-        self.trained = {cid: t.to(device) for cid, t in state["trained"].items()}
-        self.rows = state["rows"]
+        if "rows" in state:
+            self.rows = state["rows"]
         self.conflicts = list(state.get("conflicts", []))
