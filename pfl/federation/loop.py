@@ -82,7 +82,9 @@ class FederatedLoop:
         self.worker = Worker(net, data, settings, cfg.seed, fabric, cfg.eval.batch_size)
         self.init_state = self.worker.snapshot()
         n = self.worker.data.num_clients
-        self.server = ServerContext(0, n, clients_per_round(cfg, n), self.worker.flat.layout, self.init_state)
+        self.server = ServerContext(
+            0, n, clients_per_round(cfg, n), self.worker.flat.layout, self.init_state, seed=cfg.seed
+        )
         self.server.state = self.method.init_server(self.server)
         self.server_optimizer = ServerOptimizer(cfg.server)
         self.clients: dict[int, State] = {}

@@ -58,6 +58,7 @@ class ServerContext:
     layout: ModelLayout
     init_state: Tensor
     state: State = field(default_factory=dict)
+    seed: int = 0  # the run's seed, for keyed server-side randomness (pfl.seeding.torch_generator)
 
     @property
     def device(self) -> torch.device:
