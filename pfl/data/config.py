@@ -24,6 +24,7 @@ from pfl.data.partition import (
     sized_partition,
     split_indices,
 )
+from pfl.data.regression import RegressionConfig
 from pfl.data.rotation import rotate_groups
 from pfl.data.sources import NATURAL_SOURCES, ON_DISK, SOURCES, TEXT_SOURCES, Pool, load_pool
 from pfl.errors import ConfigError, require
@@ -79,6 +80,7 @@ class DataConfig:
     image_size: int | None = None  # resize folder images (GTSRB default 32; Tiny-ImageNet native 64)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     shakespeare: ShakespeareConfig = field(default_factory=ShakespeareConfig)
+    regression: RegressionConfig = field(default_factory=RegressionConfig)  # source synthetic_regression
 
 
 def _choice(value: str, options: tuple[str, ...], name: str) -> None:

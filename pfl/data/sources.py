@@ -12,6 +12,7 @@ import numpy as np
 from pfl.data import bundled, disk
 from pfl.data.leaf import load_leaf
 from pfl.data.npz import load_npz_dir
+from pfl.data.regression import regression_clients
 from pfl.data.synthetic import fedprox_synthetic, page_synthetic
 from pfl.errors import ConfigError
 
@@ -21,9 +22,9 @@ if TYPE_CHECKING:
 BUNDLED = ("digits", "mnist5k", "synthetic", "shakespeare")
 ON_DISK = ("mnist", "fmnist", "cifar10", "cifar100", "tiny_imagenet", "gtsrb")
 LEAF = ("leaf_shakespeare", "femnist")
-SOURCES = (*BUNDLED, *ON_DISK, *LEAF, "npz_dir")
+SOURCES = (*BUNDLED, *ON_DISK, *LEAF, "npz_dir", "synthetic_regression")
 TEXT_SOURCES = ("shakespeare", "leaf_shakespeare")
-NATURAL_SOURCES = ("synthetic", "shakespeare", *LEAF, "npz_dir")
+NATURAL_SOURCES = ("synthetic", "shakespeare", *LEAF, "npz_dir", "synthetic_regression")
 
 
 @dataclass
@@ -87,6 +88,9 @@ def load_pool(cfg: DataConfig, rng: np.random.Generator) -> Pool:
         return _synthetic(cfg, rng)
     if cfg.source == "shakespeare":
         return _shakespeare(cfg, rng)
+    if cfg.source == "synthetic_regression":
+        x, y, clients = _group(*regression_clients(cfg.num_clients, cfg.regression, rng))
+        return Pool(x, y, 1, clients)
     root = Path(str(cfg.root)).expanduser()
     if cfg.source in ON_DISK:
         x, y, num_classes, num_train = disk.load_standard(cfg.source, root, cfg.download, cfg.image_size)
