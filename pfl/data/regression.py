@@ -24,14 +24,14 @@ class RegressionConfig:
     (``shift``) and of the observation noise (``noise``); weight parts are scaled by 1/√dim so that
     xᵀw has the stated standard deviation."""
 
-    dim: int = 20
+    dim: int = 10
     groups: int = 4
-    samples: int = 120
+    samples: int = 60
     shared: float = 1.0
     specific: float = 1.0
     client: float = 0.1
     shift: float = 1.0
-    noise: float = 0.1
+    noise: float = 0.5
 
 
 def validate_regression(cfg: RegressionConfig) -> None:
