@@ -298,6 +298,18 @@ def test_same_seed_same_numbers_and_client_order_does_not_matter(name):
     assert torch.equal(personal(a), personal(b))
 
 
+@pytest.mark.parametrize("name", NEW_METHODS[1:])  # fedora: test_resume_keeps_bases_graph_and_stores
+def test_resume_equals_the_uninterrupted_run(name, tmp_path):
+    cfg = tiny_config(name, trainer={"rounds": 4, "clients_per_round": 4}, data=VAL)
+    full = make_loop(cfg).fit()
+    first = make_loop(cfg, run_dir=tmp_path)
+    run(first, 2)
+    first.save()
+    resumed = make_loop(cfg)
+    assert resumed.resume(tmp_path)
+    assert comparable_metrics(resumed.fit()) == comparable_metrics(full)
+
+
 # -- baselines ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["ifca", "fesem"])
 def test_one_cluster_is_fedavg_bit_for_bit(name):
@@ -413,3 +425,31 @@ def test_cluster_starts_are_layerwise_permutations_of_the_init():
         for _, sl in layout.layers:  # the same multiset of initial values, layer by layer
             assert torch.equal(starts[j, sl].sort().values, init[sl].sort().values)
     assert not torch.equal(starts[1], starts[2])
+
+
+def test_synthetic_regression_has_shared_group_and_client_parts():
+    from pfl.data import build_data
+    from pfl.data.regression import RegressionConfig
+
+    cfg = DataConfig(
+        source="synthetic_regression",
+        num_clients=8,
+        regression=RegressionConfig(dim=5, groups=2, samples=400, noise=0.01, client=0.01),
+        test_frac=0.2,
+        global_test_frac=0.0,
+    )
+    data = build_data(cfg, 0)
+    again = build_data(cfg, 0)
+    assert torch.equal(data.x, again.x) and torch.equal(data.y, again.y)
+    assert data.y.dtype == torch.float32 and data.num_classes == 1 and data.num_clients == 8
+    coefs = []
+    for split in data.clients:  # least squares recovers each client's linear task [w, b]
+        idx = split.train
+        a = torch.cat([data.x[idx].double(), torch.ones(len(idx), 1, dtype=torch.float64)], dim=1)
+        coefs.append(torch.linalg.lstsq(a, data.y[idx].double()[:, None]).solution[:, 0])
+    dist = torch.cdist(torch.stack(coefs), torch.stack(coefs))
+    group = torch.arange(8) % 2
+    same = (group[:, None] == group[None, :]) & ~torch.eye(8, dtype=torch.bool)
+    assert float(dist[same].max()) < float(dist[group[:, None] != group[None, :]].min())
+    with pytest.raises(ConfigError):
+        build_data(DataConfig(source="synthetic_regression", regression=RegressionConfig(noise=-1.0)), 0)
