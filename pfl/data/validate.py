@@ -83,10 +83,24 @@ def _check_labels(part: Part, num_classes: int, field: str) -> None:
             )
 
 
-def validate_source(parts: list[Part], num_classes: int, fixed_splits: bool = False, field: str = FIELD) -> None:
+def _check_values(part: Part, field: str) -> None:
+    y = part.y
+    if y.dtype.kind not in "iuf":
+        raise _fail(part, f"y has dtype {y.dtype}, not real-valued targets", field=field)
+    bad = np.flatnonzero(~np.isfinite(y.astype(np.float64)))
+    if len(bad):
+        raise _fail(
+            part, f"target {y[bad[0]]} of sample {int(bad[0])} is not finite", "clean or drop that sample", field=field
+        )
+
+
+def validate_source(
+    parts: list[Part], num_classes: int, fixed_splits: bool = False, field: str = FIELD, targets: str = "classes"
+) -> None:
     """Refuse the source unless, for every part: x and y hold the same number of samples, features
     are numeric and finite, every sample has the shape of the first part's samples, and labels are
-    integers in [0, num_classes). Every client must hold samples; with ``fixed_splits`` (the source
+    integers in [0, num_classes) (``targets="values"``, regression: finite real numbers). Every
+    client must hold samples; with ``fixed_splits`` (the source
     gives each client's train/test split) each client needs a non-empty train and test split, and a
     global test file, when given, must not be empty. Errors name ``field`` (the config key that points
     at the data) and the file and client at fault."""
@@ -107,7 +121,10 @@ def validate_source(parts: list[Part], num_classes: int, fixed_splits: bool = Fa
                 field=field,
             )
         _check_features(part, field)
-        _check_labels(part, num_classes, field)
+        if targets == "values":
+            _check_values(part, field)
+        else:
+            _check_labels(part, num_classes, field)
         if reference is None:
             reference = part
         elif part.x.shape[1:] != reference.x.shape[1:]:
@@ -143,9 +160,10 @@ def _check_clients(parts: list[Part], fixed_splits: bool, field: str) -> None:
                 )
 
 
-def pool_parts(parts: list[Part]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-    """Concatenate validated parts: the pooled x, int64 y, and each part's indices into them."""
+def pool_parts(parts: list[Part], targets: str = "classes") -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Concatenate validated parts: the pooled x, y (int64 class ids, or float32 values for
+    ``targets="values"``), and each part's indices into them."""
     bounds = np.cumsum([0] + [len(p.y) for p in parts])
     x = np.concatenate([p.x for p in parts])
-    y = np.concatenate([p.y for p in parts]).astype(np.int64)
+    y = np.concatenate([p.y for p in parts]).astype(np.float32 if targets == "values" else np.int64)
     return x, y, [np.arange(bounds[k], bounds[k + 1]) for k in range(len(parts))]

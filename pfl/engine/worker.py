@@ -381,7 +381,7 @@ class Worker:
         self.module.train()
         self.flat.grads.zero_()
         x, y = self.train_batch(b) if augment else (self.data.x[b], self.data.y[b])
-        loss = loss_fn(self.module.net, x, y) if loss_fn is not None else self.module.loss(self.module.net(x), y)
+        loss = loss_fn(self.module.net, x, y) if loss_fn is not None else self.module.loss(self.module(x), y)
         loss.backward()
         return loss.detach()
 

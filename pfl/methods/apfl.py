@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
@@ -56,11 +55,14 @@ class APFL(FedAvg):
         flat = client.flat
         v = client.state.get("v", client.params(client.init_state)).clone().requires_grad_(True)
         a = self.mix
+        loss, squeeze = client.worker.module.loss, client.worker.task == "regression"  # MSE on (B,) outputs
 
         def loss_fn(net: nn.Module, x: Tensor, y: Tensor) -> Tensor:
             mixed = a * v + (1 - a) * flat.params.detach()  # w's own step uses only its own loss
-            out = functional_call(net, flat.param_dict(mixed), (x,))
-            return F.cross_entropy(net(x), y) + F.cross_entropy(out, y)
+            out, own = functional_call(net, flat.param_dict(mixed), (x,)), net(x)
+            if squeeze:
+                out, own = out.squeeze(-1), own.squeeze(-1)
+            return loss(own, y) + loss(out, y)
 
         v_step = ExtraParamSGD(v, momentum=client.momentum, weight_decay=client.weight_decay)
         if client.keep_momentum and "v_momentum" in client.state:

@@ -1,0 +1,455 @@
+"""FedORA wired into rounds (the math itself: tests/test_optim_propagation.py), and the baselines of
+its table: IFCA, FeSEM, FedAMP, FedU. Properties only a correct implementation has: Lemma 4.1-4.2 inside
+the method, Eq. (8)'s ε branch, the subspace graph, resume, new clients, and each baseline's
+degenerate case equal to a simpler method."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pfl.data import DataConfig
+from pfl.engine.terms import Proximal
+from pfl.errors import ConfigError
+from pfl.federation.loop import comparable_metrics
+from pfl.methods import ClientContext, Method, ServerContext, State, Upload, weighted_mean_of
+from pfl.methods.fedamp import attention_weights
+from pfl.methods.fedora import DecoupledPull, FedORA
+from pfl.optim.propagation import new_client_row, principal_angle_similarity, propagation_matrix
+from pfl.runner.args import parse_fit_args
+from tests.conftest import make_loop, tiny_config
+from tests.methods_helpers import exchanged_round
+
+VAL = {"val_frac": 0.2}
+
+
+def fedora_loop(args=None, **groups):
+    groups.setdefault("data", VAL)
+    return make_loop(tiny_config("fedora", args or {}, **groups))
+
+
+def run(loop, rounds):
+    for _ in range(rounds):
+        loop.run_round()
+    return loop
+
+
+def personal(loop):
+    return torch.stack(
+        [loop.method.personal_state(loop.server, loop.client(c)) for c in range(loop.server.num_clients)]
+    )
+
+
+# -- Lemma 4.2 inside the method ----------------------------------------------------------------------
+def test_closed_form_equals_the_iterations_limit_in_the_method():
+    closed = run(fedora_loop({"propagation": "closed"}), 3)
+    iterative = run(fedora_loop({"propagation": "iterative", "tol": 1e-10}), 3)
+    # the iterate on the method's own store equals M Θ of the closed form
+    s = iterative.server
+    m = propagation_matrix(s["W"], 1.0)
+    assert torch.allclose(s["theta_hat"].double(), m @ s["theta"].double(), atol=1e-5)
+    # and whole runs agree: the same W, the same Θ̂ and P-models after 3 rounds
+    assert torch.allclose(closed.server["W"], s["W"])
+    assert torch.allclose(closed.server["theta_hat"], s["theta_hat"], atol=1e-5)
+    assert torch.allclose(personal(closed), personal(iterative), atol=1e-5)
+
+
+# -- Lemma 4.1 inside the method ----------------------------------------------------------------------
+def test_identity_similarity_is_local_training():
+    fedora = run(fedora_loop({"similarity": "identity"}), 3)
+    local = run(make_loop(tiny_config("local", data=VAL)), 3)
+    assert torch.equal(fedora.server["theta_hat"], fedora.server["theta"])  # Θ̂ = Θ
+    assert torch.allclose(personal(fedora), personal(local), atol=1e-5)  # λ = ε: LOCAL up to ε
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1e7])
+def test_uniform_similarity_propagates_to_the_sample_weighted_average(alpha):
+    loop = fedora_loop({"similarity": "uniform", "alpha": alpha})
+    _, uploads = exchanged_round(loop)
+    avg = weighted_mean_of(uploads)
+    kappa = alpha / (1 + alpha)
+    for cid, up in uploads.items():  # M = (1−κ)I + κ1πᵀ exactly (Sherman-Morrison), π = n / N
+        expected = (1 - kappa) * up.state + kappa * avg
+        assert torch.allclose(loop.server["theta_hat"][cid], expected, atol=1e-5)
+    if alpha > 1e6:  # α → ∞: every client gets FedAvg's aggregate
+        assert torch.allclose(loop.server["theta_hat"], avg.expand_as(loop.server["theta_hat"]), atol=1e-5)
+
+
+# -- Eq. (8) ------------------------------------------------------------------------------------------
+def test_lambda_is_eps_when_the_propagated_model_validates_worse(monkeypatch):
+    loop = run(fedora_loop(client={"batch_size": 4}), 2)
+    method, client = loop.method, loop.client(0)
+    trained, init = client.state["personal"], loop.init_state
+    assert client.evaluate(trained, "val").loss < client.evaluate(init, "val").loss
+    assert method.selective_lambda(client, trained, init) == method.eps
+    delta = client.evaluate(init, "val").loss - client.evaluate(trained, "val").loss
+    assert method.selective_lambda(client, init, trained) == pytest.approx(delta, rel=1e-12)
+    # the local update uses it: θ̂ that validates worse than θ_k gets λ = ε
+    seen = []
+    real = method.pull_term
+    monkeypatch.setattr(method, "pull_term", lambda c, hat, lam: seen.append(lam) or real(c, hat, lam))
+    method.local_update(loop.client(0), {"theta_hat": init})
+    assert seen == [method.eps]
+    assert FedORA(lam=0.3).selective_lambda(client, trained, init) == 0.3  # Table 5: constant λ
+    official = FedORA(alpha=None, kappa=0.8, lambda_rule="official")
+    assert official.selective_lambda(client, trained, init) == 0.0
+    assert official.selective_lambda(client, trained, trained) == 1.0  # exp(0)
+    # the code's Δ sums per-batch mean losses over the validation loader (batches of client.batch_size)
+    val = client.val_idx
+    assert len(val) > client.batch_size
+    batches = val.split(client.batch_size)
+    delta = sum(client.evaluate(init, b).loss - client.evaluate(trained, b).loss for b in batches)
+    assert official.selective_lambda(client, init, trained) == pytest.approx(math.exp(delta / 2), rel=1e-9)
+
+
+def test_pull_is_the_papers_lambda_norm_or_the_codes_decoupled_step():
+    client_params = torch.tensor([1.0, -2.0])
+    anchor = torch.tensor([0.0, 1.0])
+    grads = torch.zeros(2)
+    Proximal(anchor, 2 * 0.5).on_grad(client_params, grads)  # ∇ λ‖θ − θ̂‖² = 2λ(θ − θ̂)
+    assert torch.equal(grads, 2 * 0.5 * (client_params - anchor))
+    params = client_params.clone()
+    pull = DecoupledPull(anchor, 0.5)
+    pull.on_grad(params, grads)
+    params -= 0.1 * torch.tensor([3.0, 3.0])  # the optimizer's step
+    pull.on_step(params, 0.1)
+    expected = client_params - 0.1 * torch.tensor([3.0, 3.0]) - 0.1 * 0.5 * (client_params - anchor)
+    assert torch.allclose(params, expected)
+
+
+# -- the graph ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("p", [1, 2])
+def test_subspace_graph_is_symmetric_with_self_similarity_p(p):
+    loop = run(fedora_loop({"p": p}), 1)
+    w = loop.server["W"]
+    assert torch.allclose(w, w.T)
+    assert torch.allclose(w.diagonal(), torch.full((6,), float(p), dtype=w.dtype))
+    assert float(w.min()) >= 0 and float(w.max()) <= p + 1e-12
+    assert w.shape == (6, 6) and loop.server["bases"].shape[2] == p
+    off = w[~torch.eye(6, dtype=torch.bool)]
+    assert float(off.max()) < p  # different clients span different subspaces
+
+
+def test_basis_is_uploaded_once_and_unseen_clients_stay_isolated():
+    loop = fedora_loop(trainer={"clients_per_round": 3})
+    payloads, uploads = exchanged_round(loop)
+    assert all("send_basis" in pl for pl in payloads.values()) and all("basis" in u for u in uploads.values())
+    seen = loop.server["seen"]
+    assert int(seen.sum()) == 3
+    for cid in (~seen).nonzero().flatten().tolist():  # no basis yet: a self-loop only, θ̂ = θ_0
+        assert torch.equal(loop.server["W"][cid], torch.eye(6, dtype=torch.float64)[cid])
+        assert torch.equal(loop.server["theta_hat"][cid], loop.init_state)
+    for _ in range(4):
+        payloads, uploads = exchanged_round(loop)
+        for cid, pl in payloads.items():
+            assert ("send_basis" in pl) == ("basis" in uploads[cid])
+    assert int(loop.server["seen"].sum()) == 6
+
+
+@pytest.mark.parametrize("kind", ["random", "parameter", "gradient", "official"])
+def test_ablation_similarities_are_valid_graphs(kind):
+    args = {"similarity": kind} if kind != "official" else {"similarity": kind, "alpha": None, "kappa": 0.8}
+    loop = run(fedora_loop(args), 2)
+    w = loop.server["W"]
+    assert bool((w >= 0).all())
+    if kind == "official":  # top-2 others, row-stochastic, no self-edge
+        assert torch.allclose(w.sum(dim=1), torch.ones(6, dtype=w.dtype))
+        assert int((w > 0).sum(dim=1).max()) == 2 and float(w.diagonal().abs().max()) == 0
+    else:
+        assert torch.allclose(w, w.T) and torch.equal(w.diagonal(), torch.ones(6, dtype=w.dtype))
+    if kind == "random":  # seeded: the same run seed gives the same graph, another seed another one
+        again = fedora_loop(args)
+        assert torch.equal(again.server["W_random"], loop.server["W_random"])
+        other = make_loop(tiny_config("fedora", args, data=VAL, seed=1))
+        assert not torch.equal(other.server["W_random"], loop.server["W_random"])
+
+
+def test_the_codes_single_store_equals_the_papers_two_with_full_participation():
+    paper = run(fedora_loop(), 3)
+    single = run(fedora_loop({"replace_server_copy": True}), 3)
+    assert "theta" not in single.server
+    assert torch.allclose(paper.server["theta_hat"], single.server["theta_hat"], atol=1e-6)
+    assert torch.allclose(personal(paper), personal(single), atol=1e-6)
+
+
+# -- resume -------------------------------------------------------------------------------------------
+def test_resume_keeps_bases_graph_and_stores(tmp_path):
+    cfg = tiny_config("fedora", trainer={"rounds": 4, "clients_per_round": 4}, data=VAL)
+    full = make_loop(cfg).fit()
+    first = make_loop(cfg, run_dir=tmp_path)
+    run(first, 2)
+    first.save()
+    resumed = make_loop(cfg)
+    assert resumed.resume(tmp_path)
+    for key in ("bases", "W", "M", "theta", "theta_hat", "seen", "sizes"):
+        assert torch.equal(resumed.server[key], first.server[key]), key
+    sampled = resumed.sampled_clients().tolist()
+    requested = {c for c in sampled if "send_basis" in resumed.method.payload(resumed.server, c)}
+    assert requested == {c for c in sampled if not bool(first.server["seen"][c])}  # seen clients never resend
+    assert comparable_metrics(resumed.fit()) == comparable_metrics(full)
+
+
+# -- new clients --------------------------------------------------------------------------------------
+NEW = {"val_frac": 0.2, "num_clients": 8, "new_clients": 0.25}
+
+
+def new_client_context(loop, j):
+    return ClientContext(loop.server.num_clients + j, loop.round, loop.worker, {}, loop.init_state)
+
+
+@pytest.mark.parametrize("labels", [True, False])
+def test_new_client_gets_its_similarity_row_of_the_trained_clients(labels):
+    loop = run(fedora_loop({"new_client_labels": labels}, data=NEW), 2)
+    assert len(loop.worker.new_clients) == 2
+    method, server = loop.method, loop.server
+    ctx = new_client_context(loop, 0)
+    mine = method.client_basis(ctx, labels=labels).double()
+    bases = server["bases" if labels else "bases_x"]
+    assert bases.shape[1] == 64 + (10 if labels else 0)  # [x, onehot(y)] or x alone
+    row = new_client_row(principal_angle_similarity(bases, mine[None])[:, 0])
+    expected = (row.float() @ server["theta_hat"]).to(server["theta_hat"].dtype)
+    hat = method.new_client_hat(server, ctx)
+    assert torch.allclose(hat, expected, atol=1e-6)
+    assert torch.allclose(row.sum(), torch.tensor(1.0, dtype=row.dtype))
+    adapted = method.adapt_new_client(server, ctx, epochs=2)
+    if labels:  # fine-tuned with Eq. (9) from θ̂_new
+        assert not torch.equal(adapted, hat)
+        theta = hat.clone()
+        for e in range(2):
+            lam = method.selective_lambda(ctx, theta, hat)
+            theta = ctx.fit(theta, epochs=1, terms=[method.pull_term(ctx, hat, lam)], purpose=f"new_client{e}")
+        assert torch.equal(adapted, theta)
+    else:  # unlabeled: θ̂_new as it is
+        assert torch.equal(adapted, hat)
+    metrics = loop.summary({})["metrics"]
+    assert 0.0 <= metrics["new.acc.mean"] <= 1.0
+
+
+def test_official_new_client_row_is_the_top_k_graph():
+    loop = run(fedora_loop({"similarity": "official", "alpha": None, "kappa": 0.8}, data=NEW), 1)
+    hat = loop.method.new_client_hat(loop.server, new_client_context(loop, 0))
+    theta_hat = loop.server["theta_hat"]
+    weights = torch.linalg.lstsq(theta_hat.double().T, hat.double()[:, None]).solution[:, 0]
+    assert int((weights.abs() > 1e-4).sum()) == 2 and float(weights.sum()) == pytest.approx(1.0, abs=1e-5)
+
+
+# -- regression ---------------------------------------------------------------------------------------
+def test_fedora_on_the_regression_federation_reports_mae_and_ptr():
+    data = DataConfig(source="synthetic_regression", num_clients=6, val_frac=0.2, test_frac=0.3)
+    cfg = tiny_config("fedora", data=data, model={"name": "mlp", "hidden": [16]}, eval={"reference": "local"})
+    cfg.client.lr = 0.01
+    loop = make_loop(cfg)
+    m = loop.fit()["metrics"]
+    assert loop.worker.task == "regression"
+    assert loop.server["bases"].shape[1] == cfg.data.regression.dim + 1  # [x, y]: the target as one column
+    assert {"pm.mae.mean", "r_mae.mean", "ptr_mae"} <= set(m) and math.isfinite(m["pm.mae.mean"])
+
+
+# -- configuration ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"alpha": 1.0, "kappa": 0.5},
+        {"alpha": None},
+        {"similarity": "cosine"},
+        {"propagation": "iterative", "tol": None},
+        {"lambda_rule": "max"},
+        {"pull": "exact"},
+        {"p": 0},
+    ],
+)
+def test_bad_fedora_options_are_config_errors(args):
+    with pytest.raises(ConfigError):
+        FedORA(**args)
+
+
+def test_official_config_is_the_authors_code():
+    cfg = parse_fit_args(["--config", "conf/method/fedora_official.yaml", "--data.val_frac", "0.2"])[0]
+    m = cfg.method
+    assert (m.similarity, m.kappa, m.alpha, m.lambda_rule, m.pull, m.replace_server_copy) == (
+        "official",
+        0.8,
+        None,
+        "official",
+        "decoupled",
+        True,
+    )
+
+
+# -- every new method: seeds, client order ------------------------------------------------------------
+NEW_METHODS = ["fedora", "ifca", "fesem", "fedamp", "fedu"]
+
+
+@pytest.mark.parametrize("name", NEW_METHODS)
+def test_same_seed_same_numbers_and_client_order_does_not_matter(name):
+    cfg = tiny_config(name, data=VAL, trainer={"clients_per_round": 4})
+    a, b = make_loop(cfg), make_loop(cfg)
+    for loop, order in ((a, sorted), (b, lambda ids: sorted(ids, reverse=True))):
+        for _ in range(2):
+            sampled = loop.sampled_clients().tolist()
+            payloads = {c: loop.method.payload(loop.server, c) for c in sampled}
+            uploads = {c: loop.method.local_update(loop.client(c), payloads[c]) for c in order(sampled)}
+            loop.method.aggregate(loop.server, uploads)
+            loop.round += 1
+    for key in a.server.state:
+        assert torch.equal(a.server[key], b.server[key]), key
+    assert torch.equal(personal(a), personal(b))
+
+
+@pytest.mark.parametrize("name", NEW_METHODS[1:])  # fedora: test_resume_keeps_bases_graph_and_stores
+def test_resume_equals_the_uninterrupted_run(name, tmp_path):
+    cfg = tiny_config(name, trainer={"rounds": 4, "clients_per_round": 4}, data=VAL)
+    full = make_loop(cfg).fit()
+    first = make_loop(cfg, run_dir=tmp_path)
+    run(first, 2)
+    first.save()
+    resumed = make_loop(cfg)
+    assert resumed.resume(tmp_path)
+    assert comparable_metrics(resumed.fit()) == comparable_metrics(full)
+
+
+# -- baselines ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["ifca", "fesem"])
+def test_one_cluster_is_fedavg_bit_for_bit(name):
+    cfg = {"trainer": {"clients_per_round": 3, "rounds": 3}}
+    fedavg = make_loop(tiny_config("fedavg", **cfg))
+    clustered = make_loop(tiny_config(name, {"clusters": 1}, **cfg))
+    a, b = fedavg.fit()["metrics"], clustered.fit()["metrics"]
+    key = "models" if name == "ifca" else "centers"
+    assert torch.equal(clustered.server[key][0], fedavg.server["global"])
+    assert a["pm.l_acc.mean"] == b["pm.l_acc.mean"]
+
+
+def test_ifca_clients_train_the_cluster_with_the_lowest_loss():
+    loop = make_loop(tiny_config("ifca", {"clusters": 3}))
+    run(loop, 2)
+    models = loop.server["models"]
+    assert not torch.equal(models[0], models[1])
+    payloads, uploads = exchanged_round(loop)
+    for cid, up in uploads.items():
+        c = loop.client(cid)
+        losses = torch.tensor([c.evaluate(m, c.train_idx).loss for m in payloads[cid]["models"]])
+        assert int(up["cluster"]) == int(torch.argmin(losses))
+
+
+def test_fesem_assigns_each_upload_to_the_nearest_centre():
+    loop = make_loop(tiny_config("fesem", {"clusters": 3}))
+    run(loop, 1)
+    before = loop.server["centers"].clone()
+    _, uploads = exchanged_round(loop)
+    for cid, up in uploads.items():
+        dist = (up.state - before).pow(2).sum(dim=1)
+        assert int(loop.server["assign"][cid]) == int(torch.argmin(dist))
+    for j in range(3):  # each centre is the weighted mean of its members (or kept)
+        members = {c: u for c, u in uploads.items() if int(loop.server["assign"][c]) == j}
+        expected = weighted_mean_of(members) if members else before[j]
+        assert torch.allclose(loop.server["centers"][j], expected)
+
+
+class LocalProx(Method):
+    """Local training with FedAMP's proximal term towards the client's own previous model."""
+
+    name = "local_prox_test"
+    has_global_model = False
+
+    def __init__(self, mu: float):
+        self.mu = mu
+
+    def init_server(self, server: ServerContext) -> State:
+        return {}
+
+    def payload(self, server: ServerContext, cid: int) -> State:
+        return {}
+
+    def local_update(self, client: ClientContext, payload: State) -> Upload:
+        own = client.state.get("personal", client.init_state)
+        client.state["personal"] = client.fit(own, terms=[Proximal(client.params(own), self.mu)])
+        return Upload()
+
+    def aggregate(self, server: ServerContext, uploads: dict[int, Upload]) -> None:
+        pass
+
+
+@pytest.mark.parametrize("sigma", [math.inf, 1e30])
+def test_fedamp_without_attention_is_local_with_a_proximal_term(sigma):
+    cfg = tiny_config("fedamp", {"sigma": sigma, "alpha_k": 0.5, "lam": 0.2})
+    fedamp = run(make_loop(cfg), 3)
+    cfg.method = LocalProx(0.2 / 0.5)
+    local_prox = run(make_loop(cfg), 3)
+    assert torch.allclose(personal(fedamp), personal(local_prox), atol=1e-6)
+    if math.isinf(sigma):
+        assert torch.equal(personal(fedamp), personal(local_prox))
+
+
+def test_fedamp_attention_favours_closer_models_and_rows_sum_to_one():
+    d = torch.tensor([[0.0, 1.0, 4.0], [1.0, 0.0, 9.0], [4.0, 9.0, 0.0]], dtype=torch.float64)
+    xi = attention_weights(d, alpha_k=0.5, sigma=2.0, members=torch.ones(3, dtype=torch.bool))
+    assert torch.allclose(xi.sum(dim=1), torch.ones(3, dtype=torch.float64))
+    assert xi[0, 1] > xi[0, 2] and xi[0, 1] == pytest.approx(0.5 * math.exp(-0.5) / 2.0)
+    assert xi[0, 0] == pytest.approx(1 - 0.5 * (math.exp(-0.5) + math.exp(-2.0)) / 2.0)
+    lone = attention_weights(d, 0.5, 2.0, members=torch.tensor([True, True, False]))
+    assert torch.equal(lone[2], torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64)) and lone[0, 2] == 0
+
+
+def test_fedu_without_coupling_is_local_bit_for_bit():
+    cfg = {"trainer": {"clients_per_round": 4}}
+    fedu = run(make_loop(tiny_config("fedu", {"lam": 0.0}, **cfg)), 3)
+    local = run(make_loop(tiny_config("local", **cfg)), 3)
+    assert torch.equal(personal(fedu), personal(local))
+
+
+def test_fedu_takes_one_laplacian_step_over_the_sampled_clients():
+    loop = make_loop(tiny_config("fedu", {"lam": 0.5, "eta": 0.1}, trainer={"clients_per_round": 3}))
+    _, uploads = exchanged_round(loop)
+    cids = sorted(uploads)
+    for i in cids:
+        pull = sum(uploads[i].state - uploads[j].state for j in cids if j != i)
+        assert torch.allclose(loop.server["models"][i], uploads[i].state - 0.1 * 0.5 * pull, atol=1e-6)
+    for i in set(range(6)) - set(cids):
+        assert torch.equal(loop.server["models"][i], loop.init_state)
+
+
+def test_cluster_starts_are_layerwise_permutations_of_the_init():
+    from pfl.methods.stores import cluster_starts
+
+    loop = make_loop(tiny_config("ifca"))
+    init, layout = loop.init_state, loop.server.layout
+    starts = cluster_starts(init, layout, 3, 0, "ifca")
+    assert torch.equal(starts[0], init)
+    assert torch.equal(starts, cluster_starts(init, layout, 3, 0, "ifca"))  # keyed: reproducible
+    assert not torch.equal(starts[1], cluster_starts(init, layout, 3, 1, "ifca")[1])  # and seed-dependent
+    for j in (1, 2):
+        assert not torch.equal(starts[j], init)
+        for _, sl in layout.layers:  # the same multiset of initial values, layer by layer
+            assert torch.equal(starts[j, sl].sort().values, init[sl].sort().values)
+    assert not torch.equal(starts[1], starts[2])
+
+
+def test_synthetic_regression_has_shared_group_and_client_parts():
+    from pfl.data import build_data
+    from pfl.data.regression import RegressionConfig
+
+    cfg = DataConfig(
+        source="synthetic_regression",
+        num_clients=8,
+        regression=RegressionConfig(dim=5, groups=2, samples=400, noise=0.01, client=0.01),
+        test_frac=0.2,
+        global_test_frac=0.0,
+    )
+    data = build_data(cfg, 0)
+    again = build_data(cfg, 0)
+    assert torch.equal(data.x, again.x) and torch.equal(data.y, again.y)
+    assert data.y.dtype == torch.float32 and data.num_classes == 1 and data.num_clients == 8
+    coefs = []
+    for split in data.clients:  # least squares recovers each client's linear task [w, b]
+        idx = split.train
+        a = torch.cat([data.x[idx].double(), torch.ones(len(idx), 1, dtype=torch.float64)], dim=1)
+        coefs.append(torch.linalg.lstsq(a, data.y[idx].double()[:, None]).solution[:, 0])
+    dist = torch.cdist(torch.stack(coefs), torch.stack(coefs))
+    group = torch.arange(8) % 2
+    same = (group[:, None] == group[None, :]) & ~torch.eye(8, dtype=torch.bool)
+    assert float(dist[same].max()) < float(dist[group[:, None] != group[None, :]].min())
+    with pytest.raises(ConfigError):
+        build_data(DataConfig(source="synthetic_regression", regression=RegressionConfig(noise=-1.0)), 0)
