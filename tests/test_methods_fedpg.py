@@ -429,7 +429,8 @@ def test_gaussian_attack_on_a_gradient_method_draws_the_pseudo_gradient():
 
 
 def test_honest_metrics_leave_the_malicious_clients_out():
-    loop = make_loop(tiny_config("fedpg", attack={"kind": "scale", "fraction": 0.34}))
+    sg = {"protocols": ["local", "sg", "global"]}  # the S- and G-tests are measured when asked for
+    loop = make_loop(tiny_config("fedpg", attack={"kind": "scale", "fraction": 0.34}, eval=sg))
     loop.run_round()
     metrics = loop.evaluate()
     honest_rows = [r for r in loop.client_rows if r["client"] not in loop.attack.malicious]
