@@ -203,6 +203,7 @@ class FederatedLoop:
         fits = []
         mine = self.cohort.share(sampled, self._sizes)
         single = self.cohort.world_size == 1
+        client_fits: dict[int, list] = {}
         if self.vectorized is not None:
             # The local updates record their fits; the flush trains them all together and fills in
             # the trained states, so those clients' states stay on the device until then.
@@ -212,24 +213,23 @@ class FederatedLoop:
                     ctx = ClientContext(cid, self.round, deferred, self.clients.setdefault(cid, {}), self.init_state)  # type: ignore[arg-type]
                     uploads[cid] = self.method.local_update(ctx, payloads[cid])
                     fits += ctx.fits
+                    client_fits[cid] = ctx.fits
                 deferred.flush()
-            if single:
-                divergence.check_clients(self.round + 1, mine, uploads, self.clients)
-                divergence.check_losses(self.round + 1, [f.loss for f in fits])
         else:
             for cid in mine:
                 ctx = self.client(cid)
                 uploads[cid] = self.method.local_update(ctx, payloads[cid])
                 fits += ctx.fits
-                if single:  # stop at the first diverged client, named (several ranks: after the exchange)
-                    divergence.check_clients(self.round + 1, [cid], uploads, self.clients)
-                    divergence.check_losses(self.round + 1, [f.loss for f in ctx.fits], cid)
-        if not single:
+                client_fits[cid] = ctx.fits
+        if single:  # the first diverged client by id, named (several ranks: after the exchange)
+            losses = {cid: [f.loss for f in client_fits[cid]] for cid in mine}
+            divergence.check_round(self.round + 1, mine, uploads, self.clients, losses)
+        else:
             # Every rank aggregates the full, id-sorted upload dict and stores every client's new state.
             states = {cid: self.clients.get(cid, {}) for cid in mine}
             uploads, states, fits = self.cohort.exchange(uploads, states, fits, self.worker.device)
             self.clients.update(states)
-            divergence.check_clients(self.round + 1, sampled, uploads, self.clients)  # the same on every rank
+            divergence.check_round(self.round + 1, sampled, uploads, self.clients, {})  # the same on every rank
             divergence.check_losses(self.round + 1, [f.loss for f in fits])
         if self.attack is not None:
             uploads = self.attack.apply(uploads, payloads, self.round)
