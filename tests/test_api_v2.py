@@ -212,6 +212,23 @@ def test_every_fabric_precision_runs(precision):
     assert loop.worker.flat.state.dtype == want and summary["metrics"]["pm.l_acc.mean"] > 0
 
 
+def test_fabric_layers_are_skipped_only_where_they_are_the_identity():
+    """32-true calls loss.backward() directly (the same bits as through Fabric); a mixed precision's
+    autocast and scaler hooks are always taken."""
+    cfg = tiny_config("fedavg", trainer={"rounds": 1})
+    direct = make_loop(cfg, fabric=L.Fabric(accelerator="cpu"))
+    layered = make_loop(cfg, fabric=L.Fabric(accelerator="cpu"))
+    layered.worker._direct_backward = layered.worker._direct_forward = False
+    calls = []
+    backward = layered.fabric.backward
+    layered.fabric.backward = lambda loss: (calls.append(1), backward(loss))  # type: ignore[method-assign]
+    direct.run_round(), layered.run_round()
+    assert calls and torch.equal(direct.server["global"], layered.server["global"])
+    assert (direct.worker._direct_backward, direct.worker._direct_forward) == (True, True)
+    mixed = make_loop(cfg, fabric=L.Fabric(accelerator="cpu", precision="bf16-mixed"))
+    assert (mixed.worker._direct_backward, mixed.worker._direct_forward) == (False, False)
+
+
 def test_accelerator_defaults_to_auto():
     assert tiny_config().trainer.accelerator == "auto"
 
