@@ -64,3 +64,19 @@ def test_every_claim_names_only_configurations_that_parse(monkeypatch):
     for claim in all_claims():
         for args in claim.runs.values():
             parse_fit_args([*claim.base, *args])
+
+
+def test_claim_bar_chart_shows_every_error_bar_and_names_the_verdict(tmp_path, monkeypatch):
+    import pfl.metrics.plots as plots
+    from pfl.runner import reproduce
+
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path, dpi=None: figures.append(fig))
+    summaries = {
+        "a": {"metrics": {"pm.l_acc.mean": 0.95, "pm.l_acc.std": 0.1}},  # mean + std passes 1.0
+        "b": {"metrics": {"pm.l_acc.mean": 0.6, "pm.l_acc.std": 0.05}},
+    }
+    reproduce._bar_plot(summaries, "pm.l_acc.mean", tmp_path / "c.png", "a", "Paper: c (held: yes)")
+    (ax,) = figures[0].axes
+    assert ax.get_ylim()[1] >= 1.05 and ax.get_ylim()[0] <= 0.55
+    assert ax.get_title() == "Paper: c (held: yes)" and ax.get_xlabel() == "run"
