@@ -13,6 +13,7 @@ import time
 import torch
 
 from bench.common import bench_config, make_loop
+from pfl.errors import TrainingDiverged
 from pfl.federation.loop import FederatedLoop
 
 
@@ -84,28 +85,44 @@ def interleaved_round_s(method: str, sizes: list[int], rounds: int, per_round: i
 
 def method_costs(methods: list[str] | dict[str, tuple[str, dict]], model: str, rounds: int) -> list[dict]:
     """Samples/s of every method (a name, or label -> (name, method args)) on the same federation,
-    rounds interleaved across methods so that all of them see the same machine load."""
+    rounds interleaved across methods so that all of them see the same machine load. A method whose
+    training diverges on the benchmark's random data with its default settings is left out of the
+    timing (its row says so) instead of stopping the benchmark."""
     specs = methods if isinstance(methods, dict) else {m: (m, {}) for m in methods}
     loops = {label: make_loop(bench_config(m, model, 100, 10, method_args=a)) for label, (m, a) in specs.items()}
-    methods = list(specs)
-    for loop in loops.values():
-        loop.run_round()  # warm-up
-    seconds = dict.fromkeys(methods, 0.0)
+    diverged: dict[str, str] = {}
+
+    def step(label: str) -> float:
+        t0 = time.perf_counter()
+        try:
+            loops[label].run_round()
+        except TrainingDiverged as err:
+            diverged[label] = str(err)
+        return time.perf_counter() - t0
+
+    for label in list(loops):
+        step(label)  # warm-up
+    seconds = dict.fromkeys(loops, 0.0)
     samples0 = {m: loop.train_samples for m, loop in loops.items()}
     for _ in range(rounds):
-        for m, loop in loops.items():
-            t0 = time.perf_counter()
-            loop.run_round()
-            seconds[m] += time.perf_counter() - t0
-    return [
-        {
-            "method": m,
-            "model": model,
-            "round_s": seconds[m] / rounds,
-            "samples_per_s": (loops[m].train_samples - samples0[m]) / seconds[m],
-        }
-        for m in methods
-    ]
+        for label in loops:
+            if label not in diverged:
+                seconds[label] += step(label)
+    rows = []
+    for m in loops:
+        if m in diverged:
+            rows.append({"method": m, "model": model, "round_s": float("nan"), "samples_per_s": float("nan"),
+                         "diverged": diverged[m]})  # fmt: skip
+            continue
+        rows.append(
+            {
+                "method": m,
+                "model": model,
+                "round_s": seconds[m] / rounds,
+                "samples_per_s": (loops[m].train_samples - samples0[m]) / seconds[m],
+            }
+        )
+    return rows
 
 
 if __name__ == "__main__":
