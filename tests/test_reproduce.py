@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import pfl.runner.reproduce as rep
+from pfl.errors import ConfigError
 from pfl.runner.claims import Claim, best_by
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +37,18 @@ def test_report_has_table_plot_and_verdict(tmp_path, monkeypatch):
     ditto_mtime = (tmp_path / "tiny" / "ditto" / "summary.json").stat().st_mtime
     rep.run_claims(tmp_path, reuse=True)  # finished runs are kept, not re-run
     assert (tmp_path / "tiny" / "ditto" / "summary.json").stat().st_mtime == ditto_mtime
+
+
+def test_a_failed_run_is_named_and_the_rest_of_the_claim_still_reported(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    runs = {"local": ["--method.name", "local"], "blowup": ["--method.name", "fedavg", "--client.lr", "1e30"]}
+    claim = Claim("tiny", "test", "local beats a diverging run", TINY, runs, best_by("pm.l_acc.mean", "local"))
+    monkeypatch.setattr(rep, "all_claims", lambda: [claim])
+    with pytest.raises(ConfigError, match="blowup: .*training diverged"):
+        rep.run_claims(tmp_path)
+    report = (tmp_path / "REPORT.md").read_text()
+    assert "Failed (left out of the table and the check): blowup." in report
+    assert "| local |" in report and "| blowup |" not in report and "**Held: yes**" in report
 
 
 def test_best_by_names_the_winner():

@@ -11,6 +11,7 @@ import json
 import time
 from pathlib import Path
 
+from pfl.errors import ConfigError
 from pfl.methods import methods
 from pfl.metrics.protocols import reference_metrics
 from pfl.metrics.report import build_table, render
@@ -27,6 +28,7 @@ def run_claims(
     continues where it stopped)."""
 
     out.mkdir(parents=True, exist_ok=True)
+    failures: list[str] = []
     sections = ["# Reproduction report", "", f"Generated {time.strftime('%Y-%m-%d %H:%M')} on CPU, embedded data.", ""]
     for claim in all_claims():
         if only and claim.key not in only:
@@ -47,13 +49,22 @@ def run_claims(
             parse_fit_args(argv)  # every run's configuration is checked before the first one starts
             if not (reuse and (out / claim.key / label / "summary.json").exists()):
                 jobs[label] = ["fit", *argv]
-        t0 = time.perf_counter()
+        t0, started = time.perf_counter(), time.time()
         print(f"{claim.key}: {len(jobs)} runs to do, {len(claim.runs) - len(jobs)} reused", flush=True)
-        run_parallel(jobs, workers, what=claim.key)
+        try:
+            run_parallel(jobs, workers, what=claim.key)
+        except ConfigError as err:  # the failed runs are named in the report; the others still count
+            failures.append(str(err))
         minutes = (time.perf_counter() - t0) / 60
+        done = [label for label in claim.runs if _finished(out / claim.key / label, label in jobs, started)]
         summaries: Summaries = {
-            label: json.loads((out / claim.key / label / "summary.json").read_text()) for label in claim.runs
+            label: json.loads((out / claim.key / label / "summary.json").read_text()) for label in done
         }
+        failed = [label for label in claim.runs if label not in summaries]
+        if failed:
+            sections += [f"Failed (left out of the table and the check): {', '.join(failed)}.", ""]
+        if not summaries:
+            continue
         for label, summary in summaries.items():  # checks may read a run's files (clients.csv)
             summary.setdefault("run_dir", str(out / claim.key / label))
         if "local" in summaries:
@@ -62,7 +73,10 @@ def run_claims(
                 "Gain, R-Acc and PTR are per client against the suite's own `local` run (same split, seed).",
                 "",
             ]
-        held, detail = claim.check(summaries)
+        try:
+            held, detail = claim.check(summaries)
+        except KeyError as missing:  # a run the check compares failed
+            held, detail = False, f"not decidable: the run {missing} has no result"
         header, rows, best = build_table(list(summaries.values()), list(summaries), list(claim.metrics))
         sections += render(header, rows, best).splitlines()
         title = f"{claim.paper}: {claim.key} (held: {'yes' if held else 'no'})"
@@ -72,7 +86,16 @@ def run_claims(
         sections += ["", f"({len(summaries)} runs: {timing}; {len(summaries) - len(jobs)} reused)", ""]
     report = out / "REPORT.md"
     report.write_text("\n".join(sections) + "\n")
+    if failures:
+        raise ConfigError("reproduce", f"{'; '.join(failures)} (left out of {report})")
     return report
+
+
+def _finished(run_dir: Path, rerun: bool, started: float) -> bool:
+    """The run has a result of this suite: reused, or written since ``started`` (not a stale one
+    left by an earlier suite when this run failed)."""
+    path = run_dir / "summary.json"
+    return path.exists() and (not rerun or path.stat().st_mtime >= started)
 
 
 def add_gain_over_local(summaries: Summaries, root: Path) -> None:

@@ -35,7 +35,7 @@ def best_by(metric: str, winner: str) -> Callable[[Summaries], tuple[bool, str]]
     def check(s: Summaries) -> tuple[bool, str]:
         scores = {label: s[label]["metrics"][metric] for label in s}
         best = max(scores, key=scores.__getitem__)
-        others = max(v for k, v in scores.items() if k != winner)
+        others = max((v for k, v in scores.items() if k != winner), default=float("-inf"))
         held = best == winner
         return held, f"{winner}: {scores[winner]:.4f} vs best other {others:.4f} ({metric}); best is {best}"
 

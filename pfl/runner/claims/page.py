@@ -19,7 +19,7 @@ def best_on_both(winner: str):
         for key in ("gm.acc", "pm.l_acc.mean"):
             scores = {label: s[label]["metrics"].get(key, float("-inf")) for label in s}
             best = max(scores, key=scores.__getitem__)
-            others = max(v for k, v in scores.items() if k != winner)
+            others = max((v for k, v in scores.items() if k != winner), default=float("-inf"))
             held &= scores[winner] > others
             parts.append(f"{key}: {winner} {scores[winner]:.4f} vs best other {others:.4f} (best: {best})")
         rounds = {label: s[label]["metrics"].get("rounds_to_target") for label in s}
