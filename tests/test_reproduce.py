@@ -95,3 +95,12 @@ def test_claim_bar_chart_shows_every_error_bar_and_names_the_verdict(tmp_path, m
     (ax,) = figures[0].axes
     assert ax.get_ylim()[1] >= 1.05 and ax.get_ylim()[0] <= 0.55
     assert ax.get_title() == "Paper: c (held: yes)" and ax.get_xlabel() == "run"
+
+
+def test_runs_that_differ_only_outside_the_summary_get_a_row_each(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    runs = {"plain": ["--method.name", "fedavg"], "decay": ["--method.name", "fedavg", "--client.weight_decay", "0.01"]}
+    claim = Claim("tiny", "test", "two fedavg runs", TINY, runs, best_by("pm.l_acc.mean", "plain"))
+    monkeypatch.setattr(rep, "all_claims", lambda: [claim])
+    report = rep.run_claims(tmp_path).read_text()
+    assert "| plain |" in report and "| decay |" in report and "+1" not in report

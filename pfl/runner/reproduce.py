@@ -14,7 +14,7 @@ from pathlib import Path
 from pfl.errors import ConfigError
 from pfl.methods import methods
 from pfl.metrics.protocols import reference_metrics
-from pfl.metrics.report import build_table, render
+from pfl.metrics.report import build_table, load_config, render
 from pfl.runner.args import parse_fit_args
 from pfl.runner.claims import Summaries, all_claims
 from pfl.runner.sweep import run_parallel
@@ -77,7 +77,10 @@ def run_claims(
             held, detail = claim.check(summaries)
         except KeyError as missing:  # a run the check compares failed
             held, detail = False, f"not decidable: the run {missing} has no result"
-        header, rows, best = build_table(list(summaries.values()), list(summaries), list(claim.metrics))
+        # Settings from each run's config.yaml: runs of a claim may differ where a summary does not say
+        # (attack.*), and grouping them as seeds of one setting would average a clean and an attacked run.
+        configs = [load_config(out / claim.key / label) for label in summaries]
+        header, rows, best = build_table(list(summaries.values()), list(summaries), list(claim.metrics), configs)
         sections += render(header, rows, best).splitlines()
         title = f"{claim.paper}: {claim.key} (held: {'yes' if held else 'no'})"
         plot = _bar_plot(summaries, "pm.l_acc.mean", out / f"{claim.key}.png", claim.winner, title)
