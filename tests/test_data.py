@@ -174,12 +174,14 @@ def test_shakespeare_clients_are_roles_and_samples_are_text_windows():
         assert c.train.max() < c.test.min()  # contiguous split: overlapping windows do not leak
 
 
-def test_char_lstm_trains_on_shakespeare(tiny):
+@pytest.mark.parametrize("method", ["fedavg", "fedrod"])
+def test_char_lstm_trains_on_shakespeare(tiny, method):
     from conftest import make_loop
 
     from pfl.models import ModelConfig
 
     cfg = tiny(
+        method,
         data=DataConfig(source="shakespeare", num_clients=3, shakespeare=ShakespeareConfig(seq_len=20, max_samples=60)),
         model=ModelConfig(name="char_lstm", hidden=[16], embed=4),
         trainer={"rounds": 1},
@@ -188,6 +190,8 @@ def test_char_lstm_trains_on_shakespeare(tiny):
     before = loop.evaluate()["gm.loss"]
     loop.run_round()
     assert loop.evaluate()["gm.loss"] < before
+    if method == "fedrod":  # the personal heads of the char-LSTM were trained
+        assert all(float(state["head"].abs().sum()) > 0 for state in loop.clients.values())
 
 
 @pytest.mark.parametrize(

@@ -92,9 +92,13 @@ def test_builds_trains_and_flattens(case):
     head = net.get_submodule(last)
     assert isinstance(head, nn.Linear) and head.out_features == NUM_CLASSES
     assert flat.layout.tail(1) == slice(flat.num_params - head.weight.numel() - head.bias.numel(), flat.num_params)
-    if name != "char_lstm":
-        body, split = split_head(net)
-        assert split is head and len(body) == len(net) - 1
+    # FedRoD's split reproduces the network: head(features(x)) is net(x), for every registered model.
+    features, split = split_head(net)
+    assert split is head
+    net.eval()  # dropout and BatchNorm statistics stay put between the two forwards
+    with torch.no_grad():
+        x, _ = batch(shape)
+        torch.testing.assert_close(split(features(x)), net(x), rtol=0, atol=0)
     # One SGD step on random data: finite loss, every gradient finite, the parameters and the head move.
     x, y = batch(shape)
     params, buffers = flat.params.clone(), flat.buffers.clone()
@@ -324,3 +328,25 @@ def test_register_declares_its_options():
         from pfl.models.registry import _REGISTRY
 
         _REGISTRY.pop("_tiny_for_test", None)
+
+
+class _HeadFirst(nn.Module):
+    """head(features(x)) with the head registered before the body: the layout's head slice would be
+    the body's last layer, so FedRoD must refuse it."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(4, 3)
+        self.body = nn.Linear(5, 4)
+
+    def features(self, x):
+        return self.body(x)
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+def test_split_head_refuses_a_model_it_cannot_split_with_the_field_named():
+    for net in (_HeadFirst(), nn.Sequential(nn.Linear(5, 4), nn.ReLU()), nn.LSTM(3, 4)):
+        with pytest.raises(ConfigError, match="model.name"):
+            split_head(net)

@@ -1,5 +1,6 @@
-"""The papers' small models. Each is an ``nn.Sequential`` ending in its ``nn.Linear`` classifier, so
-"head = last layer" holds for FedPer/FedRep/LG-FedAvg (``FlatModule.tail_slice``) and FedRoD (``split_head``)."""
+"""The papers' small models. Each ends in its ``nn.Linear`` classifier, registered last, so "head = last
+layer" holds for FedPer/FedRep/LG-FedAvg (``FlatModule.tail_slice``) and FedRoD (``split_head``): the image
+models are ``nn.Sequential``, the char-LSTM exposes ``features(x)`` and ``head``."""
 
 from __future__ import annotations
 
@@ -152,6 +153,10 @@ class CharLSTM(nn.Module):
         self.head = nn.Linear(hidden[-1], vocab)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The last step's LSTM output: what the linear head classifies (FedRoD's split)."""
         h = self.embed(x.long())
         # oneDNN's CPU LSTM kernel is ~500x slower than ATen's on small batches (torch 2.15): skip it.
         mkldnn, before = torch.backends.mkldnn, torch.backends.mkldnn.enabled
@@ -161,7 +166,7 @@ class CharLSTM(nn.Module):
                 h, _ = lstm(h)
         finally:
             mkldnn.enabled = before
-        return self.head(h[:, -1])
+        return h[:, -1]
 
 
 @register("char_lstm", "next-character LSTM (LEAF Shakespeare: embed model.embed=8, LSTM widths model.hidden)")
