@@ -290,7 +290,8 @@ class Worker:
         if momentum_buffer is not None:
             self._restore_momentum(optimizer, momentum_buffer)
         self._last_optimizer = optimizer
-        module.train()
+        if not all(m.training for m in module.modules()):  # train() sets a flag on every module: skip when set
+            module.train()
         grads = self.flat.grads
         if not flat_path:
             self.flat.release_grads()

@@ -73,16 +73,22 @@ def check_clients(round_idx: int, clients: Iterable[int], uploads: dict[int, Any
             raise TrainingDiverged(round_idx, cid, what)
 
 
-def all_finite(objs: Iterable[Any]) -> bool:
-    """True when every floating tensor inside ``objs`` is finite, decided from one sum of their sums
-    (a NaN or inf anywhere makes it non-finite); False may also mean an overflow of that sum, so a
-    caller scans element-wise before it reports anything."""
+def finite_sum(objs: Iterable[Any]) -> Tensor:
+    """The sum of the sums of every floating tensor inside ``objs``, in float64: finite when every
+    element is finite (a NaN or inf anywhere makes it non-finite; an overflow also can). Not yet
+    synchronised, so a caller can take it per client while the client's tensors are in cache."""
     sums = []
     for obj in objs:
         for _, tensor in _tensors(obj, ""):
             total = tensor.sum()
             sums.append((total.abs() if total.is_complex() else total).double())
-    return not sums or bool(torch.isfinite(torch.stack(sums).sum()))
+    return torch.stack(sums).sum() if sums else torch.zeros((), dtype=torch.float64)
+
+
+def all_finite(objs: Iterable[Any]) -> bool:
+    """True when every floating tensor inside ``objs`` is finite, decided from one sum of their sums;
+    False may also mean an overflow of that sum, so a caller scans element-wise before it reports anything."""
+    return bool(torch.isfinite(finite_sum(objs)))
 
 
 def check_round(
@@ -91,13 +97,18 @@ def check_round(
     uploads: dict[int, Any],
     states: Any,
     losses: dict[int, list[float]],
+    sums: Iterable[Tensor] | None = None,
 ) -> None:
     """After a round's local updates: raise TrainingDiverged naming the first client (by id) whose
     upload, state or training loss is non-finite. One quick test over all of them; the per-client
-    scan runs only when it fails (a round of finite updates costs a sum per tensor)."""
+    scan runs only when it fails (a round of finite updates costs a sum per tensor). ``sums``: the
+    clients' ``finite_sum((upload, state))`` taken right after each local update, while the
+    tensors were in cache (the loop does; it saves a pass over every upload in memory)."""
     clients = sorted(clients)
-    tensors = [uploads.get(c) for c in clients] + [states.get(c, {}) for c in clients]
-    if all_finite(tensors) and not any(infinite_loss(losses.get(c, ())) for c in clients):
+    if sums is None:
+        sums = [finite_sum([uploads.get(c), states.get(c, {})]) for c in clients]
+    finite = bool(torch.isfinite(torch.stack(list(sums)).sum())) if clients else True
+    if finite and not any(infinite_loss(losses.get(c, ())) for c in clients):
         return
     for cid in clients:
         check_clients(round_idx, [cid], uploads, states)

@@ -215,15 +215,19 @@ class FederatedLoop:
                     fits += ctx.fits
                     client_fits[cid] = ctx.fits
                 deferred.flush()
+            sums = None
         else:
+            sums = []
             for cid in mine:
                 ctx = self.client(cid)
                 uploads[cid] = self.method.local_update(ctx, payloads[cid])
                 fits += ctx.fits
                 client_fits[cid] = ctx.fits
+                # The divergence test's sum, taken while this client's tensors are still in cache.
+                sums.append(divergence.finite_sum([uploads[cid], ctx.state]))
         if single:  # the first diverged client by id, named (several ranks: after the exchange)
             losses = {cid: [f.loss for f in client_fits[cid]] for cid in mine}
-            divergence.check_round(self.round + 1, mine, uploads, self.clients, losses)
+            divergence.check_round(self.round + 1, mine, uploads, self.clients, losses, sums)
         else:
             # Every rank aggregates the full, id-sorted upload dict and stores every client's new state.
             states = {cid: self.clients.get(cid, {}) for cid in mine}
