@@ -324,3 +324,15 @@ def test_conflict_fraction_counts_clients_whose_pseudo_gradient_opposes_the_upda
     loop.evals.observe_update(previous, new, uploads)
     assert loop.evals.conflicts == [pytest.approx(0.5)]
     assert loop.evaluate()["conflict.fraction"] == pytest.approx(0.5)
+
+
+def test_conflict_fraction_is_measured_in_the_evaluated_round_only():
+    # eval_every 3 over 4 rounds: fit evaluates after rounds 3 and 4; rounds 1 and 2 cost no pass over the uploads.
+    loop = make_loop(tiny_config("fedavg", trainer={"rounds": 4, "eval_every": 3}))
+    seen = []
+    observe = loop.evals.observe_update
+    loop.evals.observe_update = lambda *a: (seen.append(loop.round + 1), observe(*a))
+    loop.fit()
+    assert seen == [3, 4]
+    assert [("conflict.fraction" in m) for m in loop.history] == [True, True]
+    assert [loop.evaluates_after(r) for r in range(1, 5)] == [False, False, True, True]

@@ -254,14 +254,23 @@ class FederatedLoop:
 
     def aggregate(self, uploads: dict[int, Upload]) -> None:
         """The method's aggregation, then the server optimizer's step on the global model."""
-        has_global = self.method.has_global_model
-        previous = self.server["global"].clone() if has_global else None
+        step = not self.server_optimizer.is_identity
+        # The conflict share is a pass over every upload: taken only in a round that ends in an evaluation.
+        observe = self.evaluates_after(self.round + 1)
+        keep = self.method.has_global_model and (step or observe)
+        previous = self.server["global"].clone() if keep else None  # the method may update it in place
         self.method.aggregate(self.server, uploads)
         if previous is None:
             return
-        if not self.server_optimizer.is_identity:
+        if step:
             self.server_optimizer.step(self.server.state, previous, self.server.layout)
-        self.evals.observe_update(previous, self.server["global"], uploads)
+        if observe:
+            self.evals.observe_update(previous, self.server["global"], uploads)
+
+    def evaluates_after(self, round_number: int) -> bool:
+        """Whether ``fit`` evaluates once ``round_number`` rounds are done (every trainer.eval_every, and the last)."""
+        t = self.cfg.trainer
+        return round_number % t.eval_every == 0 or round_number == t.rounds
 
     @property
     def own_key(self) -> str:
@@ -299,7 +308,7 @@ class FederatedLoop:
             self.run_round()
             bar.update(1)
             last = self.round == t.rounds
-            if self.round % t.eval_every == 0 or last:
+            if self.evaluates_after(self.round):
                 metrics = {"round": self.round, **self.evaluate()}
                 self.history.append(metrics)
                 self.evals.keep_rows(self.history)

@@ -49,7 +49,7 @@ class EvalSession:
         self.rows: dict[int, list[dict[str, Any]]] = {}  # round -> per-client rows (see keep_rows)
         self.share, self.gather, self.rank = share, gather, rank
         self.reference: dict[str, Any] | None = None
-        self.conflicts: list[float] = []  # per round since the last evaluation: see observe_update
+        self.conflicts: list[float] = []  # the rounds observed since the last evaluation: see observe_update
         self.malicious: frozenset[int] = frozenset()  # attacked clients (attack.*): honest.* leaves them out
         self._sets: EvalSets | None = None
 
@@ -124,7 +124,7 @@ class EvalSession:
         if self.malicious:
             metrics.update(honest_metrics(rows, self.malicious, self.worker.task))
         metrics.update(self.comm.metrics(round_idx))
-        if self.conflicts:  # mean over the rounds since the last evaluation
+        if self.conflicts:  # the loop observes the evaluated round only (a mean if a caller observed more)
             metrics["conflict.fraction"] = sum(self.conflicts) / len(self.conflicts)
             self.conflicts = []
         self.rows[round_idx] = rows
