@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -336,3 +337,10 @@ def test_conflict_fraction_is_measured_in_the_evaluated_round_only():
     assert seen == [3, 4]
     assert [("conflict.fraction" in m) for m in loop.history] == [True, True]
     assert [loop.evaluates_after(r) for r in range(1, 5)] == [False, False, True, True]
+
+
+def test_a_fit_without_batches_reports_no_loss_and_leaves_the_round_mean_alone():
+    loop = make_loop(tiny_config("fedavg"))
+    stats = loop.worker.fit(0, loop.server["global"], 0, epochs=0)
+    assert stats.steps == 0 and math.isnan(stats.loss)
+    assert math.isfinite(loop.worker.fit(0, loop.server["global"], 0, epochs=1).loss)

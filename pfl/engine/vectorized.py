@@ -173,7 +173,7 @@ class VectorTrainer:
             r.out[:p].copy_(params[k])
             r.out[p:].copy_(r.start[p:])
             r.stats.steps, r.stats.seconds = steps[k], seconds
-            r.stats.loss = losses[k] / max(last_batches[k], 1)
+            r.stats.loss = losses[k] / last_batches[k] if last_batches[k] else float("nan")  # as Worker.fit
 
     def _padded(
         self, batches: list[Tensor], aug: list[torch.Generator | None], width: int, dtype: torch.dtype

@@ -96,9 +96,10 @@ class ClientModule(L.LightningModule):
 
 
 def mean_of(losses: list[Tensor]) -> float:
-    """Mean of a fit's batch losses, summed in order in float32 (a vectorized fit sums the same way)."""
+    """Mean of a fit's batch losses, summed in order in float32 (a vectorized fit sums the same way);
+    NaN for a fit without batches (epochs = 0), which the round's train.loss then leaves out."""
     if not losses:
-        return 0.0
+        return float("nan")
     total = losses[0].float()
     for loss in losses[1:]:
         total = total + loss.float()
