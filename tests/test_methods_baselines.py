@@ -367,3 +367,72 @@ def test_lgfedavg_alternating_steps_match_the_authors_loop():
                 p.grad.zero_()  # zeroed, not None: momentum still moves the frozen part
             opt.step()
     torch.testing.assert_close(loop.clients[0]["personal"], flat_params(net), rtol=1e-5, atol=1e-6)
+
+
+def test_scaffold_steps_control_variates_and_aggregation_match_the_formulas():
+    """Option II by hand over two rounds of half the clients: the local steps y ← y − η(∇f_i(y) − c_i + c),
+    c_i⁺ = c_i − c + (x − y)/(Kη), the upload Δc_i = c_i⁺ − c_i, and the server's uniform mean of the
+    y and c ← c + Σ Δc_i / N. Round 2 has c ≠ c_i, so every sign of the correction shows."""
+    lr = 0.1
+    cfg = tiny_config("scaffold", trainer=HALF, client={"lr": lr})
+    loop = make_loop(cfg)
+    net = initial_net(cfg, loop)
+    names = [n for n, _ in net.named_parameters()]
+    sizes = [p.numel() for _, p in net.named_parameters()]
+    data, n = loop.worker.data, loop.worker.data.num_clients
+    for r in range(2):
+        before = {cid: loop.clients.get(cid, {}).get("c") for cid in range(n)}
+        payloads, results = exchanged_round(loop)
+        x, c = payloads[next(iter(payloads))]["global"], payloads[next(iter(payloads))]["c"]
+        assert r == 0 or c.abs().sum() > 0
+        for cid, up in results.items():
+            c_i = before[cid] if before[cid] is not None else torch.zeros_like(c)
+            y = dict(zip(names, [t.view_as(p) for t, p in zip(x.split(sizes), net.parameters())], strict=True))
+            batches = drawn_batches(cfg.seed, r, cid, "train", data.clients[cid].train, 16)
+            for b in batches:
+                live = {k: t.clone().requires_grad_(True) for k, t in y.items()}
+                grads = _grads(net, live, data.x[b], data.y[b])
+                step = torch.cat([g.reshape(-1) for g in grads]) + (c - c_i)
+                y = {k: t - lr * s.view_as(t) for (k, t), s in zip(y.items(), step.split(sizes), strict=True)}
+            flat_y = torch.cat([t.reshape(-1) for t in y.values()])
+            torch.testing.assert_close(up.state, flat_y, rtol=1e-5, atol=1e-6)
+            c_new = c_i - c + (x - up.state) / (len(batches) * lr)
+            torch.testing.assert_close(loop.clients[cid]["c"], c_new)
+            torch.testing.assert_close(up["dc"], c_new - c_i)
+            assert up.weight == 1.0  # uniform over the sampled clients, as in the paper
+        assert len({len(data.clients[cid].train) for cid in results}) > 1  # a sample-weighted mean would differ
+        mean = sum(up.state for up in results.values()) / len(results)
+        torch.testing.assert_close(loop.server["global"], mean)
+        torch.testing.assert_close(loop.server["c"], c + sum(up["dc"] for up in results.values()) / n)
+
+
+def test_fedavg_finetuned_personal_model_is_sgd_from_the_global_model_on_the_finetune_batches():
+    lr = 0.1
+    cfg, loop = _one_client_loop("fedavg", {"finetune_epochs": 1}, lr=lr)
+    net = initial_net(cfg, loop)
+    ctx = loop.client(0)
+    personal = loop.method.personal_state(loop.server, ctx)
+    w = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+    data, idx = loop.worker.data, loop.worker.data.clients[0].train
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    for r, purpose in ((0, "train"), (ctx.round, "finetune")):
+        for b in drawn_batches(cfg.seed, r, 0, purpose, idx, 16):
+            opt.zero_grad()
+            F.cross_entropy(net(data.x[b]), data.y[b]).backward()
+            opt.step()
+        if purpose == "train":
+            w = flat_params(net)
+            torch.testing.assert_close(loop.server["global"], w, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(personal, w)
+    torch.testing.assert_close(personal, flat_params(net), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("name", "per_step"), [("pfedme", 1), ("perfedavg", 2)])
+def test_pfedme_and_perfedavg_record_their_own_loops_steps(name, per_step):
+    """Methods running their own loop account for it: one step per batch (Per-FedAvg: per pair of batches)."""
+    loop = make_loop(tiny_config(name))
+    ctx = loop.client(1)
+    loop.method.local_update(ctx, loop.method.payload(loop.server, 1))
+    batches = len(list(ctx.batches()))
+    assert batches > 4 and ctx.fits[-1].steps == batches // per_step
+    assert ctx.fits[-1].samples_seen == ctx.num_samples * ctx.epochs
