@@ -377,7 +377,6 @@ def test_scaffold_steps_control_variates_and_aggregation_match_the_formulas():
     cfg = tiny_config("scaffold", trainer=HALF, client={"lr": lr})
     loop = make_loop(cfg)
     net = initial_net(cfg, loop)
-    names = [n for n, _ in net.named_parameters()]
     sizes = [p.numel() for _, p in net.named_parameters()]
     data, n = loop.worker.data, loop.worker.data.num_clients
     for r in range(2):
@@ -387,7 +386,7 @@ def test_scaffold_steps_control_variates_and_aggregation_match_the_formulas():
         assert r == 0 or c.abs().sum() > 0
         for cid, up in results.items():
             c_i = before[cid] if before[cid] is not None else torch.zeros_like(c)
-            y = dict(zip(names, [t.view_as(p) for t, p in zip(x.split(sizes), net.parameters())], strict=True))
+            y = {k: t.view_as(p) for (k, p), t in zip(net.named_parameters(), x.split(sizes), strict=True)}
             batches = drawn_batches(cfg.seed, r, cid, "train", data.clients[cid].train, 16)
             for b in batches:
                 live = {k: t.clone().requires_grad_(True) for k, t in y.items()}
