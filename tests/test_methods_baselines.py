@@ -13,6 +13,7 @@ import yaml
 from torch.func import functional_call
 
 from pfl.cli import main
+from pfl.data import DataConfig
 from pfl.methods import method_class, methods
 from pfl.methods.base import ClientContext
 from pfl.methods.heads import split_head
@@ -105,6 +106,7 @@ def test_fedbabu_head_stays_at_init_and_only_the_body_is_exchanged():
 def test_feddyn_alpha_zero_is_fedavg():
     a, b = _fit("fedavg"), _fit("feddyn", {"alpha": 0.0, "weighting": "samples"})
     assert torch.equal(a.server["global"], b.server["global"])
+    assert not any("g" in state for state in b.clients.values())  # nothing to keep per client
 
 
 @pytest.mark.parametrize("weighting", ["uniform", "samples"])
@@ -138,6 +140,18 @@ def test_apfl_mixing_zero_is_fedavg_on_the_personal_side():
     mixed = _fit("apfl", {"mix": 0.5})
     assert torch.equal(mixed.server["global"], fa.server["global"])  # v never feeds back into w
     assert not torch.equal(mixed.clients[next(iter(mixed.clients))]["personal"], fa.server["global"])
+
+
+def test_apfl_mixing_zero_is_fedavg_on_a_regression_federation():
+    """On (B, 1) regression outputs both of APFL's losses compare squeezed outputs with the targets."""
+    data = DataConfig(source="synthetic_regression", num_clients=6, val_frac=0.2, test_frac=0.3)
+    groups = {"data": data, "model": {"name": "mlp", "hidden": [16]}, "client": {"lr": 0.01}, "trainer": HALF}
+    apfl, fa = make_loop(tiny_config("apfl", {"mix": 0.0}, **groups)), make_loop(tiny_config("fedavg", **groups))
+    assert apfl.worker.task == "regression"
+    _, fa_results = exchanged_round(fa)
+    exchanged_round(apfl)
+    for cid, r in fa_results.items():
+        assert torch.equal(apfl.clients[cid]["personal"], r.state)
 
 
 def test_pfedme_with_unit_proximal_steps_is_fedavg():
@@ -435,3 +449,36 @@ def test_pfedme_and_perfedavg_record_their_own_loops_steps(name, per_step):
     batches = len(list(ctx.batches()))
     assert batches > 4 and ctx.fits[-1].steps == batches // per_step
     assert ctx.fits[-1].samples_seen == ctx.num_samples * ctx.epochs
+
+
+def _sgd_from(net, start, batches, data, lr, extra):
+    """Plain SGD from the flat parameters ``start`` over ``batches``, adding ``extra(θ)`` to every gradient."""
+    sizes = [p.numel() for p in net.parameters()]
+    theta = start.clone()
+    for b in batches:
+        params = {k: t.view_as(p) for (k, p), t in zip(net.named_parameters(), theta.split(sizes), strict=True)}
+        live = {k: t.clone().requires_grad_(True) for k, t in params.items()}
+        grad = torch.cat([g.reshape(-1) for g in _grads(net, live, data.x[b], data.y[b])])
+        theta = theta - lr * (grad + extra(theta))
+    return theta
+
+
+def test_feddyn_local_objective_is_the_dynamic_regulariser_over_rounds():
+    """θ_i minimises f_i(θ) − ⟨g_i, θ⟩ + α/2‖θ − w‖²; from round 2 on g_i ≠ 0, so its sign shows."""
+    alpha, lr = 0.1, 0.1
+    cfg = tiny_config("feddyn", {"alpha": alpha}, trainer=HALF, client={"lr": lr})
+    loop = make_loop(cfg)
+    net = initial_net(cfg, loop)
+    data = loop.worker.data
+    seen_g = 0
+    for r in range(3):
+        g_before = {cid: loop.clients.get(cid, {}).get("g") for cid in range(data.num_clients)}
+        payloads, results = exchanged_round(loop)
+        for cid, up in results.items():
+            w = payloads[cid]["global"]
+            g = g_before[cid] if g_before[cid] is not None else torch.zeros_like(w)
+            seen_g += bool(g.abs().sum() > 0)
+            batches = drawn_batches(cfg.seed, r, cid, "train", data.clients[cid].train, 16)
+            theta = _sgd_from(net, w, batches, data, lr, lambda t, g=g, w=w: -g + alpha * (t - w))
+            torch.testing.assert_close(up.state, theta, rtol=1e-5, atol=1e-6)
+    assert seen_g > 0

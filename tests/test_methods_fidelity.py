@@ -202,26 +202,30 @@ def _one_client(name, args, rounds=1, **client):
     return cfg, loop
 
 
-@pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_apfl_personal_model_uses_the_run_optimizer(momentum):
+@pytest.mark.parametrize(("momentum", "keep"), [(0.0, False), (0.9, False), (0.9, True)])
+def test_apfl_personal_model_uses_the_run_optimizer(momentum, keep):
+    """Two rounds: v's optimizer, like w's, starts afresh each participation unless momentum is kept."""
     a = 0.3
-    cfg, loop = _one_client("apfl", {"mix": a}, momentum=momentum, weight_decay=0.01)
+    cfg, loop = _one_client("apfl", {"mix": a}, rounds=2, momentum=momentum, weight_decay=0.01, keep_momentum=keep)
     net = initial_net(cfg, loop)
     v = [p.detach().clone().requires_grad_(True) for p in net.parameters()]
     names = [n for n, _ in net.named_parameters()]
-    opt_w = torch.optim.SGD(net.parameters(), lr=0.1, momentum=momentum, weight_decay=0.01)
-    opt_v = torch.optim.SGD(v, lr=0.1, momentum=momentum, weight_decay=0.01)
     data, idx = loop.worker.data, loop.worker.data.clients[0].train
-    for b in drawn_batches(cfg.seed, 0, 0, "train", idx, 16):
-        x, y = data.x[b], data.y[b]
-        mixed = {n: a * vp + (1 - a) * p.detach() for n, vp, p in zip(names, v, net.parameters(), strict=True)}
-        opt_w.zero_grad(), opt_v.zero_grad()
-        F.cross_entropy(net(x), y).backward()
-        F.cross_entropy(functional_call(net, mixed, (x,)), y).backward()
-        opt_w.step(), opt_v.step()
+    for r in range(2):
+        if r == 0 or not keep:
+            opt_w = torch.optim.SGD(net.parameters(), lr=0.1, momentum=momentum, weight_decay=0.01)
+            opt_v = torch.optim.SGD(v, lr=0.1, momentum=momentum, weight_decay=0.01)
+        for b in drawn_batches(cfg.seed, r, 0, "train", idx, 16):
+            x, y = data.x[b], data.y[b]
+            mixed = {n: a * vp + (1 - a) * p.detach() for n, vp, p in zip(names, v, net.parameters(), strict=True)}
+            opt_w.zero_grad(), opt_v.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+            F.cross_entropy(functional_call(net, mixed, (x,)), y).backward()
+            opt_w.step(), opt_v.step()
     torch.testing.assert_close(loop.server["global"], flat_params(net), rtol=1e-5, atol=1e-6)
     v_flat = torch.cat([p.detach().reshape(-1) for p in v])
     torch.testing.assert_close(loop.clients[0]["v"], v_flat, rtol=1e-5, atol=1e-6)
+    assert ("v_momentum" in loop.clients[0]) == (keep and momentum > 0)
 
 
 @pytest.mark.parametrize(("momentum", "head_init"), [(0.0, "zero"), (0.9, "zero"), (0.9, "init")])
