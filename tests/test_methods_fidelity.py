@@ -112,6 +112,57 @@ def test_fedfomo_validation_part_is_held_out_of_training(monkeypatch):
         assert len(held) == round(0.2 * len(train))
 
 
+def test_fedfomo_validation_part_keeps_at_least_one_sample_on_each_side():
+    small = 0
+    for frac in (0.01, 0.99):
+        loop = make_loop(tiny_config("fedfomo", {"val_frac": frac}))
+        for cid in range(6):
+            val, rest = loop.method.split(loop.client(cid))
+            n = len(val) + len(rest)
+            assert len(val) >= 1 and len(rest) >= 1
+            if min(frac, 1 - frac) * n < 0.5:  # the rounded share would be 0 (or n): one sample on that side
+                assert min(len(val), len(rest)) == 1
+                small += 1
+    assert small >= 2
+
+
+def test_fedfomo_downloads_one_model_when_asked_even_from_a_two_client_round():
+    loop = make_loop(tiny_config("fedfomo", {"num_models": 1, "epsilon": 0.0}, trainer={"fraction": 1 / 3}))
+    payloads, _ = exchanged_round(loop)
+    assert len(payloads) == 2 and all(p == {} for p in payloads.values())  # nothing to download yet
+    a, b = sorted(payloads)
+    got = loop.method.payload(loop.server, a)  # the only other model of the round is b's
+    assert got["ids"].tolist() == [b] and len(got["models"]) == 1
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_fedfomo_affinity_accumulates_the_uploaded_weights(normalize):
+    """P[i, j] += w_ij every round (normalised to sum 1 when asked and the sum is positive); near-IID data
+    so that downloaded models sometimes beat a client's own."""
+    loop = make_loop(tiny_config("fedfomo", {"normalize_affinity": normalize, "epsilon": 0.3}, trainer={"fraction": 1.0}, data={"alpha": 100.0}))
+    sums, again = [], 0
+    for _ in range(4):
+        before = loop.server["P"].clone()
+        _, results = exchanged_round(loop)
+        expected = before.clone()
+        for cid, r in results.items():
+            if "fomo" not in r.extras:
+                continue
+            w, total = r["fomo"], float(r["fomo"].sum())
+            sums.append(total)
+            again += bool(before[cid, r["ids"]].abs().sum() > 0)
+            expected[cid, r["ids"]] += w / total if normalize and total > 0 else w
+        torch.testing.assert_close(loop.server["P"], expected)
+    assert again > 0 and any(0 < s < 1 for s in sums) and 0.0 in sums
+
+
+def test_fedfomo_weight_of_a_model_at_zero_distance_divides_by_1e_12():
+    from pfl.methods.fedfomo import fomo_weights
+
+    w = fomo_weights(1.0, [0.5, 2.0, 0.0], [0.0, 1.0, 4.0])
+    assert w.tolist() == torch.tensor([0.5 / 1e-12, 0.0, 0.25]).tolist()
+
+
 def test_fedfomo_weights_and_the_move_follow_the_formula(monkeypatch):
     loop = make_loop(tiny_config("fedfomo", data={"val_frac": 0.2}, trainer={"fraction": 1.0}))
     exchanged_round(loop)
