@@ -139,7 +139,8 @@ def test_fedfomo_downloads_one_model_when_asked_even_from_a_two_client_round():
 def test_fedfomo_affinity_accumulates_the_uploaded_weights(normalize):
     """P[i, j] += w_ij every round (normalised to sum 1 when asked and the sum is positive); near-IID data
     so that downloaded models sometimes beat a client's own."""
-    loop = make_loop(tiny_config("fedfomo", {"normalize_affinity": normalize, "epsilon": 0.3}, trainer={"fraction": 1.0}, data={"alpha": 100.0}))
+    args = {"normalize_affinity": normalize, "epsilon": 0.3}
+    loop = make_loop(tiny_config("fedfomo", args, trainer={"fraction": 1.0}, data={"alpha": 100.0}))
     sums, again = [], 0
     for _ in range(4):
         before = loop.server["P"].clone()
