@@ -94,7 +94,8 @@ def generate(path: Path, strings: bool = False) -> list[Mutant]:
         mutated, _ = mutate(ctx)
         new = mutated.split("\n")
         line = mid.line_number
-        mutants.append(Mutant(f"{line + 1}:{mid.index}", line + 1, lines[line], new[line], mutated))
+        shown = new[line] if line < len(new) else ""  # a multi-line statement mutated to one line: its start
+        mutants.append(Mutant(f"{line + 1}:{mid.index}", line + 1, lines[line], shown, mutated))
     return mutants
 
 

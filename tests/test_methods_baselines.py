@@ -90,6 +90,11 @@ def test_fedrep_head_epochs_leave_the_body_untouched(monkeypatch):
         assert torch.equal(s2, o) and torch.equal(o2[head], s2[head]) and not torch.equal(o2[body], s2[body])
 
 
+def test_fedrep_one_head_epoch_trains_the_head_before_the_body():
+    a, b = _fit("fedrep", {"head_epochs": 0}), _fit("fedrep", {"head_epochs": 1})
+    assert not torch.equal(a.server["global"], b.server["global"])
+
+
 def test_fedbabu_head_stays_at_init_and_only_the_body_is_exchanged():
     loop = make_loop(tiny_config("fedbabu", trainer=HALF))
     head = loop.worker.flat.layout.tail(1)

@@ -280,28 +280,35 @@ def test_apfl_personal_model_uses_the_run_optimizer(momentum, keep):
     assert ("v_momentum" in loop.clients[0]) == (keep and momentum > 0)
 
 
-@pytest.mark.parametrize(("momentum", "head_init"), [(0.0, "zero"), (0.9, "zero"), (0.9, "init")])
-def test_fedrod_personal_head_uses_the_run_optimizer_and_its_init(momentum, head_init):
-    cfg, loop = _one_client("fedrod", {"head_init": head_init}, momentum=momentum)
+@pytest.mark.parametrize(
+    ("momentum", "head_init", "keep"),
+    [(0.0, "zero", False), (0.9, "zero", False), (0.9, "init", False), (0.9, "zero", True)],
+)
+def test_fedrod_personal_head_uses_the_run_optimizer_and_its_init(momentum, head_init, keep):
+    """Two rounds: the head's optimizer, like the model's, starts afresh each participation unless kept."""
+    cfg, loop = _one_client("fedrod", {"head_init": head_init}, rounds=2, momentum=momentum, keep_momentum=keep)
     net = initial_net(cfg, loop)
     body, head = split_head(net)
     ph = nn.Linear(head.in_features, head.out_features)
     with torch.no_grad():
         for q, h in zip(ph.parameters(), head.parameters(), strict=True):
             q.copy_(h if head_init == "init" else torch.zeros_like(h))
-    opt_g = torch.optim.SGD(net.parameters(), lr=0.1, momentum=momentum)
-    opt_p = torch.optim.SGD(ph.parameters(), lr=0.1, momentum=momentum)
     data, idx = loop.worker.data, loop.worker.data.clients[0].train
     log_prior = torch.bincount(data.y[idx], minlength=data.num_classes).float().clamp_min(1e-8).log()
-    for b in drawn_batches(cfg.seed, 0, 0, "train", idx, 16):
-        x, y = data.x[b], data.y[b]
-        z = body(x)
-        out_g = head(z)
-        opt_g.zero_grad(), opt_p.zero_grad()
-        (F.cross_entropy(out_g + log_prior, y) + F.cross_entropy(out_g.detach() + ph(z.detach()), y)).backward()
-        opt_g.step(), opt_p.step()
+    for r in range(2):
+        if r == 0 or not keep:
+            opt_g = torch.optim.SGD(net.parameters(), lr=0.1, momentum=momentum)
+            opt_p = torch.optim.SGD(ph.parameters(), lr=0.1, momentum=momentum)
+        for b in drawn_batches(cfg.seed, r, 0, "train", idx, 16):
+            x, y = data.x[b], data.y[b]
+            z = body(x)
+            out_g = head(z)
+            opt_g.zero_grad(), opt_p.zero_grad()
+            (F.cross_entropy(out_g + log_prior, y) + F.cross_entropy(out_g.detach() + ph(z.detach()), y)).backward()
+            opt_g.step(), opt_p.step()
     torch.testing.assert_close(loop.server["global"], flat_params(net), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(loop.clients[0]["head"], flat_params(ph), rtol=1e-5, atol=1e-6)
+    assert ("head_momentum" in loop.clients[0]) == (keep and momentum > 0)
 
 
 def test_fedrod_untrained_client_is_evaluated_with_its_initial_head():
