@@ -95,6 +95,16 @@ def test_fedrep_one_head_epoch_trains_the_head_before_the_body():
     assert not torch.equal(a.server["global"], b.server["global"])
 
 
+@pytest.mark.parametrize("head_epochs", [0, 2])
+def test_fedrep_fits_the_head_only_when_asked(head_epochs):
+    """No empty head fit at head_epochs 0: it would add a 0.0 loss to the round's mean train loss."""
+    loop = make_loop(tiny_config("fedrep", {"head_epochs": head_epochs}))
+    ctx = loop.client(1)
+    loop.method.local_update(ctx, loop.method.payload(loop.server, 1))
+    batches = len(list(ctx.batches()))
+    assert [f.steps for f in ctx.fits] == [head_epochs * batches] * (head_epochs > 0) + [batches]
+
+
 def test_fedbabu_head_stays_at_init_and_only_the_body_is_exchanged():
     loop = make_loop(tiny_config("fedbabu", trainer=HALF))
     head = loop.worker.flat.layout.tail(1)

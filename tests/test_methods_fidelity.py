@@ -649,3 +649,17 @@ def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
     assert getattr(cls(**{field: ok}), field) == ok
     with pytest.raises(ConfigError, match=f"method.{field}"):
         cls(**{field: bad})
+
+
+def test_fedfomo_distances_are_over_the_parameters_only(bn_model, monkeypatch):
+    import pfl.methods.fedfomo as fomo
+
+    seen, weights = [], fomo.fomo_weights
+    monkeypatch.setattr(fomo, "fomo_weights", lambda own, losses, d: seen.append(d) or weights(own, losses, d))
+    loop = make_loop(tiny_config("fedfomo", model=bn_model, trainer={"fraction": 1.0}))
+    p = loop.worker.flat.num_params
+    exchanged_round(loop)  # round 0: nothing to download
+    own = {cid: loop.clients[cid]["personal"].clone() for cid in range(6)}
+    payloads, _ = exchanged_round(loop)
+    expected = [[float((m[:p] - own[cid][:p]).norm()) for m in pl["models"]] for cid, pl in payloads.items()]
+    assert seen == expected and loop.worker.flat.num_buffers > 0
