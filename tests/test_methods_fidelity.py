@@ -637,6 +637,8 @@ BOUNDS = [
     ("pgfed", "beta", 0.99, 1.0),
     ("pgfed", "alpha_init", 0.0, -0.01),
     ("pgfed_ce", "ce_scalar", "mean", "sum"),
+    ("fedsam", "rho", 0.0, -0.01),
+    ("fedsam", "p", 1.0, 0.99),
 ]
 
 

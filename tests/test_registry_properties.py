@@ -6,6 +6,7 @@ numbers (through torch.save / torch.load(weights_only=True), as --resume does)."
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 import torch
@@ -82,3 +83,18 @@ def test_declares_what_it_is_evaluated_on_and_describes_itself(name):
     assert (cls.has_global_model, cls.has_personal_model) == FLAGS.get(name, (True, True))
     assert type(cls.has_global_model) is bool and type(cls.has_personal_model) is bool
     assert cls.name == name and isinstance(cls.description, str) and len(cls.description) > 20
+
+
+CONF = Path(__file__).resolve().parents[1] / "conf" / "method"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_class_defaults_are_the_settings_of_its_config_file(name):
+    """conf/method/<name>.yaml is the paper's setting, and the class defaults say the same."""
+    import yaml
+
+    from pfl.methods import method_class
+
+    conf = dict(yaml.safe_load((CONF / f"{name}.yaml").read_text())["method"])
+    default = method_class(conf.pop("name"))()
+    assert {k: getattr(default, k) for k in conf} == conf
