@@ -639,6 +639,13 @@ BOUNDS = [
     ("pgfed_ce", "ce_scalar", "mean", "sum"),
     ("fedsam", "rho", 0.0, -0.01),
     ("fedsam", "p", 1.0, 0.99),
+    ("fedala", "eta", 0.0, -0.01),
+    ("fedala", "rand_percent", 0.5, 0.0),
+    ("fedala", "rand_percent", 100.0, 100.01),
+    ("fedala", "layer_idx", 0, -1),
+    ("fedala", "threshold", 0.0, -0.01),
+    ("fedala", "num_pre_loss", 1, 0),
+    ("fedala", "max_start_epochs", 1, 0),
 ]
 
 

@@ -98,3 +98,5 @@ def test_class_defaults_are_the_settings_of_its_config_file(name):
     conf = dict(yaml.safe_load((CONF / f"{name}.yaml").read_text())["method"])
     default = method_class(conf.pop("name"))()
     assert {k: getattr(default, k) for k in conf} == conf
+    if "finetune_epochs" not in conf:  # fixed by the class: no fine-tuning
+        assert default.hparams().get("finetune_epochs", 0) == 0
