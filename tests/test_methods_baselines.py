@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,10 @@ def test_apfl_mixing_zero_is_fedavg_on_a_regression_federation():
     exchanged_round(apfl)
     for cid, r in fa_results.items():
         assert torch.equal(apfl.clients[cid]["personal"], r.state)
+    mixed = make_loop(tiny_config("apfl", {"mix": 0.5}, **groups))  # the mixed model's loss: no (B, B) broadcast
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*target size.*")
+        exchanged_round(mixed)
 
 
 def test_pfedme_with_unit_proximal_steps_is_fedavg():

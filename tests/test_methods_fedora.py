@@ -453,3 +453,14 @@ def test_synthetic_regression_has_shared_group_and_client_parts():
     assert float(dist[same].max()) < float(dist[group[:, None] != group[None, :]].min())
     with pytest.raises(ConfigError):
         build_data(DataConfig(source="synthetic_regression", regression=RegressionConfig(noise=-1.0)), 0)
+
+
+def test_fedamp_cloud_models_are_the_attention_mix_of_the_uploaded_models():
+    loop = make_loop(tiny_config("fedamp", trainer={"fraction": 0.5}))
+    payloads, _ = exchanged_round(loop)
+    seen = loop.server["seen"].cpu()
+    assert seen.tolist() == [cid in payloads for cid in range(6)]  # the clients that have uploaded a model
+    models = loop.server["models"].double()
+    xi = attention_weights(torch.cdist(models, models) ** 2, 1.0, 100.0, seen)
+    assert not torch.allclose(xi, torch.eye(6, dtype=torch.float64))
+    torch.testing.assert_close(loop.server["cloud"], (xi @ models).to(loop.server["cloud"].dtype))

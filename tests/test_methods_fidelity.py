@@ -646,6 +646,10 @@ BOUNDS = [
     ("fedala", "threshold", 0.0, -0.01),
     ("fedala", "num_pre_loss", 1, 0),
     ("fedala", "max_start_epochs", 1, 0),
+    ("fedamp", "alpha_k", 1e-6, 0.0),
+    ("fedamp", "alpha_k", 1.0, float("inf")),
+    ("fedamp", "sigma", 1e-6, 0.0),
+    ("fedamp", "lam", 0.0, -0.01),
 ]
 
 

@@ -214,7 +214,7 @@ def _ala_by_hand(loop, cid, g, own, weights, passes, stop_after):
     away, params = own[sl] - g[sl], g[:p].clone()
     params[sl] = g[sl] + away * (1 - weights)
     used, per_pass = max(1, int(m.rand_percent / 100 * (len(idx) // bs))), math.ceil(len(idx) / bs)
-    assert 1 < used < per_pass
+    assert used < per_pass
     batches = iter(drawn_batches(loop.cfg.seed, loop.round, cid, "ala", idx, bs, epochs=passes))
     for _ in range(min(passes, stop_after)):
         for j in range(per_pass):
@@ -229,21 +229,28 @@ def _ala_by_hand(loop, cid, g, own, weights, passes, stop_after):
     return params, weights
 
 
-def test_fedala_adaptive_local_aggregation_matches_a_hand_written_loop():
-    """A start phase of 3 passes that stops after 2 (the std of the last num_pre_loss = 1 loss is 0 once
-    more than one loss is in), then a later round's single pass from the learnt W."""
-    args = {"eta": 1.0, "rand_percent": 50.0, "max_start_epochs": 3, "num_pre_loss": 1, "threshold": 0.01}
-    loop = make_loop(tiny_config("fedala", args))
+@pytest.mark.parametrize(
+    ("rand_percent", "num_pre_loss", "threshold", "stop_after"),
+    [(50.0, 1, 0.01, 2), (99.0, 1, 0.0, 4), (5.0, 2, 1e-9, 4), (50.0, 2, 1e9, 3)],
+)
+def test_fedala_adaptive_local_aggregation_matches_a_hand_written_loop(
+    rand_percent, num_pre_loss, threshold, stop_after
+):
+    """A start phase of at most 4 passes, then a later round's single pass from the learnt W. The start
+    phase stops once more than num_pre_loss losses are in and the std of the last num_pre_loss is below
+    the threshold: after 2 passes for one loss (its std is 0 < 0.01), never at threshold 0 or 1e-9."""
+    args = {"eta": 1.0, "rand_percent": rand_percent, "max_start_epochs": 4, "num_pre_loss": num_pre_loss}
+    loop = make_loop(tiny_config("fedala", {**args, "threshold": threshold}))
     loop.run_round()
     cid = 1
     client, g = loop.client(cid), loop.server["global"].clone()
     own = client.state["personal"].clone()
     assert "ala_weights" not in client.state  # round 0 had nothing to aggregate: this is the start phase
     ones = torch.ones(loop.worker.flat.layout.head.stop - loop.worker.flat.layout.head.start)
-    for passes, stop_after, w0 in ((3, 2, ones), (1, 1, None)):
+    for passes, stop, w0 in ((4, stop_after, ones), (1, 1, None)):
         w0 = w0 if w0 is not None else client.state["ala_weights"].clone()
         start = loop.method.adaptive_local_aggregation(client, g, own)
-        params, weights = _ala_by_hand(loop, cid, g, own, w0, passes, stop_after)
+        params, weights = _ala_by_hand(loop, cid, g, own, w0, passes, stop)
         assert not torch.equal(weights, w0)
         torch.testing.assert_close(client.state["ala_weights"], weights, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(start[: len(params)], params, rtol=1e-5, atol=1e-6)
