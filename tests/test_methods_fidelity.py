@@ -650,6 +650,7 @@ BOUNDS = [
     ("fedamp", "alpha_k", 1.0, float("inf")),
     ("fedamp", "sigma", 1e-6, 0.0),
     ("fedamp", "lam", 0.0, -0.01),
+    ("fedu", "eta", 1e-6, 0.0),
 ]
 
 
