@@ -69,7 +69,13 @@ def test_layer_counts_are_checked():
         make_loop(tiny_config("lgfedavg", {"global_layers": 3}))
 
 
-def test_fedrep_head_epochs_leave_the_body_untouched(monkeypatch):
+# FedProx's synthetic data: every input feature varies, so the first weight (input feature 0) has a
+# gradient; on digits feature 0 is a corner pixel, always 0, and freezing it or not shows nowhere.
+SYNTHETIC = {"source": "synthetic", "num_clients": 6}
+
+
+@pytest.mark.parametrize("data", [{}, SYNTHETIC])
+def test_fedrep_head_epochs_leave_the_body_untouched(monkeypatch, data):
     calls = []
     original = ClientContext.fit
 
@@ -79,7 +85,7 @@ def test_fedrep_head_epochs_leave_the_body_untouched(monkeypatch):
         return out
 
     monkeypatch.setattr(ClientContext, "fit", spy)
-    loop = make_loop(tiny_config("fedrep", {"head_epochs": 2}, trainer=HALF))
+    loop = make_loop(tiny_config("fedrep", {"head_epochs": 2}, trainer=HALF, data=data))
     loop.run_round()
     head = loop.worker.flat.layout.tail(1)
     body = slice(0, head.start)
@@ -275,11 +281,11 @@ def test_digits_experiment_runs_every_new_method_from_the_cli(tmp_path):
 
 
 # -- update rules checked against plain-PyTorch loops ----------------------------------------------
-def _one_client_loop(name, args, rounds=1, **client):
+def _one_client_loop(name, args, rounds=1, data=None, **client):
     cfg = tiny_config(
         name,
         args,
-        data={"num_clients": 1, "min_samples": 1},
+        data={"num_clients": 1, "min_samples": 1, **(data or {})},
         client={"epochs": 1, "batch_size": 16, "lr": 0.1, **client},
         trainer={"rounds": rounds},
     )
@@ -387,8 +393,10 @@ def test_lgfedavg_shares_only_its_global_layers():
         assert torch.equal(pm[: head.start], loop.clients[cid]["personal"][: head.start])
 
 
-def test_lgfedavg_alternating_steps_match_the_authors_loop():
-    cfg, loop = _one_client_loop("lgfedavg", {"global_layers": 1, "alternate": True}, momentum=0.9)
+@pytest.mark.parametrize("data", [{}, SYNTHETIC])
+def test_lgfedavg_alternating_steps_match_the_authors_loop(data):
+    args = {"global_layers": 1, "alternate": True}
+    cfg, loop = _one_client_loop("lgfedavg", args, data={**data, "num_clients": 1}, momentum=0.9)
     net = initial_net(cfg, loop)
     head, body = list(net[-1].parameters()), [p for m in list(net)[:-1] for p in m.parameters()]
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
