@@ -40,17 +40,14 @@ lint: install
 bench: install
 	$(PY) -m bench.run
 
-# Mutation testing of pfl/methods and pfl/optim against the method tests ([tool.mutmut] in pyproject.toml).
-# Slow over the whole tree (minutes per file): narrow it, e.g.
-#   make mutate MUTATE=pfl/methods/ditto.py TESTS="tests/test_methods_baselines.py -k ditto"
-# Results: .mutmut-cache; `$(VENV)/bin/mutmut results` lists survivors, `mutmut show ID` prints one.
-MUTATE ?=
-TESTS  ?=
+# Mutation testing of pfl/methods and pfl/optim with mutmut's operators, one forked pytest per mutant (bench/mutate.py).
+# Tests per file: bench/mutate_targets.toml; equivalent mutants: bench/mutate_equivalent.toml.
+# Incremental (runs/mutation/cache.json); report: runs/mutation/report.md. One file, two workers:
+#   make mutate MUTATE=pfl/methods/ditto.py WORKERS=2
+MUTATE  ?=
+WORKERS ?= 1
 mutate: install
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/mutmut run --simple-output --no-progress \
-	  $(if $(MUTATE),--paths-to-mutate $(MUTATE)) \
-	  $(if $(TESTS),--runner "python -m pytest -x -q -p no:cacheprovider $(TESTS)") ; \
-	  $(VENV)/bin/mutmut results
+	$(PY) -m bench.mutate $(MUTATE) --workers $(WORKERS)
 
 clean:
-	rm -rf runs wandb .pytest_cache .mutmut-cache
+	rm -rf runs wandb .pytest_cache

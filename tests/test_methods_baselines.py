@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import yaml
 from torch.func import functional_call
 
 from pfl.cli import main
+from pfl.data import DataConfig
 from pfl.methods import method_class, methods
 from pfl.methods.base import ClientContext
 from pfl.methods.heads import split_head
@@ -67,7 +69,13 @@ def test_layer_counts_are_checked():
         make_loop(tiny_config("lgfedavg", {"global_layers": 3}))
 
 
-def test_fedrep_head_epochs_leave_the_body_untouched(monkeypatch):
+# FedProx's synthetic data: every input feature varies, so the first weight (input feature 0) has a
+# gradient; on digits feature 0 is a corner pixel, always 0, and freezing it or not shows nowhere.
+SYNTHETIC = {"source": "synthetic", "num_clients": 6}
+
+
+@pytest.mark.parametrize("data", [{}, SYNTHETIC])
+def test_fedrep_head_epochs_leave_the_body_untouched(monkeypatch, data):
     calls = []
     original = ClientContext.fit
 
@@ -77,7 +85,7 @@ def test_fedrep_head_epochs_leave_the_body_untouched(monkeypatch):
         return out
 
     monkeypatch.setattr(ClientContext, "fit", spy)
-    loop = make_loop(tiny_config("fedrep", {"head_epochs": 2}, trainer=HALF))
+    loop = make_loop(tiny_config("fedrep", {"head_epochs": 2}, trainer=HALF, data=data))
     loop.run_round()
     head = loop.worker.flat.layout.tail(1)
     body = slice(0, head.start)
@@ -87,6 +95,21 @@ def test_fedrep_head_epochs_leave_the_body_untouched(monkeypatch):
     for (_, s, o), (_, s2, o2) in zip(heads, bodies, strict=True):
         assert torch.equal(o[body], s[body]) and not torch.equal(o[head], s[head])
         assert torch.equal(s2, o) and torch.equal(o2[head], s2[head]) and not torch.equal(o2[body], s2[body])
+
+
+def test_fedrep_one_head_epoch_trains_the_head_before_the_body():
+    a, b = _fit("fedrep", {"head_epochs": 0}), _fit("fedrep", {"head_epochs": 1})
+    assert not torch.equal(a.server["global"], b.server["global"])
+
+
+@pytest.mark.parametrize("head_epochs", [0, 2])
+def test_fedrep_fits_the_head_only_when_asked(head_epochs):
+    """No empty head fit at head_epochs 0: it would add a 0.0 loss to the round's mean train loss."""
+    loop = make_loop(tiny_config("fedrep", {"head_epochs": head_epochs}))
+    ctx = loop.client(1)
+    loop.method.local_update(ctx, loop.method.payload(loop.server, 1))
+    batches = len(list(ctx.batches()))
+    assert [f.steps for f in ctx.fits] == [head_epochs * batches] * (head_epochs > 0) + [batches]
 
 
 def test_fedbabu_head_stays_at_init_and_only_the_body_is_exchanged():
@@ -105,6 +128,7 @@ def test_fedbabu_head_stays_at_init_and_only_the_body_is_exchanged():
 def test_feddyn_alpha_zero_is_fedavg():
     a, b = _fit("fedavg"), _fit("feddyn", {"alpha": 0.0, "weighting": "samples"})
     assert torch.equal(a.server["global"], b.server["global"])
+    assert not any("g" in state for state in b.clients.values())  # nothing to keep per client
 
 
 @pytest.mark.parametrize("weighting", ["uniform", "samples"])
@@ -138,6 +162,22 @@ def test_apfl_mixing_zero_is_fedavg_on_the_personal_side():
     mixed = _fit("apfl", {"mix": 0.5})
     assert torch.equal(mixed.server["global"], fa.server["global"])  # v never feeds back into w
     assert not torch.equal(mixed.clients[next(iter(mixed.clients))]["personal"], fa.server["global"])
+
+
+def test_apfl_mixing_zero_is_fedavg_on_a_regression_federation():
+    """On (B, 1) regression outputs both of APFL's losses compare squeezed outputs with the targets."""
+    data = DataConfig(source="synthetic_regression", num_clients=6, val_frac=0.2, test_frac=0.3)
+    groups = {"data": data, "model": {"name": "mlp", "hidden": [16]}, "client": {"lr": 0.01}, "trainer": HALF}
+    apfl, fa = make_loop(tiny_config("apfl", {"mix": 0.0}, **groups)), make_loop(tiny_config("fedavg", **groups))
+    assert apfl.worker.task == "regression"
+    _, fa_results = exchanged_round(fa)
+    exchanged_round(apfl)
+    for cid, r in fa_results.items():
+        assert torch.equal(apfl.clients[cid]["personal"], r.state)
+    mixed = make_loop(tiny_config("apfl", {"mix": 0.5}, **groups))  # the mixed model's loss: no (B, B) broadcast
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*target size.*")
+        exchanged_round(mixed)
 
 
 def test_pfedme_with_unit_proximal_steps_is_fedavg():
@@ -241,11 +281,11 @@ def test_digits_experiment_runs_every_new_method_from_the_cli(tmp_path):
 
 
 # -- update rules checked against plain-PyTorch loops ----------------------------------------------
-def _one_client_loop(name, args, rounds=1, **client):
+def _one_client_loop(name, args, rounds=1, data=None, **client):
     cfg = tiny_config(
         name,
         args,
-        data={"num_clients": 1, "min_samples": 1},
+        data={"num_clients": 1, "min_samples": 1, **(data or {})},
         client={"epochs": 1, "batch_size": 16, "lr": 0.1, **client},
         trainer={"rounds": rounds},
     )
@@ -353,8 +393,10 @@ def test_lgfedavg_shares_only_its_global_layers():
         assert torch.equal(pm[: head.start], loop.clients[cid]["personal"][: head.start])
 
 
-def test_lgfedavg_alternating_steps_match_the_authors_loop():
-    cfg, loop = _one_client_loop("lgfedavg", {"global_layers": 1, "alternate": True}, momentum=0.9)
+@pytest.mark.parametrize("data", [{}, SYNTHETIC])
+def test_lgfedavg_alternating_steps_match_the_authors_loop(data):
+    args = {"global_layers": 1, "alternate": True}
+    cfg, loop = _one_client_loop("lgfedavg", args, data={**data, "num_clients": 1}, momentum=0.9)
     net = initial_net(cfg, loop)
     head, body = list(net[-1].parameters()), [p for m in list(net)[:-1] for p in m.parameters()]
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
@@ -367,3 +409,104 @@ def test_lgfedavg_alternating_steps_match_the_authors_loop():
                 p.grad.zero_()  # zeroed, not None: momentum still moves the frozen part
             opt.step()
     torch.testing.assert_close(loop.clients[0]["personal"], flat_params(net), rtol=1e-5, atol=1e-6)
+
+
+def test_scaffold_steps_control_variates_and_aggregation_match_the_formulas():
+    """Option II by hand over two rounds of half the clients: the local steps y ← y − η(∇f_i(y) − c_i + c),
+    c_i⁺ = c_i − c + (x − y)/(Kη), the upload Δc_i = c_i⁺ − c_i, and the server's uniform mean of the
+    y and c ← c + Σ Δc_i / N. Round 2 has c ≠ c_i, so every sign of the correction shows."""
+    lr = 0.1
+    cfg = tiny_config("scaffold", trainer=HALF, client={"lr": lr})
+    loop = make_loop(cfg)
+    net = initial_net(cfg, loop)
+    sizes = [p.numel() for _, p in net.named_parameters()]
+    data, n = loop.worker.data, loop.worker.data.num_clients
+    for r in range(2):
+        before = {cid: loop.clients.get(cid, {}).get("c") for cid in range(n)}
+        payloads, results = exchanged_round(loop)
+        x, c = payloads[next(iter(payloads))]["global"], payloads[next(iter(payloads))]["c"]
+        assert r == 0 or c.abs().sum() > 0
+        for cid, up in results.items():
+            c_i = before[cid] if before[cid] is not None else torch.zeros_like(c)
+            y = {k: t.view_as(p) for (k, p), t in zip(net.named_parameters(), x.split(sizes), strict=True)}
+            batches = drawn_batches(cfg.seed, r, cid, "train", data.clients[cid].train, 16)
+            for b in batches:
+                live = {k: t.clone().requires_grad_(True) for k, t in y.items()}
+                grads = _grads(net, live, data.x[b], data.y[b])
+                step = torch.cat([g.reshape(-1) for g in grads]) + (c - c_i)
+                y = {k: t - lr * s.view_as(t) for (k, t), s in zip(y.items(), step.split(sizes), strict=True)}
+            flat_y = torch.cat([t.reshape(-1) for t in y.values()])
+            torch.testing.assert_close(up.state, flat_y, rtol=1e-5, atol=1e-6)
+            c_new = c_i - c + (x - up.state) / (len(batches) * lr)
+            torch.testing.assert_close(loop.clients[cid]["c"], c_new)
+            torch.testing.assert_close(up["dc"], c_new - c_i)
+            assert up.weight == 1.0  # uniform over the sampled clients, as in the paper
+        assert len({len(data.clients[cid].train) for cid in results}) > 1  # a sample-weighted mean would differ
+        mean = sum(up.state for up in results.values()) / len(results)
+        torch.testing.assert_close(loop.server["global"], mean)
+        torch.testing.assert_close(loop.server["c"], c + sum(up["dc"] for up in results.values()) / n)
+
+
+def test_fedavg_finetuned_personal_model_is_sgd_from_the_global_model_on_the_finetune_batches():
+    lr = 0.1
+    cfg, loop = _one_client_loop("fedavg", {"finetune_epochs": 1}, lr=lr)
+    net = initial_net(cfg, loop)
+    ctx = loop.client(0)
+    personal = loop.method.personal_state(loop.server, ctx)
+    w = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+    data, idx = loop.worker.data, loop.worker.data.clients[0].train
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    for r, purpose in ((0, "train"), (ctx.round, "finetune")):
+        for b in drawn_batches(cfg.seed, r, 0, purpose, idx, 16):
+            opt.zero_grad()
+            F.cross_entropy(net(data.x[b]), data.y[b]).backward()
+            opt.step()
+        if purpose == "train":
+            w = flat_params(net)
+            torch.testing.assert_close(loop.server["global"], w, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(personal, w)
+    torch.testing.assert_close(personal, flat_params(net), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("name", "per_step"), [("pfedme", 1), ("perfedavg", 2)])
+def test_pfedme_and_perfedavg_record_their_own_loops_steps(name, per_step):
+    """Methods running their own loop account for it: one step per batch (Per-FedAvg: per pair of batches)."""
+    loop = make_loop(tiny_config(name))
+    ctx = loop.client(1)
+    loop.method.local_update(ctx, loop.method.payload(loop.server, 1))
+    batches = len(list(ctx.batches()))
+    assert batches > 4 and ctx.fits[-1].steps == batches // per_step
+    assert ctx.fits[-1].samples_seen == ctx.num_samples * ctx.epochs
+
+
+def _sgd_from(net, start, batches, data, lr, extra):
+    """Plain SGD from the flat parameters ``start`` over ``batches``, adding ``extra(θ)`` to every gradient."""
+    sizes = [p.numel() for p in net.parameters()]
+    theta = start.clone()
+    for b in batches:
+        params = {k: t.view_as(p) for (k, p), t in zip(net.named_parameters(), theta.split(sizes), strict=True)}
+        live = {k: t.clone().requires_grad_(True) for k, t in params.items()}
+        grad = torch.cat([g.reshape(-1) for g in _grads(net, live, data.x[b], data.y[b])])
+        theta = theta - lr * (grad + extra(theta))
+    return theta
+
+
+def test_feddyn_local_objective_is_the_dynamic_regulariser_over_rounds():
+    """θ_i minimises f_i(θ) − ⟨g_i, θ⟩ + α/2‖θ − w‖²; from round 2 on g_i ≠ 0, so its sign shows."""
+    alpha, lr = 0.1, 0.1
+    cfg = tiny_config("feddyn", {"alpha": alpha}, trainer=HALF, client={"lr": lr})
+    loop = make_loop(cfg)
+    net = initial_net(cfg, loop)
+    data = loop.worker.data
+    seen_g = 0
+    for r in range(3):
+        g_before = {cid: loop.clients.get(cid, {}).get("g") for cid in range(data.num_clients)}
+        payloads, results = exchanged_round(loop)
+        for cid, up in results.items():
+            w = payloads[cid]["global"]
+            g = g_before[cid] if g_before[cid] is not None else torch.zeros_like(w)
+            seen_g += bool(g.abs().sum() > 0)
+            batches = drawn_batches(cfg.seed, r, cid, "train", data.clients[cid].train, 16)
+            theta = _sgd_from(net, w, batches, data, lr, lambda t, g=g, w=w: -g + alpha * (t - w))
+            torch.testing.assert_close(up.state, theta, rtol=1e-5, atol=1e-6)
+    assert seen_g > 0

@@ -19,6 +19,7 @@ from pfl.methods.fedamp import attention_weights
 from pfl.methods.fedora import DecoupledPull, FedORA
 from pfl.optim.propagation import new_client_row, principal_angle_similarity, propagation_matrix
 from pfl.runner.args import parse_fit_args
+from pfl.seeding import torch_generator
 from tests.conftest import make_loop, tiny_config
 from tests.methods_helpers import exchanged_round
 
@@ -322,16 +323,39 @@ def test_one_cluster_is_fedavg_bit_for_bit(name):
     assert a["pm.l_acc.mean"] == b["pm.l_acc.mean"]
 
 
-def test_ifca_clients_train_the_cluster_with_the_lowest_loss():
-    loop = make_loop(tiny_config("ifca", {"clusters": 3}))
+@pytest.mark.parametrize("clusters", [2, 3])
+def test_ifca_clients_train_the_cluster_with_the_lowest_loss(clusters):
+    loop = make_loop(tiny_config("ifca", {"clusters": clusters}))
     run(loop, 2)
     models = loop.server["models"]
     assert not torch.equal(models[0], models[1])
     payloads, uploads = exchanged_round(loop)
+    picked = set()
     for cid, up in uploads.items():
         c = loop.client(cid)
         losses = torch.tensor([c.evaluate(m, c.train_idx).loss for m in payloads[cid]["models"]])
         assert int(up["cluster"]) == int(torch.argmin(losses))
+        picked.add(int(up["cluster"]))
+    assert picked != {0}  # some client prefers a cluster other than the first
+
+
+def test_ifca_new_client_fine_tunes_the_cluster_with_the_lowest_loss():
+    loop = run(make_loop(tiny_config("ifca", {"clusters": 2}, data=NEW)), 2)
+    picks = []
+    for models in (loop.server["models"].clone(), loop.server["models"].flip(0)):  # either cluster can win
+        loop.server["models"] = models
+        for j in range(len(loop.worker.new_clients)):
+            ctx = new_client_context(loop, j)
+            losses = torch.tensor([ctx.evaluate(m, ctx.train_idx).loss for m in models])
+            start = models[int(torch.argmin(losses))]
+            picks.append(int(torch.argmin(losses)))
+            assert torch.equal(loop.method.adapt_new_client(loop.server, ctx, epochs=0), start)
+            for epochs in (1, 2):
+                tuned = new_client_context(loop, j).fit(start, epochs=epochs, purpose="new_client")
+                assert not torch.equal(tuned, start)
+                adapted = loop.method.adapt_new_client(loop.server, new_client_context(loop, j), epochs)
+                assert torch.equal(adapted, tuned)
+    assert set(picks) == {0, 1}, picks
 
 
 def test_fesem_assigns_each_upload_to_the_nearest_centre():
@@ -400,12 +424,20 @@ def test_fedu_without_coupling_is_local_bit_for_bit():
     assert torch.equal(personal(fedu), personal(local))
 
 
-def test_fedu_takes_one_laplacian_step_over_the_sampled_clients():
-    loop = make_loop(tiny_config("fedu", {"lam": 0.5, "eta": 0.1}, trainer={"clients_per_round": 3}))
+@pytest.mark.parametrize("graph", ["full", "random"])
+def test_fedu_takes_one_laplacian_step_over_the_sampled_clients(graph):
+    cfg = tiny_config("fedu", {"lam": 0.5, "eta": 0.1, "graph": graph}, trainer={"clients_per_round": 3}, seed=3)
+    loop = make_loop(cfg)
+    if graph == "full":
+        a = torch.ones(6, 6, dtype=torch.float64)
+    else:  # symmetric, a_ij the mean of two keyed U[0, 1) draws
+        r = torch.rand(6, 6, generator=torch_generator(3, "fedu", "graph"), dtype=torch.float64)
+        a = (r + r.T) / 2
+    assert torch.equal(loop.server["A"], a - torch.diag(a.diagonal()))
     _, uploads = exchanged_round(loop)
     cids = sorted(uploads)
     for i in cids:
-        pull = sum(uploads[i].state - uploads[j].state for j in cids if j != i)
+        pull = sum(float(a[i, j]) * (uploads[i].state - uploads[j].state) for j in cids if j != i)
         assert torch.allclose(loop.server["models"][i], uploads[i].state - 0.1 * 0.5 * pull, atol=1e-6)
     for i in set(range(6)) - set(cids):
         assert torch.equal(loop.server["models"][i], loop.init_state)
@@ -453,3 +485,14 @@ def test_synthetic_regression_has_shared_group_and_client_parts():
     assert float(dist[same].max()) < float(dist[group[:, None] != group[None, :]].min())
     with pytest.raises(ConfigError):
         build_data(DataConfig(source="synthetic_regression", regression=RegressionConfig(noise=-1.0)), 0)
+
+
+def test_fedamp_cloud_models_are_the_attention_mix_of_the_uploaded_models():
+    loop = make_loop(tiny_config("fedamp", trainer={"fraction": 0.5}))
+    payloads, _ = exchanged_round(loop)
+    seen = loop.server["seen"].cpu()
+    assert seen.tolist() == [cid in payloads for cid in range(6)]  # the clients that have uploaded a model
+    models = loop.server["models"].double()
+    xi = attention_weights(torch.cdist(models, models) ** 2, 1.0, 100.0, seen)
+    assert not torch.allclose(xi, torch.eye(6, dtype=torch.float64))
+    torch.testing.assert_close(loop.server["cloud"], (xi @ models).to(loop.server["cloud"].dtype))

@@ -112,6 +112,58 @@ def test_fedfomo_validation_part_is_held_out_of_training(monkeypatch):
         assert len(held) == round(0.2 * len(train))
 
 
+def test_fedfomo_validation_part_keeps_at_least_one_sample_on_each_side():
+    small = 0
+    for frac in (0.01, 0.99):
+        loop = make_loop(tiny_config("fedfomo", {"val_frac": frac}))
+        for cid in range(6):
+            val, rest = loop.method.split(loop.client(cid))
+            n = len(val) + len(rest)
+            assert len(val) >= 1 and len(rest) >= 1
+            if min(frac, 1 - frac) * n < 0.5:  # the rounded share would be 0 (or n): one sample on that side
+                assert min(len(val), len(rest)) == 1
+                small += 1
+    assert small >= 2
+
+
+def test_fedfomo_downloads_one_model_when_asked_even_from_a_two_client_round():
+    loop = make_loop(tiny_config("fedfomo", {"num_models": 1, "epsilon": 0.0}, trainer={"fraction": 1 / 3}))
+    payloads, _ = exchanged_round(loop)
+    assert len(payloads) == 2 and all(p == {} for p in payloads.values())  # nothing to download yet
+    a, b = sorted(payloads)
+    got = loop.method.payload(loop.server, a)  # the only other model of the round is b's
+    assert got["ids"].tolist() == [b] and len(got["models"]) == 1
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_fedfomo_affinity_accumulates_the_uploaded_weights(normalize):
+    """P[i, j] += w_ij every round (normalised to sum 1 when asked and the sum is positive); near-IID data
+    so that downloaded models sometimes beat a client's own."""
+    args = {"normalize_affinity": normalize, "epsilon": 0.3}
+    loop = make_loop(tiny_config("fedfomo", args, trainer={"fraction": 1.0}, data={"alpha": 100.0}))
+    sums, again = [], 0
+    for _ in range(4):
+        before = loop.server["P"].clone()
+        _, results = exchanged_round(loop)
+        expected = before.clone()
+        for cid, r in results.items():
+            if "fomo" not in r.extras:
+                continue
+            w, total = r["fomo"], float(r["fomo"].sum())
+            sums.append(total)
+            again += bool(before[cid, r["ids"]].abs().sum() > 0)
+            expected[cid, r["ids"]] += w / total if normalize and total > 0 else w
+        torch.testing.assert_close(loop.server["P"], expected)
+    assert again > 0 and any(0 < s < 1 for s in sums) and 0.0 in sums
+
+
+def test_fedfomo_weight_of_a_model_at_zero_distance_divides_by_1e_12():
+    from pfl.methods.fedfomo import fomo_weights
+
+    w = fomo_weights(1.0, [0.5, 2.0, 0.0], [0.0, 1.0, 4.0])
+    assert w.tolist() == torch.tensor([0.5 / 1e-12, 0.0, 0.25]).tolist()
+
+
 def test_fedfomo_weights_and_the_move_follow_the_formula(monkeypatch):
     loop = make_loop(tiny_config("fedfomo", data={"val_frac": 0.2}, trainer={"fraction": 1.0}))
     exchanged_round(loop)
@@ -202,50 +254,61 @@ def _one_client(name, args, rounds=1, **client):
     return cfg, loop
 
 
-@pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_apfl_personal_model_uses_the_run_optimizer(momentum):
+@pytest.mark.parametrize(("momentum", "keep"), [(0.0, False), (0.9, False), (0.9, True)])
+def test_apfl_personal_model_uses_the_run_optimizer(momentum, keep):
+    """Two rounds: v's optimizer, like w's, starts afresh each participation unless momentum is kept."""
     a = 0.3
-    cfg, loop = _one_client("apfl", {"mix": a}, momentum=momentum, weight_decay=0.01)
+    cfg, loop = _one_client("apfl", {"mix": a}, rounds=2, momentum=momentum, weight_decay=0.01, keep_momentum=keep)
     net = initial_net(cfg, loop)
     v = [p.detach().clone().requires_grad_(True) for p in net.parameters()]
     names = [n for n, _ in net.named_parameters()]
-    opt_w = torch.optim.SGD(net.parameters(), lr=0.1, momentum=momentum, weight_decay=0.01)
-    opt_v = torch.optim.SGD(v, lr=0.1, momentum=momentum, weight_decay=0.01)
     data, idx = loop.worker.data, loop.worker.data.clients[0].train
-    for b in drawn_batches(cfg.seed, 0, 0, "train", idx, 16):
-        x, y = data.x[b], data.y[b]
-        mixed = {n: a * vp + (1 - a) * p.detach() for n, vp, p in zip(names, v, net.parameters(), strict=True)}
-        opt_w.zero_grad(), opt_v.zero_grad()
-        F.cross_entropy(net(x), y).backward()
-        F.cross_entropy(functional_call(net, mixed, (x,)), y).backward()
-        opt_w.step(), opt_v.step()
+    for r in range(2):
+        if r == 0 or not keep:
+            opt_w = torch.optim.SGD(net.parameters(), lr=0.1, momentum=momentum, weight_decay=0.01)
+            opt_v = torch.optim.SGD(v, lr=0.1, momentum=momentum, weight_decay=0.01)
+        for b in drawn_batches(cfg.seed, r, 0, "train", idx, 16):
+            x, y = data.x[b], data.y[b]
+            mixed = {n: a * vp + (1 - a) * p.detach() for n, vp, p in zip(names, v, net.parameters(), strict=True)}
+            opt_w.zero_grad(), opt_v.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+            F.cross_entropy(functional_call(net, mixed, (x,)), y).backward()
+            opt_w.step(), opt_v.step()
     torch.testing.assert_close(loop.server["global"], flat_params(net), rtol=1e-5, atol=1e-6)
     v_flat = torch.cat([p.detach().reshape(-1) for p in v])
     torch.testing.assert_close(loop.clients[0]["v"], v_flat, rtol=1e-5, atol=1e-6)
+    assert ("v_momentum" in loop.clients[0]) == (keep and momentum > 0)
 
 
-@pytest.mark.parametrize(("momentum", "head_init"), [(0.0, "zero"), (0.9, "zero"), (0.9, "init")])
-def test_fedrod_personal_head_uses_the_run_optimizer_and_its_init(momentum, head_init):
-    cfg, loop = _one_client("fedrod", {"head_init": head_init}, momentum=momentum)
+@pytest.mark.parametrize(
+    ("momentum", "head_init", "keep"),
+    [(0.0, "zero", False), (0.9, "zero", False), (0.9, "init", False), (0.9, "zero", True)],
+)
+def test_fedrod_personal_head_uses_the_run_optimizer_and_its_init(momentum, head_init, keep):
+    """Two rounds: the head's optimizer, like the model's, starts afresh each participation unless kept."""
+    cfg, loop = _one_client("fedrod", {"head_init": head_init}, rounds=2, momentum=momentum, keep_momentum=keep)
     net = initial_net(cfg, loop)
     body, head = split_head(net)
     ph = nn.Linear(head.in_features, head.out_features)
     with torch.no_grad():
         for q, h in zip(ph.parameters(), head.parameters(), strict=True):
             q.copy_(h if head_init == "init" else torch.zeros_like(h))
-    opt_g = torch.optim.SGD(net.parameters(), lr=0.1, momentum=momentum)
-    opt_p = torch.optim.SGD(ph.parameters(), lr=0.1, momentum=momentum)
     data, idx = loop.worker.data, loop.worker.data.clients[0].train
     log_prior = torch.bincount(data.y[idx], minlength=data.num_classes).float().clamp_min(1e-8).log()
-    for b in drawn_batches(cfg.seed, 0, 0, "train", idx, 16):
-        x, y = data.x[b], data.y[b]
-        z = body(x)
-        out_g = head(z)
-        opt_g.zero_grad(), opt_p.zero_grad()
-        (F.cross_entropy(out_g + log_prior, y) + F.cross_entropy(out_g.detach() + ph(z.detach()), y)).backward()
-        opt_g.step(), opt_p.step()
+    for r in range(2):
+        if r == 0 or not keep:
+            opt_g = torch.optim.SGD(net.parameters(), lr=0.1, momentum=momentum)
+            opt_p = torch.optim.SGD(ph.parameters(), lr=0.1, momentum=momentum)
+        for b in drawn_batches(cfg.seed, r, 0, "train", idx, 16):
+            x, y = data.x[b], data.y[b]
+            z = body(x)
+            out_g = head(z)
+            opt_g.zero_grad(), opt_p.zero_grad()
+            (F.cross_entropy(out_g + log_prior, y) + F.cross_entropy(out_g.detach() + ph(z.detach()), y)).backward()
+            opt_g.step(), opt_p.step()
     torch.testing.assert_close(loop.server["global"], flat_params(net), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(loop.clients[0]["head"], flat_params(ph), rtol=1e-5, atol=1e-6)
+    assert ("head_momentum" in loop.clients[0]) == (keep and momentum > 0)
 
 
 def test_fedrod_untrained_client_is_evaluated_with_its_initial_head():
@@ -574,6 +637,20 @@ BOUNDS = [
     ("pgfed", "beta", 0.99, 1.0),
     ("pgfed", "alpha_init", 0.0, -0.01),
     ("pgfed_ce", "ce_scalar", "mean", "sum"),
+    ("fedsam", "rho", 0.0, -0.01),
+    ("fedsam", "p", 1.0, 0.99),
+    ("fedala", "eta", 0.0, -0.01),
+    ("fedala", "rand_percent", 0.5, 0.0),
+    ("fedala", "rand_percent", 100.0, 100.01),
+    ("fedala", "layer_idx", 0, -1),
+    ("fedala", "threshold", 0.0, -0.01),
+    ("fedala", "num_pre_loss", 1, 0),
+    ("fedala", "max_start_epochs", 1, 0),
+    ("fedamp", "alpha_k", 1e-6, 0.0),
+    ("fedamp", "alpha_k", 1.0, float("inf")),
+    ("fedamp", "sigma", 1e-6, 0.0),
+    ("fedamp", "lam", 0.0, -0.01),
+    ("fedu", "eta", 1e-6, 0.0),
 ]
 
 
@@ -586,3 +663,17 @@ def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
     assert getattr(cls(**{field: ok}), field) == ok
     with pytest.raises(ConfigError, match=f"method.{field}"):
         cls(**{field: bad})
+
+
+def test_fedfomo_distances_are_over_the_parameters_only(bn_model, monkeypatch):
+    import pfl.methods.fedfomo as fomo
+
+    seen, weights = [], fomo.fomo_weights
+    monkeypatch.setattr(fomo, "fomo_weights", lambda own, losses, d: seen.append(d) or weights(own, losses, d))
+    loop = make_loop(tiny_config("fedfomo", model=bn_model, trainer={"fraction": 1.0}))
+    p = loop.worker.flat.num_params
+    exchanged_round(loop)  # round 0: nothing to download
+    own = {cid: loop.clients[cid]["personal"].clone() for cid in range(6)}
+    payloads, _ = exchanged_round(loop)
+    expected = [[float((m[:p] - own[cid][:p]).norm()) for m in pl["models"]] for cid, pl in payloads.items()]
+    assert seen == expected and loop.worker.flat.num_buffers > 0

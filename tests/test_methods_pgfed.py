@@ -97,6 +97,9 @@ def test_pgfedmo_beta_zero_equals_pgfed_and_beta_positive_differs():
         if "personal" in a:
             assert torch.equal(a["personal"], b["personal"])
     assert torch.equal(runs["pgfed"].server["alpha"], runs["pgfedmo"].server["alpha"])
+    for name in ("pgfed", "pgfedmo"):  # without momentum no client keeps an auxiliary gradient
+        assert not any("aux" in runs[name].clients.get(cid, {}) for cid in range(6))
+    assert any("aux" in runs["pgfedmo_b"].clients.get(cid, {}) for cid in range(6))
     assert not torch.equal(runs["pgfed"].server["global"], runs["pgfedmo_b"].server["global"])
 
 

@@ -6,6 +6,7 @@ numbers (through torch.save / torch.load(weights_only=True), as --resume does)."
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,3 +66,37 @@ def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(name):
     assert _state_equal(straight.server.state, resumed.server.state)
     assert _state_equal(straight.clients, resumed.clients)
     assert straight.evaluate()["pm.l_acc.mean"] == resumed.evaluate()["pm.l_acc.mean"]
+
+
+# (has_global_model, has_personal_model) of every method: what the evaluation reports (gm.*, P-models).
+GLOBAL_ONLY = ("dapfl", "fedavg", "feddyn", "fedmgda_plus", "fedprox", "fedsam", "scaffold")
+PERSONAL_ONLY = ("fedamp", "fedfomo", "fedora", "fedper", "fedrecon", "fedrep", "fesem", "fedu", "ifca", "lgfedavg")
+PERSONAL_ONLY += ("local", "pfedhn", "plgu_ghn", "plgu_grep")
+FLAGS = {n: (True, False) for n in GLOBAL_ONLY} | {n: (False, True) for n in PERSONAL_ONLY}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_declares_what_it_is_evaluated_on_and_describes_itself(name):
+    from pfl.methods import method_class
+
+    cls = method_class(name)
+    assert (cls.has_global_model, cls.has_personal_model) == FLAGS.get(name, (True, True))
+    assert type(cls.has_global_model) is bool and type(cls.has_personal_model) is bool
+    assert cls.name == name and isinstance(cls.description, str) and len(cls.description) > 20
+
+
+CONF = Path(__file__).resolve().parents[1] / "conf" / "method"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_class_defaults_are_the_settings_of_its_config_file(name):
+    """conf/method/<name>.yaml is the paper's setting, and the class defaults say the same."""
+    import yaml
+
+    from pfl.methods import method_class
+
+    conf = dict(yaml.safe_load((CONF / f"{name}.yaml").read_text())["method"])
+    default = method_class(conf.pop("name"))()
+    assert {k: getattr(default, k) for k in conf} == conf
+    if "finetune_epochs" not in conf:  # fixed by the class: no fine-tuning
+        assert default.hparams().get("finetune_epochs", 0) == 0

@@ -1,0 +1,99 @@
+"""bench.mutate classifies mutants right: on a tiny module and its test, a mutant the test catches is
+killed, one it cannot catch survives, one on a line the test never runs is not covered."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bench import mutate as tool
+
+MODULE = """\
+def step(w, g):
+    return w - 0.5 * g
+
+
+def scale(w):
+    return w * 2
+
+
+def unused(w):
+    return w + 7
+"""
+
+TEST = """\
+from tinymod import scale, step
+
+
+def test_step():
+    assert step(4.0, 2.0) == 3.0
+
+
+def test_scale():
+    assert scale(0.0) == 0.0
+"""
+
+
+@pytest.fixture
+def tiny_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "tinymod.py").write_text(MODULE)
+    (tmp_path / "test_tinymod.py").write_text(TEST)
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    monkeypatch.setattr(tool, "OUT", tmp_path / "out")
+    monkeypatch.setattr(tool, "PYTEST_ARGS", [*tool.PYTEST_ARGS, "--rootdir", str(tmp_path), "-c", "/dev/null"])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("tinymod", None)
+    return tmp_path
+
+
+def by_line(entry: dict) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = {}
+    for r in entry["results"].values():
+        out.setdefault(r["line"], []).append(r["status"])
+    return out
+
+
+def test_killed_survived_and_not_covered_are_told_apart(tiny_project: Path):
+    cache: dict = {}
+    source = tiny_project / "tinymod.py"
+    entry = tool.mutate_file(source, ["test_tinymod.py"], cache, tiny_project / "cache.json", 2, False)
+    status = by_line(entry)
+    assert status[2] == [tool.KILLED] * 3  # "-" -> "+", "*" -> "/", 0.5 -> 1.5: step(4, 2) changes
+    assert status[6] == [tool.SURVIVED] * 2  # "*" -> "/", 2 -> 3: scale(0) is 0 either way
+    assert status[10] == [tool.NOT_COVERED, tool.NOT_COVERED]  # unused() never runs
+    assert "tinymod" not in sys.modules  # the parent never imported the module under test
+
+    text = tool.report(cache, ["tinymod.py"], [])
+    assert "| tinymod.py | 7 | 3 | 0 | 2 | 0 | 2 | 2 |" in text
+    explained = [{"file": "tinymod.py", "line": 6, "mutant": "return w / 2", "reason": "scale(0) test only"}]
+    assert "| tinymod.py | 7 | 3 | 0 | 2 | 1 | 1 | 2 |" in tool.report(cache, ["tinymod.py"], explained)
+
+    # A re-run with unchanged code and tests reuses every result; a new test re-runs only the survivors.
+    (tiny_project / "test_tinymod.py").write_text(TEST + "\n\ndef test_scale_one():\n    assert scale(3.0) == 6.0\n")
+    again = tool.mutate_file(source, ["test_tinymod.py"], cache, tiny_project / "cache.json", 2, False)
+    assert by_line(again)[6] == [tool.KILLED] * 2
+    assert by_line(again)[2] == status[2]
+
+
+def test_clean_run_must_pass(tiny_project: Path):
+    (tiny_project / "test_tinymod.py").write_text(TEST.replace("3.0", "5.0"))
+    with pytest.raises(tool.CleanRunFailed, match="fail on the unmutated code"):
+        tool.mutate_file(tiny_project / "tinymod.py", ["test_tinymod.py"], {}, tiny_project / "c.json", 1, False)
+
+
+def test_mutants_are_mutmuts_and_skip_strings_and_pragmas(tmp_path: Path):
+    path = tmp_path / "m.py"
+    path.write_text(
+        textwrap.dedent("""\
+        def f(x):
+            if x > 0:  # pragma: no mutate
+                raise ValueError("x must be <= 0")
+            return x - 1
+    """)
+    )
+    mutated = [m.mutated.strip() for m in tool.generate(path)]
+    assert mutated == ["return x + 1", "return x - 2"]
+    assert 'raise ValueError("XXx must be <= 0XX")' in [m.mutated.strip() for m in tool.generate(path, strings=True)]
