@@ -377,6 +377,32 @@ def test_splitgp_personal_model_is_the_client_side_model_and_lambda_extremes():
         torch.testing.assert_close(sg_results[cid].state, fa_results[cid].state, rtol=1e-5, atol=1e-6)
 
 
+def test_splitgp_local_loss_is_lambda_weighted_between_the_personal_and_the_global_model():
+    # L = λ·CE(personal model) + (1 − λ)·CE(global model) at an interior λ, from the two whole networks.
+    lam = 0.3
+    loop = make_loop(tiny_config("splitgp", {"lam": lam}))
+    cid = next(iter(loop.clients)) if loop.clients else 0
+    ctx, captured = loop.client(cid), {}
+    fit = ctx.fit
+    ctx.fit = lambda start, **kw: (captured.update(kw), fit(start, **kw))[1]
+    loop.method.local_update(ctx, loop.method.payload(loop.server, cid))
+    worker, tail = loop.worker, loop.method.head_slice(loop.server.layout)
+    b = worker.data.clients[cid].train[:16]
+    x, y = worker.data.x[b], worker.data.y[b]
+    glob = loop.server["global"]
+    personal = glob.clone()
+    personal[tail] = ctx.state["head"]
+    net = worker.module.net
+    with torch.no_grad():
+        worker.flat.load(personal)
+        own = torch.nn.functional.cross_entropy(net(x), y)
+        worker.flat.load(glob)
+        shared = torch.nn.functional.cross_entropy(net(x), y)
+        got = captured["loss_fn"](net, x, y)
+    torch.testing.assert_close(got, lam * own + (1 - lam) * shared, rtol=1e-5, atol=1e-6)
+    assert abs(float(own - shared)) > 1e-4  # the two terms differ, so the weighting is visible
+
+
 # -- attacks ---------------------------------------------------------------------------------------------
 def test_malicious_clients_are_drawn_once_from_the_seed():
     a = malicious_clients(3, 20, 0.1)
