@@ -508,3 +508,82 @@ def test_client_learning_rate_decays_per_round():
         loop.run_round()
     assert {r: lr for r, lr in seen} == {0: 0.2, 1: 0.1, 2: 0.05}
     assert not math.isnan(loop.evaluate()["pm.l_acc.mean"])
+
+
+# -- mutation-testing survivors: fedmgda_plus --
+def test_fedmgda_hyperparameters_are_checked_at_their_bounds():
+    from pfl.methods.fedmgda import FedMGDAPlus
+
+    assert FedMGDAPlus(epsilon=0.0).epsilon == 0.0 and FedMGDAPlus(lr_decay=1.0).lr_decay == 1.0
+    for field, bad in (("epsilon", -0.01), ("server_lr", 0.0), ("server_lr", math.inf)):
+        with pytest.raises(ConfigError, match=f"method.{field}"):
+            FedMGDAPlus(**{field: bad})
+    for bad in (0.0, 1.5):
+        with pytest.raises(ConfigError, match="method.lr_decay"):
+            FedMGDAPlus(lr_decay=bad)
+
+
+def test_fedmgda_attacks_in_auto_space_perturb_the_pseudo_gradient():
+    layout = ModelLayout(4, 0, (("0", slice(0, 4)),), torch.device("cpu"))
+    attack = Attack(
+        AttackConfig(kind="gaussian", fraction=0.5, scale=0.3), 0, 4, method_class("fedmgda_plus")(), layout
+    )
+    assert attack.space == "update"
+
+
+def test_fedmgda_step_is_added_to_w_with_the_decayed_rate_and_unit_or_raw_rows():
+    """ε = 0 is FedAvg on the normalised updates: the step is −η·lr_decay^t·mean(ĝ_i), added to a nonzero w,
+    whatever the norms (below 1 here; a zero update stays a zero row); normalize=False uses the raw g_i."""
+    from pfl.methods.fedmgda import FedMGDAPlus
+
+    grads = {0: torch.tensor([0.3, 0.0, 0.0], dtype=torch.float64), 1: torch.tensor([0.0, 0.4, 0.0]).double()}
+    grads[2] = torch.zeros(3, dtype=torch.float64)
+    w0 = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    for normalize, direction in ((True, [1.0, 1.0, 0.0]), (False, [0.3, 0.4, 0.0])):
+        method = FedMGDAPlus(epsilon=0.0, server_lr=0.8, lr_decay=0.5, normalize=normalize)
+        server = bare_server(method, 3, num_clients=3, round_idx=2)
+        server["global"] = w0.clone()
+        method.aggregate(server, {c: Upload(w0 - g, 1.0) for c, g in grads.items()})
+        expected = w0 - 0.8 * 0.25 * torch.tensor(direction, dtype=torch.float64) / 3
+        torch.testing.assert_close(server["global"], expected, rtol=0, atol=1e-8)
+
+
+def test_fedmgda_buffers_are_the_sample_weighted_mean_and_stay_out_of_the_solve():
+    from pfl.methods.fedmgda import FedMGDAPlus
+
+    p, b = 2, 2
+    layout = ModelLayout(p, b, (("0", slice(0, p)),), torch.device("cpu"))
+    method = FedMGDAPlus(epsilon=0.0)
+    server = ServerContext(0, 2, 2, layout, torch.zeros(p + b, dtype=torch.float64))
+    server.state = method.init_server(server)
+    w = torch.tensor([1.0, 1.0, 5.0, 7.0], dtype=torch.float64)
+    server["global"] = w.clone()
+    states = {0: torch.tensor([0.0, 1.0, 1.0, 2.0]).double(), 1: torch.tensor([1.0, -1.0, 3.0, 10.0]).double()}
+    method.aggregate(server, {0: Upload(states[0], 1.0), 1: Upload(states[1], 3.0)})
+    # ĝ_0 = (1, 0), ĝ_1 = (0, 1): the buffers' differences do not enter the normalisation.
+    expected = torch.tensor([0.5, 0.5, 0.25 * 1.0 + 0.75 * 3.0, 0.25 * 2.0 + 0.75 * 10.0], dtype=torch.float64)
+    torch.testing.assert_close(server["global"], expected, rtol=0, atol=1e-12)
+
+
+def test_fedmgda_conflict_statistics_count_over_rounds():
+    """Round 1 has one client with g_i·Δ > 0, round 2 two clients with g_i·Δ = 0 exactly (not conflicts),
+    round 3 only zero updates (Δ = 0: no conflict); the share of conflicting rounds is 1/1, 1/2, 1/3."""
+    from pfl.methods.fedmgda import FedMGDAPlus
+
+    e = torch.eye(3, dtype=torch.float64)
+    a, b = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64), torch.tensor([-1.0, 0.01, 0.0], dtype=torch.float64)
+    rounds = [
+        (0.1, {**{c: a.clone() for c in range(9)}, 9: b}, 1),
+        (0.0, {0: e[0], 1: -e[0], 2: e[1]}, 0),
+        (0.1, {0: torch.zeros(3, dtype=torch.float64), 1: torch.zeros(3, dtype=torch.float64)}, 0),
+    ]
+    method = FedMGDAPlus()
+    server = bare_server(method, 3, num_clients=10)
+    assert server["rounds"] == 0 and server["conflict_rounds"] == 0
+    for t, (eps, grads, conflicts) in enumerate(rounds, start=1):
+        method.epsilon = eps
+        w = server["global"].clone()
+        method.aggregate(server, {c: Upload(w - g, 1.0) for c, g in grads.items()})
+        assert server["stats"]["conflicts"] == conflicts
+        assert server["rounds"] == t and server["conflict_rounds"] == 1
+        assert server["stats"]["conflict_rounds"] == 1 / t
