@@ -292,3 +292,104 @@ def test_every_plgu_experiment_parses_with_every_plgu_method_config(path):
     for name in PLGU_METHODS:
         cfg = parse_fit_args(["--config", str(path), "--config", str(CONF / "method" / f"{name}.yaml")])[0]
         assert cfg.client.batch_size == 50 and cfg.client.epochs == 5 and cfg.data.partition == "pathological"
+
+
+# -- mutation-testing survivors: pfedhn --
+SMALL_HN = {"hidden": 4, "n_hidden": 1, "embed_dim": 2, "chunk": 8, "chunk_embed_dim": 2}
+
+
+@pytest.mark.parametrize(
+    ("name", "field", "ok", "bad"),
+    [
+        ("pfedhn", "hn_lr", 1e-6, 0.0),
+        ("pfedhn", "hn_momentum", 0.0, 1.0),
+        ("pfedhn", "hn_weight_decay", 0.0, -0.01),
+        ("pfedhn", "embed_lr", 0.5, 0.0),
+        ("pfedhn", "hidden", 1, 0),
+        ("pfedhn", "n_hidden", 1, 0),
+        ("pfedhn", "embed_dim", 1, 0),
+        ("pfedhn", "chunk", 1, 0),
+        ("pfedhn", "chunk_embed_dim", 1, 0),
+        ("pfedhn", "max_grad_norm", 0.5, 0.0),
+        ("pfedhn", "finetune_epochs", 0, -1),
+        ("plgu_ghn", "rho", 0.0, -0.01),
+        ("plgu_ghn", "p", 1.0, 0.99),
+    ],
+)
+def test_pfedhn_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
+    cls = method_class(name)
+    assert getattr(cls(**{field: ok}), field) == ok
+    with pytest.raises(ConfigError, match=f"method.{field}"):
+        cls(**{field: bad})
+
+
+def _hn_server(method, layers: list[int], num_clients: int = 3):
+    from pfl.engine.flat import ModelLayout
+    from pfl.methods import ServerContext
+
+    bounds = torch.tensor([0, *layers]).cumsum(0).tolist()
+    slices = tuple((str(i), slice(a, b)) for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)))
+    layout = ModelLayout(bounds[-1], 0, slices, torch.device("cpu"))
+    server = ServerContext(0, num_clients, num_clients, layout, torch.zeros(bounds[-1]))
+    server.state = method.init_server(server)
+    return server
+
+
+def _hn_of(server, layers: list[int]) -> HyperNetwork:
+    hn = HyperNetwork(server.num_clients, layers, generator=torch.Generator(), **SMALL_HN)
+    hn.load_state_dict(server["hn"])
+    return hn
+
+
+def test_pfedhn_hypernetwork_shell_follows_the_target_layout():
+    """One method object serving two layouts (same federation): the shell is rebuilt for the layer sizes,
+    here a dedicated run of 4 + 4 and a chunked layer of 12 then one of 4."""
+    method = method_class("pfedhn")(**SMALL_HN)
+    servers = {(4, 4): _hn_server(method, [4, 4]), (12, 4): _hn_server(method, [12, 4])}
+    for layers in ((4, 4), (12, 4), (4, 4)):
+        server = servers[layers]
+        expected = _hn_of(server, list(layers))(1).detach()
+        assert torch.equal(method.payload(server, 1)["params"], expected)
+
+
+def test_pfedhn_server_momentum_carries_over_rounds():
+    """Two aggregates equal two steps of one SGD optimizer (momentum 0.9) kept across them."""
+    from pfl.methods import Upload
+    from pfl.optim.hypernet import hn_server_update
+
+    method = method_class("pfedhn")(hn_lr=0.1, hn_momentum=0.9, **SMALL_HN)
+    server = _hn_server(method, [4, 4])
+    ref = _hn_of(server, [4, 4])
+    opt = torch.optim.SGD(ref.param_groups(None), lr=0.1, momentum=0.9, weight_decay=method.hn_weight_decay)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(2):
+        deltas = {c: torch.randn(8, generator=gen) for c in range(3)}
+        method.aggregate(server, {c: Upload(None, 1.0, {"delta": d}) for c, d in deltas.items()})
+        hn_server_update(ref, opt, [0, 1, 2], torch.stack([deltas[c] for c in range(3)]), None)
+    assert set(server["hn_momentum"]) == {name for name, _ in ref.named_parameters()}
+    for name, value in ref.state_dict().items():
+        torch.testing.assert_close(server["hn"][name], value, rtol=0, atol=1e-6)
+
+
+def test_pfedhn_clients_keep_their_trained_buffers():
+    from pfl.models import ModelConfig
+
+    loop = make_loop(tiny_config("pfedhn", model=ModelConfig(name="tests.test_methods_fidelity:bn_mlp"), trainer=HALF))
+    n, b = loop.flat.num_params, loop.flat.num_buffers
+    assert b > 0
+    _, uploads = exchanged_round(loop)
+    for cid, upload in uploads.items():
+        assert upload["delta"].numel() == n
+        buffers = loop.clients[cid]["buffers"]
+        assert buffers.numel() == b and not torch.equal(buffers, loop.init_state[n:])
+        assert torch.equal(loop.method.personal_state(loop.server, loop.client(cid))[n:], buffers)
+
+
+def test_pfedhn_finetune_epochs_fine_tune_the_hypernetwork_output_before_scoring():
+    loop = _fit("pfedhn", {"finetune_epochs": 1})
+    n = loop.flat.num_params
+    client = loop.client(0)
+    start = loop.method.local_start(client, loop.method.hypernet(loop.server)(0).detach())
+    state = loop.method.personal_state(loop.server, client)
+    assert torch.equal(state, client.fit(start, epochs=1, purpose="finetune"))
+    assert not torch.equal(state[:n], start[:n])
