@@ -587,3 +587,70 @@ def test_fedmgda_conflict_statistics_count_over_rounds():
         assert server["stats"]["conflicts"] == conflicts
         assert server["rounds"] == t and server["conflict_rounds"] == 1
         assert server["stats"]["conflict_rounds"] == 1 / t
+
+
+# -- mutation-testing survivors: splitgp --
+def _layout_of(num_layers: int) -> ModelLayout:
+    return ModelLayout(
+        2 * num_layers, 0, tuple((str(i), slice(2 * i, 2 * i + 2)) for i in range(num_layers)), torch.device("cpu")
+    )
+
+
+def test_splitgp_hyperparameters_and_the_cut_are_checked_at_their_bounds():
+    from pfl.methods.splitgp import SplitGP
+
+    for field, ok, bad in (("lam", 0.0, -0.01), ("lam", 1.0, 1.01), ("client_layers", 1, 0), ("head_lr", 0.5, 0.0)):
+        assert getattr(SplitGP(**{field: ok}), field) == ok
+        with pytest.raises(ConfigError, match=f"method.{field}"):
+            SplitGP(**{field: bad})
+    assert SplitGP().cut(_layout_of(3)) == 2 and SplitGP(client_layers=2).cut(_layout_of(3)) == 2
+    with pytest.raises(ConfigError, match=r"must be in \[1, 2\] for this model \(got 3\)"):
+        SplitGP(client_layers=3).cut(_layout_of(3))
+
+
+def test_splitgp_split_counts_layers_whose_parameters_sit_in_submodules():
+    from pfl.methods.splitgp import split_sequential
+
+    class Block(torch.nn.Module):  # a non-Sequential module whose parameters belong to a child
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.inner(x)
+
+    block, relu, head = Block(), torch.nn.ReLU(), torch.nn.Linear(3, 2)
+    client, server = split_sequential(torch.nn.Sequential(block, relu, head), 1)
+    assert list(client) == [block, relu] and list(server) == [head]
+    mlp = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    with pytest.raises(ConfigError, match=r"must be in \[1, 2\] for this model \(got 3\)"):
+        split_sequential(mlp, 3)
+
+
+def test_splitgp_parts_follow_the_network_they_are_asked_for():
+    from pfl.methods.splitgp import SplitGP
+
+    method, layout = SplitGP(), _layout_of(2)
+    nets = [torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(), torch.nn.Linear(2, 2)) for _ in range(2)]
+    for net in (nets[0], nets[1], nets[0]):
+        phi, theta = method.parts(net, layout)
+        assert phi[0] is net[0] and theta[0] is net[2]
+
+
+def test_splitgp_head_views_follow_every_parameter_of_the_server_side_part():
+    from pfl.methods.splitgp import _params_of
+
+    theta = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU(), torch.nn.Linear(2, 2))
+    flat = torch.cat([p.detach().reshape(-1) for p in theta.parameters()])
+    views = _params_of(theta, flat)
+    assert list(views) == [name for name, _ in theta.named_parameters()]
+    for name, p in theta.named_parameters():
+        assert torch.equal(views[name], p.detach())
+
+
+def test_splitgp_regression_loss_is_the_mse_of_the_single_output():
+    from pfl.methods.splitgp import data_loss
+
+    gen = torch.Generator().manual_seed(0)
+    out, y = torch.randn(5, 1, generator=gen), torch.randn(5, generator=gen)
+    torch.testing.assert_close(data_loss(out, y), torch.nn.functional.mse_loss(out[:, 0], y))
