@@ -370,3 +370,36 @@ def test_fedrecon_new_client_reconstructs_from_the_initial_local_layers():
     start = method.compose(loop.server["global"][method.mask(loop.server.layout)], client.init_state, client.layout)
     assert torch.equal(got, method.reconstruct(client, start, "new_client"))
     assert torch.equal(got[: head.start], loop.server["global"][: head.start]) and not torch.equal(got, start)
+
+
+# -- mutation-testing survivors: dapfl --
+def test_dapfl_penalty_must_be_positive():
+    assert DapFL(penalty=1e-9).penalty == 1e-9
+    with pytest.raises(ConfigError, match="method.penalty"):
+        DapFL(penalty=0.0)
+
+
+def test_dapfl_agents_explore_with_noise_after_the_warmup():
+    method = DapFL(**{**FAST_AGENTS, "warmup": 0})
+    agent = method._pool.new(method.config, 0)
+    state = torch.tensor([0.5, 1.0])
+    greedy = agent.act(state, explore=False)
+    assert not torch.equal(method.client_action(agent, state, None), greedy)
+
+
+def test_dapfl_states_and_score_add_the_penalty_to_the_losses():
+    """A visible penalty (0.5): s^0 = (acc(g), loss(g) + penalty), s^1 = (acc(g), loss(θ) + penalty),
+    q = acc(g) − loss(θ) − penalty."""
+    from tests.methods_helpers import exchanged_round
+
+    penalty = 0.5
+    loop = make_loop(tiny_config("dapfl", {**FAST_AGENTS, "penalty": penalty}))
+    payloads, uploads = exchanged_round(loop)
+    for cid, upload in uploads.items():
+        ctx, state = loop.client(cid), loop.clients[cid]
+        received, trained = ctx.evaluate(payloads[cid]["global"], "test"), ctx.evaluate(upload.state, "test")
+        first = torch.tensor([received.acc, received.loss + penalty])
+        following = torch.tensor([received.acc, trained.loss + penalty])
+        torch.testing.assert_close(state["agent"]["buffer"]["states"][0], first)
+        torch.testing.assert_close(state["obs"], following)
+        assert abs(float(state["score"]) - (received.acc - trained.loss - penalty)) < 1e-6
