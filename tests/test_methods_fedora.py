@@ -496,3 +496,28 @@ def test_fedamp_cloud_models_are_the_attention_mix_of_the_uploaded_models():
     xi = attention_weights(torch.cdist(models, models) ** 2, 1.0, 100.0, seen)
     assert not torch.allclose(xi, torch.eye(6, dtype=torch.float64))
     torch.testing.assert_close(loop.server["cloud"], (xi @ models).to(loop.server["cloud"].dtype))
+
+
+# -- mutation-testing survivors: fesem --
+def test_fesem_initial_assignments_are_keyed_by_the_seed_not_the_global_rng():
+    loop = make_loop(tiny_config("fesem", {"clusters": 3}))
+    server, n = loop.server, loop.server.num_clients
+    expected = torch.randint(3, (n,), generator=torch_generator(server.seed, "fesem", "assign"))
+    with torch.random.fork_rng():
+        for seed in (1, 2):
+            torch.manual_seed(seed)
+            assert torch.equal(loop.method.init_server(server)["assign"], expected)
+
+
+def test_fesem_new_client_fine_tunes_the_centre_with_the_lowest_loss():
+    loop = run(make_loop(tiny_config("fesem", {"clusters": 2}, data=NEW)), 2)
+    centers = loop.server["centers"]
+    assert not torch.equal(centers[0], centers[1])
+    for j in range(len(loop.worker.new_clients)):
+        ctx = new_client_context(loop, j)
+        losses = torch.tensor([ctx.evaluate(m, ctx.train_idx).loss for m in centers])
+        start = centers[int(torch.argmin(losses))]
+        assert torch.equal(loop.method.adapt_new_client(loop.server, ctx, epochs=0), start)
+        tuned = new_client_context(loop, j).fit(start, epochs=1, purpose="new_client")
+        assert not torch.equal(tuned, start)
+        assert torch.equal(loop.method.adapt_new_client(loop.server, new_client_context(loop, j), 1), tuned)
