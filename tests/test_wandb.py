@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,18 @@ def _key(item: Any) -> str:
     return item.key or "/".join(item.nested_key)
 
 
+def finished_records(path: Path, wait_s: float = 30.0) -> list[Any]:
+    """The records of a finished run's log. ``run.finish()`` can return while W&B's service is still
+    writing the log's tail (the last history's summary, pfl's removals, the exit record), so read until
+    the exit record is there."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        recs = records(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in recs) or time.monotonic() > deadline:
+            return recs
+        time.sleep(0.05)
+
+
 def run_record(recs: list[Any]) -> Any:
     return next(r.run for r in recs if r.WhichOneof("record_type") == "run")
 
@@ -130,7 +143,7 @@ def test_wandb_summary_equals_summary_json(offline, capfd):
     assert reported["selected_round"] != reported["rounds"], "pick a setting whose best round is not the last"
     assert {"rounds_to_target", "new.acc.mean"} <= set(reported["metrics"])
     (log,) = offline_logs(run_dir)
-    recs = records(log)
+    recs = finished_records(log)
     kept = reported_metrics(summary(recs))
     expected = {**reported["metrics"], "selected_round": reported["selected_round"]}
     assert set(kept) == set(expected)
@@ -146,7 +159,7 @@ def test_wandb_summary_equals_summary_json(offline, capfd):
 def test_best_test_summary_drops_the_last_rounds_unreported_keys(offline):
     fit(offline, "bt", "--eval.select", "best_test")
     reported = json.loads((offline / "bt" / "summary.json").read_text())
-    kept = reported_metrics(summary(records(offline_logs(offline / "bt")[0])))
+    kept = reported_metrics(summary(finished_records(offline_logs(offline / "bt")[0])))
     assert "pm.l_acc.mean" not in kept and "best_test.pm.l_acc.mean" in kept
     assert set(kept) == {*reported["metrics"], "selected_round"}
 
@@ -174,7 +187,7 @@ def test_ids_unique_across_two_local_sweeps_and_reruns(offline):
             run_experiment(cfg, parser.dump(ns))
             run_dir = root / f"run{run.index:03d}"
             (log,) = offline_logs(run_dir)
-            rec = run_record(records(log))
+            rec = run_record(finished_records(log))
             ids.append(rec.run_id)
             seen_dirs.append(run_dir)
             assert rec.display_name == run_dir.name == "run000"  # readable
@@ -193,11 +206,11 @@ def test_ids_unique_across_two_local_sweeps_and_reruns(offline):
 
 def test_plain_fit_groups_by_experiment_and_tags_method_and_dataset(offline):
     fit(offline, "g", "--method", "fedprox", "--tracking.tags", "[baseline]", "--tracking.job_type", "tuning")
-    rec = run_record(records(offline_logs(offline / "g")[0]))
+    rec = run_record(finished_records(offline_logs(offline / "g")[0]))
     assert rec.run_group == "digits-6c-dir0.5" and rec.job_type == "tuning"
     assert list(rec.tags) == ["fedprox", "digits", "baseline"]
     fit(offline, "g2", "--tracking.group", "mine")
-    assert run_record(records(offline_logs(offline / "g2")[0])).run_group == "mine"
+    assert run_record(finished_records(offline_logs(offline / "g2")[0])).run_group == "mine"
 
 
 def test_new_run_id_is_readable_and_in_wandbs_alphabet():
@@ -272,7 +285,7 @@ def test_killed_then_resumed_run_is_one_wandb_run_with_the_whole_history(offline
     assert main(["fit", "--resume", str(run_dir), "--trainer.progress", "false"]) == 0
     logs = offline_logs(run_dir)
     assert len(logs) == 1 and logs[0] != first, "the superseded offline folder must go"
-    recs = records(logs[0])
+    recs = finished_records(logs[0])
     assert run_record(recs).run_id == run_id  # the same W&B run
     rows = history(recs)
     assert [r["_step"] for r in rows] == list(range(1, rounds + 1))  # complete, once each, in order
