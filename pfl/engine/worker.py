@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.fabric.plugins.precision import Precision
@@ -97,12 +98,14 @@ class ClientModule(L.LightningModule):
 
 def mean_of(losses: list[Tensor]) -> float:
     """Mean of a fit's batch losses, summed in order in float32 (a vectorized fit sums the same way);
-    NaN for a fit without batches (epochs = 0), which the round's train.loss then leaves out."""
+    NaN for a fit without batches (epochs = 0), which the round's train.loss then leaves out.
+    One stack and one read of the values; numpy's float32 adds round as torch's do."""
     if not losses:
         return float("nan")
-    total = losses[0].float()
-    for loss in losses[1:]:
-        total = total + loss.float()
+    values = torch.stack(losses).float().tolist()
+    total = np.float32(values[0])
+    for value in values[1:]:
+        total = total + np.float32(value)
     return float(total) / len(losses)
 
 
@@ -114,8 +117,20 @@ class FitStats:
     num_samples: int  # local training set size
     samples_seen: int  # samples processed (epochs x size)
     steps: int
-    loss: float  # mean training loss over the last epoch
+    # Mean training loss over the last epoch: a float, or that epoch's batch losses until it is read
+    # (the round reads every client's at its end, where one warm pass beats a cold one per fit).
+    _loss: float | list[Tensor]
     seconds: float
+
+    @property
+    def loss(self) -> float:
+        if not isinstance(self._loss, float):
+            self._loss = mean_of(self._loss)
+        return self._loss
+
+    @loss.setter
+    def loss(self, value: float) -> None:
+        self._loss = value
 
 
 @dataclass
@@ -331,7 +346,7 @@ class Worker:
         if not flat_path:
             self.flat.attach_grads()  # callers outside fit may rely on p.grad viewing flat.grads
         self._active = self.module
-        return FitStats(n, n * epochs, steps, mean_of(last_epoch_losses), seconds)
+        return FitStats(n, n * epochs, steps, last_epoch_losses, seconds)
 
     def momentum_buffer(self) -> Tensor | None:
         """A flat copy of the optimizer's momentum after the last fit (None without momentum),

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from pfl.errors import TrainingDiverged
+from pfl.trees import field_names
 
 
 def _tensors(obj: Any, path: str) -> Iterator[tuple[str, Tensor]]:
@@ -73,15 +74,34 @@ def check_clients(round_idx: int, clients: Iterable[int], uploads: dict[int, Any
             raise TrainingDiverged(round_idx, cid, what)
 
 
+def _floating(obj: Any, out: list[Tensor]) -> list[Tensor]:
+    """Every floating tensor inside ``obj``, in ``_tensors``' order, without the paths (this runs once
+    per client per round: no path strings, a dataclass's field names looked up once per type)."""
+    if isinstance(obj, Tensor):
+        if obj.is_floating_point() or obj.is_complex():
+            out.append(obj)
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            _floating(value, out)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            _floating(value, out)
+    elif is_dataclass(obj) and not isinstance(obj, type):
+        for name in field_names(type(obj)):
+            _floating(getattr(obj, name), out)
+    return out
+
+
 def finite_sum(objs: Iterable[Any]) -> Tensor:
     """The sum of the sums of every floating tensor inside ``objs``, in float64: finite when every
     element is finite (a NaN or inf anywhere makes it non-finite; an overflow also can). Not yet
     synchronised, so a caller can take it per client while the client's tensors are in cache."""
     sums = []
-    for obj in objs:
-        for _, tensor in _tensors(obj, ""):
-            total = tensor.sum()
-            sums.append((total.abs() if total.is_complex() else total).double())
+    for tensor in _floating(list(objs), []):
+        total = tensor.sum()
+        sums.append((total.abs() if total.is_complex() else total).double())
+    if len(sums) == 1:
+        return sums[0]
     return torch.stack(sums).sum() if sums else torch.zeros((), dtype=torch.float64)
 
 

@@ -11,10 +11,12 @@ train-set size, fixed for the whole run, so the server knows it after the first 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields, is_dataclass
+from dataclasses import is_dataclass
 from typing import Any
 
 import torch
+
+from pfl.trees import field_names
 
 SCALAR_BYTES = 4
 STATIC_KEYS = frozenset({"weight"})
@@ -29,7 +31,7 @@ def nbytes(obj: Any) -> int:
     if isinstance(obj, bool | int | float):
         return SCALAR_BYTES
     if is_dataclass(obj) and not isinstance(obj, type):
-        return nbytes({f.name: getattr(obj, f.name) for f in fields(obj)})
+        return sum(nbytes(getattr(obj, name)) for name in field_names(type(obj)) if name not in STATIC_KEYS)
     if isinstance(obj, Mapping):
         return sum(nbytes(v) for k, v in obj.items() if k not in STATIC_KEYS)
     if isinstance(obj, list | tuple):
