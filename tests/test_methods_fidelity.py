@@ -527,6 +527,38 @@ def test_layer_sharing_buffers_follow_the_representation_or_stay_local(bn_model,
             assert torch.equal(pm[buffers], expected)
 
 
+@pytest.mark.parametrize(("name", "layers"), [("fedbabu", {"head_layers": 1}), ("fedrecon", {"local_layers": 1})])
+def test_body_sharing_methods_share_the_buffers_with_the_body(bn_model, name, layers):
+    loop = make_loop(tiny_config(name, layers, model=bn_model, trainer=HALF))
+    layout = loop.worker.flat.layout
+    mask = loop.method.mask(layout)
+    assert bool(mask[layout.num_params :].all())  # the statistics belong to the shared representation
+    assert not bool(mask[layout.head].any())
+
+
+def test_layer_sharing_mask_follows_the_layout_it_is_asked_for(bn_model):
+    method = make_loop(tiny_config("fedper", {"personal_layers": 1}, trainer=HALF)).method
+    plain = make_loop(tiny_config("fedper", {"personal_layers": 1}, trainer=HALF)).worker.flat.layout
+    with_bn = make_loop(tiny_config("fedper", {"personal_layers": 1}, model=bn_model, trainer=HALF)).worker.flat.layout
+    for layout in (plain, with_bn, plain):
+        mask = method.mask(layout)
+        assert mask.numel() == layout.num_params + layout.num_buffers
+        assert torch.equal(mask, method.shared_mask(layout))
+        assert method.mask(layout) is mask  # computed once per layout
+
+
+def test_layer_sharing_new_client_adapts_for_exactly_the_epochs_asked():
+    data = {"num_clients": 8, "new_clients": 0.25}
+    loop = make_loop(tiny_config("fedper", {"personal_layers": 1}, data=data))
+    loop.run_round()
+    ctx = ClientContext(loop.server.num_clients, loop.round, loop.worker, {}, loop.init_state)
+    method = loop.method
+    start = method.compose(loop.server["global"][method.mask(ctx.layout)], loop.init_state, ctx.layout)
+    assert torch.equal(method.adapt_new_client(loop.server, ctx, 0), start)
+    one = method.adapt_new_client(loop.server, ctx, 1)
+    assert not torch.equal(one, start) and len(ctx.fits) == 1 and ctx.fits[0].samples_seen == ctx.num_samples
+
+
 def test_client_optimizer_settings_are_validated():
     from pfl.errors import ConfigError
     from pfl.methods import method_class

@@ -346,7 +346,20 @@ class _HeadFirst(nn.Module):
         return self.head(self.features(x))
 
 
+class _HeadOnly(nn.Module):
+    """A linear ``head`` registered last but no ``features`` to feed it: nothing to split."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(5, 4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
 def test_split_head_refuses_a_model_it_cannot_split_with_the_field_named():
-    for net in (_HeadFirst(), nn.Sequential(nn.Linear(5, 4), nn.ReLU()), nn.LSTM(3, 4)):
+    ends_in_relu = nn.Sequential(nn.Flatten(), nn.Linear(5, 4), nn.ReLU())  # a Linear, but not last
+    for net in (_HeadFirst(), _HeadOnly(), nn.Sequential(nn.Linear(5, 4), nn.ReLU()), ends_in_relu, nn.LSTM(3, 4)):
         with pytest.raises(ConfigError, match="model.name"):
             split_head(net)
