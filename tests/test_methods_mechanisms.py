@@ -1,16 +1,29 @@
-"""The general pieces methods build on: layer slices, Freeze, custom losses, mean gradients."""
+"""The general pieces methods build on: layer slices, Freeze, custom losses, mean gradients, and the
+method API's own contracts (uploads, contexts, defaults a user method inherits)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import math
+import time
+
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from pfl.cli import list_methods
 from pfl.data import DataConfig, build_data
 from pfl.engine.flat import FlatModule
 from pfl.engine.terms import Freeze
 from pfl.engine.worker import TrainSettings, Worker
+from pfl.methods import Method, Upload, register
+from pfl.methods.base import ClientContext, ServerContext, train_settings, weighted_mean
+from pfl.methods.registry import _REGISTRY
+from pfl.metrics.comm import nbytes
 from pfl.models import ModelConfig, build_model
+from tests.conftest import make_loop, tiny_config
 
 
 def _cnn_flat():
@@ -78,3 +91,132 @@ def test_mean_gradient_is_the_mean_of_batch_gradients_in_index_order():
     g, f = w.mean_gradient(1, state)
     torch.testing.assert_close(g, torch.stack(grads).mean(0), rtol=1e-5, atol=1e-7)
     assert abs(f - sum(losses) / len(idx)) < 1e-5
+
+
+# -- the method API's own contracts (pfl/methods/base.py) --------------------------------------------
+def _api_loop(name: str = "fedavg"):
+    return make_loop(tiny_config(name))
+
+
+def test_an_empty_upload_carries_nothing_and_counts_no_bytes():
+
+    a, b = Upload(), Upload()
+    assert a.state is None and a.weight == 0.0 and a.extras == {} and "loss" not in a
+    assert a.extras is not b.extras  # each upload its own dict
+    assert nbytes(a) == 0
+
+
+def test_server_context_defaults_and_the_callables_it_does_not_show():
+    layout = _api_loop().worker.flat.layout
+    init = torch.zeros(layout.num_params + layout.num_buffers)
+    a = ServerContext(0, 4, 2, layout, init)
+    b = ServerContext(0, 4, 2, layout, init, evaluator=lambda s: None, client_loss=lambda c, s: 0.0)
+    assert a.state == {} and a.state is not b.state and a.seed == 0
+    assert "evaluator" not in repr(b) and "client_loss" not in repr(b) and "seed=0" in repr(b)
+    with pytest.raises(RuntimeError, match="no global test set"):
+        a.evaluate(init)
+    with pytest.raises(RuntimeError, match="cannot ask clients"):
+        a.ask_loss(0, init)
+
+
+def test_client_context_keeps_momentum_under_the_purposes_key_and_hides_the_worker():
+    loop = _api_loop()
+    ctx = loop.client(0)
+    assert "worker" not in repr(ctx)
+    start = loop.server["global"]
+    ctx.fit(start, momentum=0.9, keep_momentum=True)
+    assert set(ctx.state) == {"momentum"}
+    ctx.fit(start, momentum=0.9, keep_momentum=True, purpose="finetune")
+    assert set(ctx.state) == {"momentum", "momentum.finetune"}
+    kept = ctx.state["momentum"].clone()
+    ctx.fit(start, momentum=0.9, purpose="finetune")  # keep_momentum None: only "train" fits keep it
+    assert torch.equal(ctx.state["momentum"], kept)
+
+
+def test_record_fit_counts_the_samples_of_every_epoch():
+    ctx = _api_loop().client(0)
+    started = time.perf_counter()
+    ctx.record_fit(steps=3, epochs=2, started=started)
+    (fit,) = ctx.fits
+    assert fit.samples_seen == 2 * ctx.num_samples and fit.steps == 3 and math.isnan(fit.loss)
+    assert 0 <= fit.seconds < 60
+
+
+def test_method_defaults_a_user_method_inherits():
+    class Bare(Method):  # no description, no set_client_optimizer
+        name = "_bare_for_test"
+
+    assert Bare.client_momentum is None and Bare.keep_momentum is None
+    cfg = tiny_config("fedavg", client={"momentum": 0.5, "keep_momentum": True})
+    settings = train_settings(cfg.client, Bare())
+    assert settings.momentum == 0.5 and settings.keep_momentum is True  # the run's settings apply
+    assert Bare().comm_extra(None) == (0, 0)
+    register(Bare)
+    try:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            list_methods()
+        (line,) = [row for row in out.getvalue().splitlines() if row.startswith("_bare_for_test")]
+        assert line.rstrip() == "_bare_for_test"  # an empty description, not "None"
+    finally:
+        _REGISTRY.pop("_bare_for_test", None)
+
+
+def test_personal_state_is_the_clients_own_model_unless_the_method_has_only_a_global_one():
+    loop = _api_loop()
+    ctx = loop.client(0)
+    ctx.state["personal"] = torch.full_like(loop.server["global"], 3.0)
+
+    class Both(Method):
+        name = "both"
+
+    class GlobalOnly(Method):
+        name = "global_only"
+        has_personal_model = False
+
+    class Neither(Method):
+        name = "neither"
+        has_personal_model = has_global_model = False
+
+    assert Both().personal_state(loop.server, ctx) is ctx.state["personal"]
+    assert GlobalOnly().personal_state(loop.server, ctx) is loop.server["global"]
+    assert Neither().personal_state(loop.server, ctx) is ctx.state["personal"]
+
+
+def test_default_new_client_adaptation_fine_tunes_the_global_model_or_the_initial_one():
+    loop = _api_loop()
+    loop.run_round()
+    new = ClientContext(1, loop.round, loop.worker, {}, loop.init_state)
+    assert loop.method.adapt_new_client(loop.server, new, 0) is loop.server["global"]
+    tuned = loop.method.adapt_new_client(loop.server, new, 1)
+    assert not torch.equal(tuned, loop.server["global"]) and new.fits[-1].samples_seen == new.num_samples
+    local = _api_loop("local")
+    assert local.method.adapt_new_client(local.server, new, 0) is loop.init_state
+
+
+def test_hparams_are_the_init_arguments_in_method_resolution_order():
+    class Base(Method):
+        def __init__(self, x=1):
+            self.x = x
+
+    class Left(Base):  # no __init__ of its own
+        pass
+
+    class Right(Base):
+        def __init__(self, b=2, **extra):
+            super().__init__()
+            self.b, self.extra = b, extra  # **extra is not a hyper-parameter
+
+    class Diamond(Left, Right):
+        def __init__(self, c=3):
+            super().__init__()
+            self.c = c
+
+    assert list(Diamond().hparams()) == ["c", "b", "x"]
+
+
+def test_weighted_mean_refuses_vectors_and_weights_of_different_lengths():
+    v = torch.ones(3)
+    torch.testing.assert_close(weighted_mean([v, 3 * v], [1.0, 3.0]), 2.5 * v)
+    with pytest.raises(ValueError):
+        weighted_mean([v, v], [1.0])
