@@ -17,7 +17,8 @@ from pfl.federation.loop import comparable_metrics
 from pfl.methods import ClientContext, Method, ServerContext, State, Upload, weighted_mean_of
 from pfl.methods.fedamp import attention_weights
 from pfl.methods.fedora import DecoupledPull, FedORA
-from pfl.optim.propagation import new_client_row, principal_angle_similarity, propagation_matrix
+from pfl.models import ModelConfig
+from pfl.optim.propagation import new_client_row, principal_angle_similarity, propagation_matrix, subspace_basis
 from pfl.runner.args import parse_fit_args
 from pfl.seeding import torch_generator
 from tests.conftest import make_loop, tiny_config
@@ -521,3 +522,139 @@ def test_fesem_new_client_fine_tunes_the_centre_with_the_lowest_loss():
         tuned = new_client_context(loop, j).fit(start, epochs=1, purpose="new_client")
         assert not torch.equal(tuned, start)
         assert torch.equal(loop.method.adapt_new_client(loop.server, new_client_context(loop, j), 1), tuned)
+
+
+# -- FedORA's options at their bounds, its documented defaults, and the branches of its rules ------------
+def test_fedora_bounds_accept_their_edges_and_refuse_past_them():
+    for ok in (
+        {"alpha": 0.0},
+        {"alpha": 0.5},
+        {"alpha": None, "kappa": 0.0},
+        {"propagation": "iterative", "iters": 1, "tol": None},
+        {"lam": 0.0},
+        {"top_k": 1},
+        {"eps": 1e-12},
+        {"label_scale": 1e-3},
+    ):
+        FedORA(**ok)
+    for bad, field in (
+        ({"alpha": -1.0}, "method.alpha"),
+        ({"alpha": float("inf")}, "method.alpha"),
+        ({"alpha": None, "kappa": 1.0}, "method.kappa"),
+        ({"alpha": None, "kappa": 1.5}, "method.kappa"),
+        ({"iters": 0}, "method.iters"),
+        ({"tol": 0.0}, "method.tol"),
+        ({"lam": -0.1}, "method.lam"),
+        ({"eps": 0.0}, "method.eps"),
+        ({"top_k": 0}, "method.top_k"),
+        ({"label_scale": 0.0}, "method.label_scale"),
+    ):
+        with pytest.raises(ConfigError, match=field):
+            FedORA(**bad)
+
+
+def test_fedora_defaults_are_the_papers_and_the_codes_constants():
+    m = FedORA()
+    assert (m.alpha, m.kappa, m.p, m.similarity, m.propagation) == (1.0, None, 1, "subspace", "closed")
+    assert m.temperature == 10.0  # the official graph's exp(10 w)
+    assert m.label_scale == 1.0 and m.center is False  # the paper's uncentred [x, onehot(y)]
+    assert (m.top_k, m.pull, m.lambda_rule, m.replace_server_copy) == (2, "gradient", "paper", False)
+
+
+@pytest.mark.parametrize("kind", ["parameter", "gradient", "uniform", "random", "identity"])
+def test_ablation_kinds_ask_for_bases_only_for_unlabeled_new_clients(kind):
+    for labels in (True, False):
+        loop = fedora_loop({"similarity": kind, "new_client_labels": labels})
+        payloads, uploads = exchanged_round(loop)
+        assert all(("send_basis" in p) == (not labels) for p in payloads.values())
+        assert all("basis" not in u and ("basis_x" in u) == (not labels) for u in uploads.values())
+
+
+def test_closed_propagation_starts_from_the_identity_and_the_iteration_keeps_no_matrix():
+    closed = fedora_loop()
+    assert torch.equal(closed.server["M"], torch.eye(6, dtype=torch.float64))
+    assert "M" not in fedora_loop({"propagation": "iterative", "iters": 3}).server
+
+
+def test_gradient_similarity_stores_each_clients_last_update():
+    loop = fedora_loop({"similarity": "gradient"})
+    before = loop.server["theta"].clone()
+    _, uploads = exchanged_round(loop)
+    for cid, u in uploads.items():
+        assert torch.equal(loop.server["updates"][cid], u.state - before[cid])
+
+
+def test_parameter_graph_is_recomputed_every_round_from_the_parameters_only(bn_model):
+    loop = fedora_loop({"similarity": "parameter"}, model=bn_model)
+    p = loop.server.layout.num_params
+    for _ in range(2):  # round 2 has no new joiners: the graph still follows the new parameters
+        loop.run_round()
+        rows = (loop.server["theta"] - loop.init_state).double()[:, :p]
+        norms = rows.norm(dim=1)
+        expected = (rows @ rows.T / (norms[:, None] * norms[None, :])).clamp(0.0, 1.0)
+        expected.fill_diagonal_(1.0)
+        torch.testing.assert_close(loop.server["W"], expected)
+
+
+@pytest.fixture
+def bn_model():
+    return ModelConfig(name="tests.test_methods_fidelity:bn_mlp")
+
+
+def test_a_single_seen_client_has_self_similarity_p():
+    loop = fedora_loop({"p": 2}, trainer={"clients_per_round": 1})
+    loop.run_round()
+    torch.testing.assert_close(loop.server["W"], 2.0 * torch.eye(6, dtype=torch.float64), rtol=0, atol=1e-12)
+
+
+def test_the_official_graph_links_two_seen_clients():
+    loop = fedora_loop({"similarity": "official", "alpha": None, "kappa": 0.8}, trainer={"clients_per_round": 2})
+    loop.run_round()
+    seen = loop.server["seen"].nonzero().flatten().tolist()
+    a, b = seen
+    w = loop.server["W"]
+    assert float(w[a, b]) == 1.0 and float(w[b, a]) == 1.0  # each other's only neighbour, row-normalised
+
+
+def test_pull_term_is_the_papers_gradient_or_the_codes_decoupled_pull():
+    loop = fedora_loop()
+    ctx, hat = loop.client(0), loop.init_state
+    term = loop.method.pull_term(ctx, hat, 0.3)
+    assert isinstance(term, Proximal) and term.mu == pytest.approx(0.6)  # ∇ λ‖θ − θ̂‖² = 2λ(θ − θ̂)
+    decoupled = fedora_loop({"pull": "decoupled"}).method.pull_term(ctx, hat, 0.3)
+    assert isinstance(decoupled, DecoupledPull) and decoupled.lam == 0.3
+
+
+def test_regression_basis_scales_the_target_column():
+    data = DataConfig(source="synthetic_regression", num_clients=6, val_frac=0.2, test_frac=0.3)
+    loop = make_loop(tiny_config("fedora", {"label_scale": 2.0}, data=data, model={"name": "mlp", "hidden": [16]}))
+    ctx = loop.client(0)
+    x = loop.worker.data.x[ctx.train_idx].reshape(len(ctx.train_idx), -1).double()
+    y = loop.worker.data.y[ctx.train_idx].double()
+    expected = subspace_basis(torch.cat([x, 2.0 * y[:, None]], dim=1), None, 1, 1, label_scale=2.0)
+    basis = loop.method.client_basis(ctx, labels=True)
+    torch.testing.assert_close((basis.T @ expected).abs(), torch.ones(1, 1, dtype=basis.dtype))  # same direction
+
+
+def test_a_new_client_needs_one_trained_client_and_uniform_kinds_use_the_sizes():
+    loop = fedora_loop({"similarity": "uniform"}, data=NEW, trainer={"clients_per_round": 1})
+    ctx = new_client_context(loop, 0)
+    with pytest.raises(ConfigError, match="method.similarity"):
+        loop.method.new_client_hat(loop.server, ctx)
+    loop.run_round()  # exactly one client joins
+    (seen,) = loop.server["seen"].nonzero().flatten().tolist()
+    assert torch.equal(loop.method.new_client_hat(loop.server, ctx), loop.server["theta_hat"][seen])
+    run(loop, 3)
+    idx = loop.server["seen"].nonzero().flatten()
+    sizes = loop.server["sizes"][idx]
+    expected = (sizes / sizes.sum()).float() @ loop.server["theta_hat"][idx]
+    torch.testing.assert_close(loop.method.new_client_hat(loop.server, ctx), expected)
+
+
+def test_a_labeled_new_client_fine_tunes_for_one_epoch_when_asked():
+    loop = run(fedora_loop(data=NEW), 1)
+    ctx = new_client_context(loop, 0)
+    hat = loop.method.new_client_hat(loop.server, ctx)
+    assert torch.equal(loop.method.adapt_new_client(loop.server, ctx, 0), hat)
+    one = loop.method.adapt_new_client(loop.server, ctx, 1)
+    assert not torch.equal(one, hat) and len(ctx.fits) == 1
