@@ -4,6 +4,7 @@ checked inside the methods (their aggregate hooks and stored state), not only in
 from __future__ import annotations
 
 import math
+import types
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from pfl.engine.flat import ModelLayout
 from pfl.errors import ConfigError
 from pfl.federation.attacks import Attack, malicious_clients
 from pfl.methods import ServerContext, Upload, method_class
+from pfl.methods import fedpg as fedpg_module
 from pfl.methods.fedpg import FedPG, SFedPG
 from pfl.metrics.comm import nbytes
 from pfl.optim.descent import fairness_gradient, fairness_value
@@ -654,3 +656,184 @@ def test_splitgp_regression_loss_is_the_mse_of_the_single_output():
     gen = torch.Generator().manual_seed(0)
     out, y = torch.randn(5, 1, generator=gen), torch.randn(5, generator=gen)
     torch.testing.assert_close(data_loss(out, y), torch.nn.functional.mse_loss(out[:, 0], y))
+
+
+# -- FedPG's bookkeeping: bounds, stats, timings, counters, the conflict check ---------------------------
+def test_fedpg_and_sfedpg_bounds_accept_their_edges_and_refuse_past_them():
+    FedPG(personal_lr=0.5), FedPG(lr_decay=1.0), SFedPG(s=0), SFedPG(beta=0.5, sigma=1e-3)
+    for bad, field in (
+        ({"server_lr": math.inf}, "method.server_lr"),
+        ({"lr_decay": 1.5}, "method.lr_decay"),
+        ({"personal_lr": 0.0}, "method.personal_lr"),
+    ):
+        with pytest.raises(ConfigError, match=field):
+            FedPG(**bad)
+    for bad, field in (
+        ({"s": -1}, "method.s"),
+        ({"s": 1.5}, "method.s"),
+        ({"beta": 0.0}, "method.beta"),
+        ({"beta": 1.0}, "method.beta"),
+        ({"sigma": 0.0}, "method.sigma"),
+        ({"sigma": math.inf}, "method.sigma"),
+    ):
+        with pytest.raises(ConfigError, match=field):
+            SFedPG(**bad)
+
+
+def test_count_conflicts_uses_the_relative_tolerance_strictly():
+    rows = torch.full((3, 4), 1.0, dtype=torch.float64)  # ‖q‖ = 2 each; ‖d‖ = 0.5: the bound is 1e-7
+    slopes = torch.tensor([2e-7, 5e-8, 1e-7], dtype=torch.float64)
+    assert fedpg_module.count_conflicts(slopes, [rows, None], 0.25) == 1  # above the bound only; equal is no conflict
+
+
+def test_round_stats_count_dropped_clients_and_split_lambda_by_row_kind():
+    p = 6
+    gen = torch.Generator().manual_seed(3)
+    for fairness in (True, False):
+        method = FedPG(fairness=fairness, history=False)
+        server = bare_server(method, p)
+        w = server["global"].clone()
+        grads, _ = random_round(gen, [0, 1, 2], p)
+        method.aggregate(server, uploads_for(w, grads, {0: 0.2, 1: 0.3, 2: 0.1}))  # ‖L‖ < 1
+        stats, lam = server["stats"], server["lambda"]
+        assert stats["dropped_nonfinite"] == 0 and len(lam) == 3 + int(fairness)
+        assert stats["lambda_history"] == 0.0 and stats["lambda_clients"] == pytest.approx(float(lam[:3].sum()))
+        assert stats["lambda_fairness"] == (pytest.approx(float(lam[3])) if fairness else 0.0)
+    method = FedPG()
+    server = bare_server(method, p)
+    grads, _ = random_round(gen, [0, 1, 2], p)
+    method.aggregate(server, uploads_for(server["global"].clone(), grads, {0: 0.0, 1: 0.0, 2: 0.0}))
+    assert len(server["lambda"]) == 3  # zero losses: cos(L, 1) is undefined, no fairness row
+    bad = uploads_for(server["global"].clone(), grads, {0: 1.0, 1: 2.0, 2: 1.5})
+    bad[1] = Upload(torch.full((p,), math.nan, dtype=torch.float64), 1.0, bad[1].extras)
+    method.aggregate(server, bad)
+    assert server["stats"]["dropped_nonfinite"] == 1
+
+
+def test_timings_are_per_round_means_reset_at_each_report(monkeypatch):
+    clock = iter(range(10_000))
+    monkeypatch.setattr(fedpg_module, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    for cls, searches in ((FedPG, False), (SFedPG, True)):
+        method = cls()
+        server = bare_server(method, 4, num_clients=2)
+        server.client_loss = lambda cid, state: 1.0
+        gen = torch.Generator().manual_seed(0)
+        for _report in range(2):
+            for _ in range(2):  # two rounds per report: each takes 1 + 1 clock ticks to solve, 1 to search
+                grads, losses = random_round(gen, [0, 1], 4)
+                method.aggregate(server, uploads_for(server["global"].clone(), grads, losses))
+            method._timing["client"] += 6.0  # what the clients' local updates add (see local_update)
+            out = method.metrics(server)
+            assert out[f"time.{cls.name}.solve_s_per_round"] == 2.0
+            assert out[f"time.{cls.name}.client_s_per_round"] == 3.0
+            assert (f"time.{cls.name}.search_s_per_round" in out) == searches
+            if searches:
+                assert out[f"time.{cls.name}.search_s_per_round"] == 1.0
+        assert not any(k.startswith("time.") for k in method.metrics(server))  # nothing since the last report
+
+
+def test_client_time_is_the_local_updates_wall_clock(monkeypatch):
+    loop = make_loop(tiny_config("fedpg", trainer={"fraction": 0.5}))
+    clock = iter(range(5, 10_000))
+    monkeypatch.setattr(fedpg_module, "time", types.SimpleNamespace(perf_counter=lambda: 10.0 * next(clock)))
+    for cid in (0, 1):
+        loop.method.local_update(loop.client(cid), {"global": loop.server["global"]})
+    assert loop.method._timing["client"] == 20.0  # 10 per local update, summed
+
+
+def test_personal_directions_count_downloads_only():
+    method = FedPG(gamma=0.5)
+    server = bare_server(method, 5, num_clients=3)
+    grads, losses = random_round(torch.Generator().manual_seed(1), [0, 1, 2], 5)
+    method.aggregate(server, uploads_for(server["global"].clone(), grads, losses))
+    assert method.comm_extra(server) == (0, 3 * 5 * 8)  # d_i (float64 here) down to each client, nothing up
+    for _ in range(2):  # two rounds between reports: the counts add up, each in its own direction
+        method.aggregate(server, uploads_for(server["global"].clone(), grads, losses))
+    assert method.comm_extra(server) == (0, 2 * 3 * 5 * 8)
+
+
+def test_sfedpg_counters_accumulate_from_zero_and_rules_are_numbered():
+    m, p = 3, 6
+    centers, loss = quadratic_problem(7, m, p)
+    method = SFedPG(server_lr=2.0, s=2, beta=0.25)
+    server = bare_server(method, p, num_clients=m)
+    assert server["trials_total"] == 0 and server["armijo_rounds"] == 0
+    server.client_loss = loss
+    totals, armijo = 0, 0
+    for _ in range(3):
+        w = server["global"].clone()
+        method.aggregate(
+            server, uploads_for(w, {c: w - centers[c] for c in range(m)}, {c: loss(c, w) for c in range(m)})
+        )
+        stats = server["stats"]
+        totals += stats["trials"]
+        armijo += int(stats["rule"] == 0)
+        assert stats["trials_total"] == totals == server["trials_total"]
+        assert stats["armijo_rounds"] == armijo == server["armijo_rounds"]
+    # a search where no trial satisfies Armijo falls back to the mean-loss rule (1) or the best seen (2)
+    flat = SFedPG(server_lr=1.0, s=1)
+    server = bare_server(flat, p, num_clients=2)
+    server.client_loss = lambda cid, state: 5.0 + float(state.norm())  # every move raises the loss
+    grads, losses = random_round(torch.Generator().manual_seed(2), [0, 1], p)
+    flat.aggregate(server, uploads_for(server["global"].clone(), grads, {0: 5.0, 1: 5.0}))
+    assert server["stats"]["rule"] == 2 and server["armijo_rounds"] == 0  # best_seen: no trial lowered the mean
+    mixed = SFedPG(server_lr=1.0, s=1)
+    server = bare_server(mixed, p, num_clients=2)
+    server.client_loss = lambda cid, state: 5.0 + (0.1 if cid else -1.0) * float(state.norm())  # client 1 rises
+    mixed.aggregate(server, uploads_for(server["global"].clone(), grads, {0: 5.0, 1: 5.0}))
+    assert server["stats"]["rule"] == 1  # mean_loss: the mean fell, Armijo failed for client 1
+
+
+def test_previous_clients_all_present_when_this_round_repeats_them(monkeypatch):
+    p = 4
+    centers, loss = quadratic_problem(8, 3, p)
+    seen = []
+    real = fedpg_module.armijo_line_search
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["prev_all_present"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fedpg_module, "armijo_line_search", spy)
+    method = SFedPG(server_lr=1.0, s=1)
+    server = bare_server(method, p, num_clients=3)
+    server.client_loss = loss
+    for cids in ([0, 1], [0, 1], [1, 2]):  # the same set again: all present (not a strict superset)
+        w = server["global"].clone()
+        method.aggregate(server, uploads_for(w, {c: w - centers[c] for c in cids}, {c: loss(c, w) for c in cids}))
+    assert seen == [True, True, False]
+
+
+def test_a_round_of_only_diverged_uploads_leaves_the_model_and_reports_the_drop():
+    method = FedPG()
+    server = bare_server(method, 4, num_clients=2)
+    before = server["global"].clone()
+    nan = torch.full((4,), math.nan, dtype=torch.float64)
+    method.aggregate(server, {c: Upload(nan, 1.0, {"loss": torch.tensor([1.0], dtype=torch.float64)}) for c in (0, 1)})
+    assert server["stats"] == {"dropped_nonfinite": 2} and torch.equal(server["global"], before)
+
+
+@pytest.mark.parametrize("cls", [FedPG, SFedPG])
+def test_buffers_are_the_weighted_mean_of_the_uploads_and_the_search_evaluates_with_them(cls):
+    p, b = 4, 2
+    layout = ModelLayout(p, b, (("0", slice(0, p)),), torch.device("cpu"))
+    method = cls()
+    server = ServerContext(0, 2, 2, layout, torch.zeros(p + b, dtype=torch.float64))
+    server.state = method.init_server(server)
+    asked = []
+    server.client_loss = lambda cid, state: asked.append(state[p:].clone()) or 1.0
+    grads, losses = random_round(torch.Generator().manual_seed(4), [0, 1], p)
+    uploads = {
+        c: Upload(
+            torch.cat([-grads[c], torch.full((b,), 1.0 + c, dtype=torch.float64)]),
+            1.0 + 2 * c,
+            {"loss": torch.tensor([losses[c]], dtype=torch.float64)},
+        )
+        for c in (0, 1)
+    }
+    method.aggregate(server, uploads)
+    mean = (1.0 * 1.0 + 3.0 * 2.0) / 4.0
+    assert torch.equal(server["global"][p:], torch.full((b,), mean, dtype=torch.float64))
+    assert all(torch.equal(a, torch.full((b,), mean, dtype=torch.float64)) for a in asked) and (
+        bool(asked) == (cls is SFedPG)
+    )
