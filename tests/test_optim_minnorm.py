@@ -528,3 +528,18 @@ def test_polish_tries_the_larger_supports_after_a_rejected_one():
     rhs = np.array([-0.1, 1.0])
     polished = minnorm._polish_orthant(gram, rhs, np.array([1.0, 1e-4]))
     np.testing.assert_allclose(polished, np.linalg.solve(gram, rhs), rtol=1e-12)
+
+
+# -- polishing: exact zeros are feasible, and a polished answer wins a tie ------------------------------
+def test_polish_accepts_a_kkt_solution_with_an_exact_zero_weight():
+    # min λᵀGλ over the simplex is at the vertex (1, 0); the full support's KKT system gives it exactly
+    gn = np.array([[1.0, 1.0], [1.0, 2.0]])
+    np.testing.assert_allclose(minnorm._polish_simplex(gn, np.array([0.5, 0.5])), [1.0, 0.0], atol=1e-15)
+
+
+def test_polish_prefers_the_polished_answer_when_the_gaps_tie():
+    gn = np.ones((2, 2))  # identical rows: every point of the simplex is optimal (gap 0)
+    np.testing.assert_allclose(minnorm._polish_simplex(gn, np.array([0.3, 0.7])), [0.5, 0.5], atol=1e-15)
+    # NNLS with G = 11ᵀ and r = 3·1: every μ ≥ 0 with μ_0 + μ_1 = 3 has residual 0; the polished one is kept
+    gn, rn = np.ones((2, 2)), np.full(2, 3.0)
+    np.testing.assert_allclose(minnorm._polish_orthant(gn, rn, np.array([0.75, 2.25])), [1.5, 1.5], atol=1e-15)
