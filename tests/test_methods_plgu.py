@@ -13,18 +13,23 @@ Which identities hold bit for bit (torch.equal) and which to a tolerance:
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from lightning.fabric.plugins.precision import MixedPrecision
 from torch import Tensor
 from torch.func import functional_call
 
+from pfl.data import DataConfig
 from pfl.errors import ConfigError
 from pfl.federation.loop import FederatedLoop
 from pfl.methods import method_class
-from pfl.methods.plgu import PLGULF
+from pfl.methods.plgu import PLGULF, buffer_slices, buffer_views
+from pfl.models import ModelConfig
 from pfl.optim.hypernet import HyperNetwork, layer_sizes
 from pfl.runner.args import parse_fit_args
 from tests.conftest import make_loop, tiny_config
@@ -393,3 +398,66 @@ def test_pfedhn_finetune_epochs_fine_tune_the_hypernetwork_output_before_scoring
     state = loop.method.personal_state(loop.server, client)
     assert torch.equal(state, client.fit(start, epochs=1, purpose="finetune"))
     assert not torch.equal(state[:n], start[:n])
+
+
+# -- PLGU's buffers, regression, bounds and branches -----------------------------------------------------
+def test_buffer_slices_and_views_follow_the_flat_layout():
+    loop = make_loop(tiny_config("plgu_lf", model=ModelConfig(name="tests.test_methods_fidelity:bn_mlp")))
+    flat = loop.worker.flat
+    assert buffer_slices(flat) == {"2": slice(0, 32)}  # the BatchNorm's running mean and variance
+    state = loop.init_state.clone()
+    views = buffer_views(flat, state)
+    p = flat.num_params
+    assert list(views) == ["2.running_mean", "2.running_var"]
+    assert views["2.running_mean"].data_ptr() == state[p:].data_ptr()  # views into the state, not copies
+    assert torch.equal(views["2.running_var"], state[p + 16 : p + 32])
+
+
+def test_plgu_lf_regression_compares_the_squeezed_output_with_the_target():
+    data = DataConfig(source="synthetic_regression", num_clients=4, test_frac=0.3)
+    loop = make_loop(tiny_config("plgu_lf", {"personal_layers": 1}, data=data, model={"name": "mlp", "hidden": [8]}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an unsqueezed (B, 1) output against (B,) targets would broadcast (and warn)
+        loop.run_round()
+
+
+def test_plgu_bounds_accept_their_edges():
+    PLGULF(rho=0.0, p=1.0)
+    method_class("plgu_grep")(rho=0.0, p=1.0)
+    for cls in (PLGULF, method_class("plgu_grep")):
+        with pytest.raises(ConfigError, match="method.rho"):
+            cls(rho=-0.01)
+        with pytest.raises(ConfigError, match="method.p"):
+            cls(p=0.5)
+
+
+def test_identity_scale_is_none_over_every_layer_and_zero_on_personal_layers():
+    loop = make_loop(tiny_config("plgu_lf", {"scale": "identity"}))
+    ctx = loop.client(0)
+    layers = list(ctx.layout.layer_slices().values())
+    xi = torch.rand(len(layers))
+    assert loop.method.perturbation_scale(xi, list(range(len(layers))), ctx) is None  # Λ = I
+    scale = loop.method.perturbation_scale(xi, [0], ctx)
+    assert torch.equal(scale[layers[0]], torch.ones(layers[0].stop - layers[0].start))
+    assert not bool(scale[layers[0].stop :].any())  # zero on the personal layers
+
+
+@pytest.mark.parametrize("head_epochs", [0, 1])
+def test_plgu_grep_trains_the_head_first_only_when_asked(head_epochs):
+    loop = make_loop(tiny_config("plgu_grep", {"head_epochs": head_epochs}))
+    ctx = loop.client(0)
+    loop.method.train(ctx, loop.server["global"].clone())
+    assert len(ctx.fits) == 1 + int(head_epochs > 0)
+    if head_epochs:
+        assert ctx.fits[0].samples_seen == ctx.num_samples  # one head epoch
+
+
+def test_personal_step_under_a_gradient_scaler_skips_an_overflowing_step():
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127)  # loss · s overflows float32
+    fabric = L.Fabric(accelerator="cpu", plugins=[MixedPrecision("16-mixed", "cpu", scaler)])
+    loop = make_loop(tiny_config("plgu_lf", {"personal_layers": 1}, client=ONE_BATCH), fabric=fabric)
+    ctx = loop.client(0)
+    w = loop.server["global"].clone()
+    loop.method.local_update(ctx, {"global": w})
+    assert len(list(ctx.batches())) == 1
+    assert torch.equal(ctx.state["personal"], w)  # the one personal step was skipped, not taken unscaled
