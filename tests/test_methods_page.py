@@ -403,3 +403,63 @@ def test_dapfl_states_and_score_add_the_penalty_to_the_losses():
         torch.testing.assert_close(state["agent"]["buffer"]["states"][0], first)
         torch.testing.assert_close(state["obs"], following)
         assert abs(float(state["score"]) - (received.acc - trained.loss - penalty)) < 1e-6
+
+
+# -- PAGE's options at their bounds ----------------------------------------------------------------------
+def test_page_reward_weights_and_penalty_must_be_positive():
+    PAGE(client_reward_weight=1e-3, server_reward_weight=1e-3, penalty=1e-12)
+    for field in ("client_reward_weight", "server_reward_weight", "penalty"):
+        with pytest.raises(ConfigError, match=f"method.{field}"):
+            PAGE(**{field: 0.0})
+
+
+def test_page_rewards_are_the_weight_over_the_test_loss_plus_the_penalty():
+    args = {**FAST_AGENTS, "client_reward_weight": 2.0, "server_reward_weight": 3.0, "penalty": 0.5}
+    cfg = tiny_config("page", args)
+    cfg.method = FixedPAGE(**args)
+    loop = make_loop(cfg)
+    server = loop.server
+    assert torch.equal(server["weights"], torch.full((server.num_clients,), 1.0 / server.num_clients))
+    loop.run_round()
+    assert float(server["reward"]) == pytest.approx(3.0 / (server.evaluate(server["global"]).loss + 0.5))
+    assert loop.method._last_round  # (lr, epochs, reward) of the round's clients
+    for cid, (_, _, reward) in loop.method._last_round.items():
+        trained = loop.clients[cid]["personal"]
+        assert reward == pytest.approx(2.0 / (loop.client(cid).evaluate(trained, "test").loss + 0.5))
+    stored = server["pending"]["action"]
+    assert torch.equal(stored, torch.linspace(-0.5, 0.5, server.num_clients))  # the agent's own action
+
+
+def test_page_can_replay_the_weights_instead_of_the_action():
+    args = {**FAST_AGENTS, "replay_actions": "mapped"}
+    cfg = tiny_config("page", args)
+    cfg.method = FixedPAGE(**args)
+    loop = make_loop(cfg)
+    loop.run_round()
+    assert torch.equal(loop.server["pending"]["action"], loop.server["weights"])
+
+
+class SilencedPAGE(FixedPAGE):
+    """Weight 0 (action −1) for the even clients, the largest weight for the odd ones."""
+
+    def server_action(self, agent, state, server):
+        return torch.tensor([-1.0 if c % 2 == 0 else 1.0 for c in range(server.num_clients)])
+
+
+def test_page_falls_back_to_equal_weights_when_the_sampled_clients_all_get_zero():
+    cfg = tiny_config("page", FAST_AGENTS, trainer={"clients_per_round": 2})
+    cfg.method = SilencedPAGE(**FAST_AGENTS)
+    loop = make_loop(cfg)
+    loop.sampled_clients = lambda: torch.tensor([0, 2]).numpy()  # both silenced
+    loop.run_round()
+    a, b = loop.clients[0]["personal"], loop.clients[2]["personal"]
+    torch.testing.assert_close(loop.server["global"], 0.5 * a + 0.5 * b)
+
+
+def test_page_learning_rate_errors_name_the_agent_they_belong_to():
+    with pytest.raises(ConfigError, match="method.actor_lr"):
+        PAGE(actor_lr=0.0)
+    with pytest.raises(ConfigError, match="method.server_actor_lr"):
+        PAGE(server_actor_lr=0.0)
+    with pytest.raises(ConfigError, match="method.server_critic_lr"):
+        PAGE(server_critic_lr=0.0)
