@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pfl.errors import ConfigError
+from pfl.optim import capped_simplex
 from pfl.optim.capped_simplex import (
     box_around,
     capped_gap,
@@ -212,3 +213,55 @@ def test_projected_gradient_steps_are_fista_with_restart():
     r = min_norm_capped(torch.from_numpy(g), lo, up, solver="pgd", tol=0.0, max_iter=7)
     assert r.iterations == 7 and g.diagonal().max() > 2.0
     assert r.gap > 1e-6 and r.gap == pytest.approx(capped_gap(g, r.weights.numpy(), lo, up), rel=1e-9)  # G's units
+
+
+# -- the projection's last rescale, bounds met exactly, cvxopt's failures and the reported iterations ---
+def test_projection_rescales_the_free_coordinates_to_sum_one_after_a_short_bisection():
+    v = np.array([0.9, 0.4, -0.2, 0.05])
+    lower, upper = np.zeros(4), np.full(4, 0.7)
+    x = project_capped_simplex(v, lower, upper, iters=5)  # a coarse τ: the rescale does the rest
+    assert abs(x.sum() - 1.0) < 1e-15 and bool((x >= lower).all() and (x <= upper).all())
+    np.testing.assert_allclose(x, project_capped_simplex(v, lower, upper), atol=0.05)
+
+
+def test_bounds_that_meet_their_tolerance_exactly_are_accepted():
+    tol = capped_simplex.FEASIBILITY_TOL
+    gram = torch.eye(2, dtype=torch.float64)
+    min_norm_capped(gram, np.array([0.3 + tol, 0.0]), np.array([0.3, 1.0]))  # l_0 = u_0 + tol
+    min_norm_capped(gram, np.array([1.0 + tol, 0.0]), np.array([1.0 + tol, 1.0]))  # Σl = 1 + tol
+    min_norm_capped(gram, np.zeros(2), np.array([1.0 - tol, 0.0]))  # Σu = 1 − tol
+
+
+def test_cvxopt_failures_hand_over_to_projected_gradient(monkeypatch):
+    from cvxopt import solvers
+
+    gn = np.array([[2.0, 0.5], [0.5, 1.0]])
+    lo, up = np.zeros(2), np.ones(2)
+
+    def raises(*args, **kwargs):
+        raise ValueError("singular")
+
+    monkeypatch.setattr(solvers, "qp", raises)
+    assert capped_simplex._cvxopt_capped(gn, lo, up) == (None, 0)
+    monkeypatch.setattr(solvers, "qp", lambda *a, **k: {"status": "unknown", "x": None, "iterations": None})
+    assert capped_simplex._cvxopt_capped(gn, lo, up) == (None, 0)
+    monkeypatch.setattr(solvers, "qp", lambda *a, **k: {"status": "unknown", "x": [0.5, 0.5], "iterations": 3})
+    assert capped_simplex._cvxopt_capped(gn, lo, up) == (None, 3)  # an answer without "optimal" is not used
+    res = min_norm_capped(torch.tensor(gn), lo, up)
+    assert res.solver_used == "cvxopt+pgd" and res.gap <= 1e-8
+
+
+def test_an_uncertified_cvxopt_answer_counts_both_solvers_iterations(monkeypatch):
+    gn = np.array([[2.0, 0.5], [0.5, 1.0]])
+    lo, up = np.zeros(2), np.ones(2)
+    rough = np.array([0.9, 0.1])  # feasible but far from the optimum
+    monkeypatch.setattr(capped_simplex, "_cvxopt_capped", lambda *a: (rough.copy(), 7))
+    res = min_norm_capped(torch.tensor(gn), lo, up)
+    _, more = capped_simplex._pgd_capped(gn / 2.0, lo, up, capped_simplex.DEFAULT_TOL, 100_000, rough)
+    assert res.solver_used == "cvxopt+pgd" and res.iterations == 7 + more
+
+
+def test_cvxopt_runs_silently(capfd):
+    min_norm_capped(torch.tensor([[2.0, 0.5], [0.5, 1.0]], dtype=torch.float64), np.zeros(2), np.ones(2))
+    out = capfd.readouterr()
+    assert out.out == "" and out.err == ""
