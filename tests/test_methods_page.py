@@ -463,3 +463,41 @@ def test_page_learning_rate_errors_name_the_agent_they_belong_to():
         PAGE(server_actor_lr=0.0)
     with pytest.raises(ConfigError, match="method.server_critic_lr"):
         PAGE(server_critic_lr=0.0)
+
+
+def test_page_config_errors_read_as_the_methods_own_fields():
+    with pytest.raises(ConfigError) as err:
+        PAGE(actor_lr=0.0)
+    assert str(err.value) == "method.actor_lr: must be > 0 (got 0.0)"
+    with pytest.raises(ConfigError, match="method.tune"):
+        PAGE(tune=["lr", "momentum"])
+    assert PAGE(tune=["lr"]).tunes_client and PAGE(tune=["epochs"]).tunes_client
+    assert not PAGE(tune=["weights"]).tunes_client and PAGE(tune=["weights"]).tunes_server
+
+
+class _FixedTimers:
+    def __init__(self, seconds, counts):
+        self.out = (seconds, counts)
+
+    def take(self):
+        return self.out
+
+
+def test_page_reports_table_5s_split_per_round_and_per_client():
+    method = PAGE()
+    seconds = {"local_train": 2.0, "client_agent": 0.5, "aggregation": 0.5, "server_agent": 0.25}
+    method._timers = _FixedTimers(seconds, {"aggregation": 1, "local_train": 4})
+    out = method.metrics(ServerContextStub())
+    assert out["time.page.local_train_ms"] == 2000.0 and out["time.page.server_eval_ms"] == 0.0  # one round
+    assert out["time.page.local_train_per_client_ms"] == 500.0 and out["time.page.client_agent_per_client_ms"] == 125.0
+    assert out["time.page.agents_over_fl"] == pytest.approx(0.75 / 2.5)
+    method._timers = _FixedTimers({"aggregation": 1.0, "local_train": 3.0}, {"aggregation": 2, "local_train": 1})
+    out = method.metrics(ServerContextStub())  # two rounds, one local update, no agent timed
+    assert out["time.page.aggregation_ms"] == 500.0 and out["time.page.local_train_per_client_ms"] == 3000.0
+    assert out["time.page.client_agent_ms"] == 0.0 and out["time.page.agents_over_fl"] == 0.0
+    method._timers = _FixedTimers({}, {})  # nothing since the last report
+    assert all(v == 0.0 for k, v in method.metrics(ServerContextStub()).items() if k.startswith("time."))
+
+
+class ServerContextStub(dict):
+    """What ``metrics`` reads of the server: its state, like a dict."""

@@ -62,7 +62,7 @@ def ddpg_config(state_dim: int, action_dim: int, names: dict[str, str] | None = 
         return DDPGConfig(state_dim, action_dim, **kwargs)
     except ConfigError as err:
         key = err.field.removeprefix("ddpg.")
-        raise ConfigError(f"method.{(names or {}).get(key, key)}", str(err).split(": ", 1)[-1]) from None
+        raise ConfigError(f"method.{(names or {}).get(key, key)}", err.problem, err.fix) from None
 
 
 @register
