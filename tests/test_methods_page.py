@@ -426,6 +426,14 @@ def test_page_rewards_are_the_weight_over_the_test_loss_plus_the_penalty():
     for cid, (_, _, reward) in loop.method._last_round.items():
         trained = loop.clients[cid]["personal"]
         assert reward == pytest.approx(2.0 / (loop.client(cid).evaluate(trained, "test").loss + 0.5))
+    rows = list(loop.method._last_round.values())
+    out = loop.method.metrics(server)
+    assert out["page.lr.mean"] == pytest.approx(sum(r[0] for r in rows) / len(rows))
+    assert out["page.epochs.mean"] == pytest.approx(sum(r[1] for r in rows) / len(rows))
+    assert out["page.client_reward.mean"] == pytest.approx(sum(r[2] for r in rows) / len(rows))
+    assert out["page.server_reward"] == float(server["reward"]) and out["page.weight.max"] == float(
+        server["weights"].max()
+    )
     stored = server["pending"]["action"]
     assert torch.equal(stored, torch.linspace(-0.5, 0.5, server.num_clients))  # the agent's own action
 
@@ -495,6 +503,8 @@ def test_page_reports_table_5s_split_per_round_and_per_client():
     out = method.metrics(ServerContextStub())  # two rounds, one local update, no agent timed
     assert out["time.page.aggregation_ms"] == 500.0 and out["time.page.local_train_per_client_ms"] == 3000.0
     assert out["time.page.client_agent_ms"] == 0.0 and out["time.page.agents_over_fl"] == 0.0
+    method._timers = _FixedTimers({"aggregation": 1.0, "server_agent": 0.5}, {"aggregation": 1})  # no client
+    assert method.metrics(ServerContextStub())["time.page.agents_over_fl"] == 0.5
     method._timers = _FixedTimers({}, {})  # nothing since the last report
     assert all(v == 0.0 for k, v in method.metrics(ServerContextStub()).items() if k.startswith("time."))
 
