@@ -461,3 +461,16 @@ def test_personal_step_under_a_gradient_scaler_skips_an_overflowing_step():
     loop.method.local_update(ctx, {"global": w})
     assert len(list(ctx.batches())) == 1
     assert torch.equal(ctx.state["personal"], w)  # the one personal step was skipped, not taken unscaled
+
+
+def test_personal_step_under_a_gradient_scaler_is_the_unscaled_step():
+    def personal_move(fabric):
+        loop = make_loop(tiny_config("plgu_lf", {"personal_layers": 1}, client=ONE_BATCH), fabric=fabric)
+        ctx, w = loop.client(0), loop.server["global"].clone()
+        loop.method.local_update(ctx, {"global": w})
+        return ctx.state["personal"] - w
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaled = personal_move(L.Fabric(accelerator="cpu", plugins=[MixedPrecision("16-mixed", "cpu", scaler)]))
+    plain = personal_move(L.Fabric(accelerator="cpu"))
+    assert plain.norm() > 0 and float((scaled - plain).norm() / plain.norm()) < 0.05  # fp16 autocast noise only
