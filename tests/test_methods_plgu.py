@@ -474,3 +474,34 @@ def test_personal_step_under_a_gradient_scaler_is_the_unscaled_step():
     scaled = personal_move(L.Fabric(accelerator="cpu", plugins=[MixedPrecision("16-mixed", "cpu", scaler)]))
     plain = personal_move(L.Fabric(accelerator="cpu"))
     assert plain.norm() > 0 and float((scaled - plain).norm() / plain.norm()) < 0.05  # fp16 autocast noise only
+
+
+def two_bn_mlp(cfg, input_shape, num_classes):
+    """Two BatchNorm layers: 2 × 32 float buffers, in module order."""
+    width = int(torch.tensor(input_shape).prod())
+    return torch.nn.Sequential(
+        torch.nn.Flatten(),
+        torch.nn.Linear(width, 16),
+        torch.nn.BatchNorm1d(16),
+        torch.nn.Linear(16, 16),
+        torch.nn.BatchNorm1d(16),
+        torch.nn.Linear(16, num_classes),
+    )
+
+
+def test_personal_start_takes_a_personal_layers_buffers_from_theta():
+    loop = make_loop(tiny_config("plgu_lf", model=ModelConfig(name="tests.test_methods_plgu:two_bn_mlp")))
+    flat = loop.worker.flat
+    assert buffer_slices(flat) == {"2": slice(0, 32), "4": slice(32, 64)}
+    w = loop.init_state.clone()
+    theta = w + torch.arange(w.numel(), dtype=w.dtype)  # every entry differs from w
+    names = list(flat.layout.layer_slices())
+    bn = names.index("4")  # the second BatchNorm layer as the personal one
+    start = loop.method.personal_start(theta, w, [bn], flat)
+    p = flat.num_params
+    layer = flat.layout.layers[bn][1]
+    assert torch.equal(start[layer], theta[layer]) and torch.equal(start[p + 32 : p + 64], theta[p + 32 : p + 64])
+    others = torch.ones_like(w, dtype=torch.bool)
+    others[layer] = False
+    others[p + 32 : p + 64] = False
+    assert torch.equal(start[others], w[others])  # the rest, the other BatchNorm's buffers included, from w
