@@ -222,6 +222,10 @@ def test_projection_rescales_the_free_coordinates_to_sum_one_after_a_short_bisec
     x = project_capped_simplex(v, lower, upper, iters=5)  # a coarse τ: the rescale does the rest
     assert abs(x.sum() - 1.0) < 1e-15 and bool((x >= lower).all() and (x <= upper).all())
     np.testing.assert_allclose(x, project_capped_simplex(v, lower, upper), atol=0.05)
+    inside = np.array([0.5, 0.3, 0.2, 0.1])  # every coordinate free: the residual is shared four ways
+    x = project_capped_simplex(inside, np.zeros(4), np.ones(4), iters=5)
+    assert abs(x.sum() - 1.0) < 1e-15
+    np.testing.assert_allclose(x, inside - 0.025, atol=1e-15)  # τ = (Σv − 1)/4
 
 
 def test_bounds_that_meet_their_tolerance_exactly_are_accepted():
