@@ -505,6 +505,8 @@ def test_page_reports_table_5s_split_per_round_and_per_client():
     assert out["time.page.client_agent_ms"] == 0.0 and out["time.page.agents_over_fl"] == 0.0
     method._timers = _FixedTimers({"aggregation": 1.0, "server_agent": 0.5}, {"aggregation": 1})  # no client
     assert method.metrics(ServerContextStub())["time.page.agents_over_fl"] == 0.5
+    method._timers = _FixedTimers({"local_train": 1.0, "client_agent": 0.5}, {"local_train": 1})  # no aggregation
+    assert method.metrics(ServerContextStub())["time.page.agents_over_fl"] == 0.5
     method._timers = _FixedTimers({}, {})  # nothing since the last report
     assert all(v == 0.0 for k, v in method.metrics(ServerContextStub()).items() if k.startswith("time."))
 
