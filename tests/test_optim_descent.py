@@ -364,3 +364,160 @@ def test_line_search_bad_input():
             search(oracle, **kw)
     with pytest.raises(ConfigError, match="line_search.slopes"):
         search(oracle, slopes=torch.ones(2))
+
+
+# ------------------------------------------------------------------ edge cases of the rules
+
+
+def test_auxiliary_row_at_the_zero_tolerance_is_dropped_and_above_it_kept():
+    """A row with ‖row‖ ≤ 1e-12 · max_i ‖g_i‖ is dropped (scale 0, λ 0); just above it stays in the hull."""
+    grads = torch.tensor([[4.0, 0.0], [0.0, 3.0]], dtype=F64)  # largest client norm 4: the bound is 4e-12
+    d, lam, info = common_direction(grads, torch.tensor([4e-12, 0.0], dtype=F64))  # exactly at the bound
+    assert info.dropped == (2,) and info.scales.tolist() == [1.0, 1.0, 0.0] and lam[2] == 0.0
+    torch.testing.assert_close(d, common_direction(grads)[0], rtol=0, atol=0)
+    d, lam, info = common_direction(grads, torch.tensor([6e-12, 0.0], dtype=F64))
+    assert info.dropped == () and info.scales.tolist() == [1.0, 1.0, 1.0]
+    assert float(d.norm()) <= 6e-12  # the kept tiny row pulls the min-norm point to it
+    # all-zero client gradients: the bound is 0, and a zero auxiliary row still meets it
+    zeros = torch.zeros(2, 3, dtype=F64)
+    _, _, info = common_direction(zeros, torch.zeros(3, dtype=F64), torch.zeros(1, 3, dtype=F64))
+    assert info.dropped == (2, 3) and info.scales.tolist() == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_common_direction_info_counts_its_rows():
+    grads = rand(4, 6, seed=20)
+    _, _, info = common_direction(grads)
+    assert (info.num_clients, info.has_fairness, info.num_history) == (4, False, 0)
+    fairness = fairness_gradient(torch.tensor([0.2, 0.4, 0.6, 0.9], dtype=F64), grads)
+    _, lam, info = common_direction(grads, fairness, rand(3, 6, seed=21))
+    assert (info.num_clients, info.has_fairness, info.num_history) == (4, True, 3) and lam.numel() == 8
+    _, lam, info = common_direction(grads, None, torch.zeros(0, 6, dtype=F64))
+    assert (info.has_fairness, info.num_history) == (False, 0) and lam.numel() == 4
+
+
+def test_rows_enter_as_given_by_default_as_in_the_paper():
+    import inspect
+
+    assert inspect.signature(common_direction).parameters["rescale"].default is False
+    grads = rand(4, 10, seed=22, shift=1.0)
+    fairness, history = 1e-2 * rand(10, seed=23), 20.0 * rand(2, 10, seed=24)
+    d, lam, info = common_direction(grads, fairness, history)
+    d_paper, lam_paper, _ = common_direction(grads, fairness, history, rescale=False)
+    assert info.scales.tolist() == [1.0] * 7
+    torch.testing.assert_close(d, d_paper, rtol=0, atol=0)
+    torch.testing.assert_close(lam, lam_paper, rtol=0, atol=0)
+
+
+def test_results_are_immutable():
+    import dataclasses
+
+    _, _, info = common_direction(rand(2, 3, seed=25))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        info.norm_sq = 0.0
+    r = search(QuadraticOracle([1.0], [-1.0], [0.0]))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.eta = 1.0
+
+
+def test_refused_shapes_name_their_field():
+    with pytest.raises(ConfigError, match="fairness.losses"):
+        fairness_value(torch.ones(2, 3))
+    grads = rand(3, 4, seed=26)
+    for bad in (torch.zeros(0, 4, dtype=F64), torch.ones(4, dtype=F64)):  # no client; one vector, not (m, P)
+        with pytest.raises(ConfigError, match="common_direction.grads"):
+            common_direction(bad)
+        with pytest.raises(ConfigError, match="conflict.grads"):
+            conflict_fraction(bad, torch.ones(4, dtype=F64))
+        with pytest.raises(ConfigError, match="personal.grads"):
+            personal_directions(bad, 0.5)
+    with pytest.raises(ConfigError, match="personal.clients"):
+        personal_directions(grads, 0.5, clients=[0, 3])
+    with pytest.raises(ConfigError, match="personal.index"):
+        cone_projection_coefficients(gram_matrix(grads), 3)
+
+
+def test_conflict_tolerance_is_on_the_cosine_so_scale_free():
+    """With rel_tol = τ a row counts iff cos(g_i, Δ) > τ, whatever the norms of g_i and Δ."""
+    grads = torch.tensor([[10.0, 0.0], [0.0, 0.1], [3.0, 4.0], [1.0, 3.0]], dtype=F64)  # cos 1, 0, 0.6, 0.32
+    update = torch.tensor([5.0, 0.0], dtype=F64)
+    for gs, us in ((1.0, 1.0), (7.0, 0.01), (0.02, 300.0)):
+        assert conflict_fraction(gs * grads, us * update, rel_tol=0.5) == pytest.approx(2 / 4)
+        assert conflict_fraction(gs * grads, us * update, rel_tol=0.3) == pytest.approx(3 / 4)
+
+
+class TableOracle:
+    """Losses looked up per tried η (the candidates of eta=0.1, s=2, σ=1: 0.4, 0.2, 0.1, 0.05, 0.025)."""
+
+    def __init__(self, table):
+        self.table = {eta: torch.tensor(losses, dtype=F64) for eta, losses in table.items()}
+
+    def __call__(self, eta: float) -> torch.Tensor:
+        return self.table[eta]
+
+
+def table_search(table, **kw):
+    args = dict(eta=0.1, s=2, beta=0.5, sigma=1.0, prev_all_present=True)
+    args |= dict(losses=torch.tensor([1.0, 1.0], dtype=F64), slopes=torch.tensor([-1.0, -1.0], dtype=F64)) | kw
+    return armijo_line_search(TableOracle(table), **args)
+
+
+def test_mean_loss_fallback_takes_the_largest_step_that_strictly_lowered_the_mean():
+    # client 2 never falls, so Armijo fails everywhere; at 0.4 the mean only equals the start (1.0)
+    table = {0.4: [1.0, 1.0], 0.2: [0.9, 1.0], 0.1: [0.99, 1.0], 0.05: [0.98, 1.0], 0.025: [1.2, 1.2]}
+    r = table_search(table)
+    assert r.rule == "mean_loss" and r.trials == 5 and r.eta == pytest.approx(0.2)  # not the largest mean drop
+    assert r.losses.tolist() == [0.9, 1.0]
+
+
+def test_best_seen_ties_keep_the_smaller_step():
+    r = table_search({eta: [1.1, 1.1] for eta in (0.4, 0.2, 0.1, 0.05, 0.025)})
+    assert r.rule == "best_seen" and r.eta == pytest.approx(0.025)
+
+
+def test_armijo_conditions_are_not_strict():
+    # every client's loss exactly on its Armijo line L_i + βη g_i·d: accepted at the first candidate
+    l0, slopes = torch.tensor([1.0, 2.0], dtype=F64), torch.tensor([-1.0, -3.0], dtype=F64)
+    r = table_search({eta: (l0 + (0.5 * eta) * slopes).tolist() for eta in (0.4, 0.2)}, losses=l0, slopes=slopes)
+    assert r.rule == "armijo" and r.trials == 1 and r.eta == pytest.approx(0.4)
+    # F exactly on its Armijo line: every loss halved leaves F = −cos(L, 1) unchanged, ∇F·d = 0
+    l0 = torch.tensor([1.0, 3.0], dtype=F64)
+    table = {eta: (0.5 * l0).tolist() for eta in (0.4, 0.2, 0.1, 0.05, 0.025)}
+    r = table_search(table, losses=l0, slopes=-l0, fairness_slope=0.0)
+    assert r.rule == "armijo" and r.trials == 1
+
+
+def test_armijo_on_f_demands_its_predicted_decrease():
+    # F unchanged at every step while ∇F·d = −0.1 predicts a fall: no candidate passes Eq. (6) for F
+    l0 = torch.tensor([1.0, 3.0], dtype=F64)
+    table = {eta: (0.5 * l0).tolist() for eta in (0.4, 0.2, 0.1, 0.05, 0.025)}
+    r = table_search(table, losses=l0, slopes=-l0, fairness_slope=-0.1)
+    assert r.rule == "mean_loss" and r.trials == 5 and r.eta == pytest.approx(0.4)
+
+
+def test_window_exponent_zero_tries_eta_alone():
+    oracle = QuadraticOracle([1.0], [-1.0], [0.0])
+    r = search(oracle, s=0)
+    assert oracle.calls == pytest.approx([0.1]) and r.eta == pytest.approx(0.1) and r.rule == "armijo"
+
+
+def test_lower_bound_has_a_relative_round_off_slack_of_1e_12():
+    # η = 1, s = 1: candidates 2, 1, 0.5, … down to η_lb = 0.5/σ
+    assert line_search_candidates(1.0, 1, 1.0, True) == [2.0, 1.0, 0.5]
+    assert line_search_candidates(1.0, 1, 1 / (1 + 0.5e-12), True) == [2.0, 1.0, 0.5]  # 0.5e-12 below: tried
+    assert line_search_candidates(1.0, 1, 1 / (1 + 1.5e-12), True) == [2.0, 1.0]  # 1.5e-12 below: not
+
+
+def test_line_search_refuses_bad_settings_before_any_trial(monkeypatch):
+    import pfl.optim.descent as descent
+
+    def no_candidates(*args):
+        raise AssertionError("candidates built for a refused setting")
+
+    monkeypatch.setattr(descent, "line_search_candidates", no_candidates)
+    oracle = QuadraticOracle([1.0], [-1.0], [0.0])
+    cases = [("line_search.eta", {"eta": e}) for e in (0.0, -0.1, math.inf)]  # η = 0 would halve forever
+    cases += [("line_search.s", {"s": s}) for s in (-1, 1.5)] + [("line_search.beta", {"beta": 0.0})]
+    for field, kw in cases:
+        with pytest.raises(ConfigError, match=field):
+            search(oracle, **kw)
+    assert oracle.calls == []
