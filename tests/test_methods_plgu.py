@@ -505,3 +505,21 @@ def test_personal_start_takes_a_personal_layers_buffers_from_theta():
     others[layer] = False
     others[p + 32 : p + 64] = False
     assert torch.equal(start[others], w[others])  # the rest, the other BatchNorm's buffers included, from w
+
+
+def flat_regressor(cfg, input_shape, num_classes):
+    """A linear regressor whose output is already (B,), which the engine's squeeze(-1) leaves as is."""
+    width = int(torch.tensor(input_shape).prod())
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(width, 1), torch.nn.Flatten(0))
+
+
+def test_plgu_lf_personal_step_trains_a_regressor_with_b_outputs_like_the_global_copy():
+    """Every layer personal: θ_i and w_i both take plain SGD steps from w on the same batches, so the
+    personalized model equals the uploaded copy, also for a model whose output has no trailing 1."""
+    data = DataConfig(source="synthetic_regression", num_clients=4, test_frac=0.3)
+    model = ModelConfig(name="tests.test_methods_plgu:flat_regressor")
+    loop = make_loop(tiny_config("plgu_lf", {"personal_layers": 5}, data=data, model=model, client=MOMENTUM))
+    ctx, w = loop.client(0), loop.server["global"].clone()
+    upload = loop.method.local_update(ctx, {"global": w})
+    assert not torch.equal(upload.state, w)
+    torch.testing.assert_close(ctx.state["personal"], upload.state, rtol=0, atol=1e-6)
