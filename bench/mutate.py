@@ -17,7 +17,8 @@ in bench/mutate_equivalent.toml are "explained" (equivalent mutants); the rest a
 
 Results are cached in runs/mutation/cache.json per file, keyed by the file's content hash and mutmut's
 mutant id (line, index in line): an edited file is mutated afresh, and when the tests change only the
-survivors and timeouts are run again. The report goes to stdout and runs/mutation/report.md.
+survivors and timeouts are run again. Runs over different files may go at the same time: each writes
+only its file's entry, under a lock. The report goes to stdout and runs/mutation/report.md.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import fcntl
 import gc
 import hashlib
 import importlib.abc
@@ -296,11 +298,19 @@ def load_cache(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def save_cache(path: Path, cache: dict) -> None:
+def save_entry(path: Path, cache: dict, rel: str, entry: dict) -> None:
+    """Writes one file's entry: re-reads the cache under a lock and replaces only that entry, so runs
+    over different files at the same time (two shells, two workers' make mutate) keep each other's results."""
+    cache[rel] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
-    tmp.replace(path)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        on_disk = load_cache(path)
+        on_disk[rel] = entry
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(on_disk, indent=1, sort_keys=True))
+        tmp.replace(path)
+    cache.update({k: v for k, v in on_disk.items() if k != rel})
 
 
 class CleanRunFailed(Exception):
@@ -359,12 +369,10 @@ def mutate_file(path: Path, args: list[str], cache: dict, cache_path: Path, work
         print(f"  [{n}/{len(jobs)}] {m.line}: {status:8s} {seconds:5.1f} s  {m.mutated.strip()[:90]}", flush=True)
         if n % 10 == 0:
             entry["results"] = {**entry["results"], **results}
-            cache[rel] = entry
-            save_cache(cache_path, cache)
+            save_entry(cache_path, cache, rel, entry)
     entry["results"] = results
     entry["wall_s"] = round(time.monotonic() - t0, 1)
-    cache[rel] = entry
-    save_cache(cache_path, cache)
+    save_entry(cache_path, cache, rel, entry)
     return entry
 
 
@@ -453,6 +461,7 @@ def main(argv: list[str] | None = None) -> None:
             except CleanRunFailed as err:  # the other files still count
                 print(err, flush=True)
                 failed.append(rel)
+    cache = load_cache(args.cache)  # with what runs over other files wrote meanwhile
     explained = load_explained()
     everything = [str(p.relative_to(ROOT)) for p in default_files()]
     OUT.mkdir(parents=True, exist_ok=True)

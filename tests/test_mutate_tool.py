@@ -97,3 +97,19 @@ def test_mutants_are_mutmuts_and_skip_strings_and_pragmas(tmp_path: Path):
     mutated = [m.mutated.strip() for m in tool.generate(path)]
     assert mutated == ["return x + 1", "return x - 2"]
     assert 'raise ValueError("XXx must be <= 0XX")' in [m.mutated.strip() for m in tool.generate(path, strings=True)]
+
+
+def test_saving_one_files_entry_keeps_what_another_run_wrote_meanwhile(tmp_path: Path):
+    path = tmp_path / "cache.json"
+    mine: dict = {}
+    tool.save_entry(path, mine, "a.py", {"results": {"1_0": "killed"}})
+    other: dict = tool.load_cache(path)  # a second run, started now, over another file
+    tool.save_entry(path, other, "b.py", {"results": {"2_0": "survived"}})
+    tool.save_entry(path, mine, "a.py", {"results": {"1_0": "killed", "1_1": "killed"}})  # its stale copy lacks b.py
+    on_disk = tool.load_cache(path)
+    assert on_disk == {
+        "a.py": {"results": {"1_0": "killed", "1_1": "killed"}},
+        "b.py": {"results": {"2_0": "survived"}},
+    }
+    assert mine == on_disk  # the writer's copy catches up too, for its report
+    assert not list(tmp_path.glob("*.tmp"))
