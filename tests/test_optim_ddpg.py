@@ -427,3 +427,131 @@ def test_server_action_to_weights():
     assert torch.allclose(server_action_to_weights(torch.full((5,), 0.3)), torch.full((5,), 0.2))
     with pytest.raises(ConfigError, match="page.server_action"):
         server_action_to_weights(torch.zeros(2, 2))
+
+
+# --------------------------------------------------------------------------- edges (mutation run)
+
+
+def test_defaults_are_pages_synthetic_settings():
+    c = DDPGConfig(state_dim=2, action_dim=1)
+    expected = {
+        "hidden": [40, 30], "actor_lr": 5e-4, "critic_lr": 5e-3, "tau": 0.005, "gamma": 0.99,
+        "buffer_size": 60000, "batch_size": 32, "warmup": 35, "noise": True, "ou_theta": 0.15, "ou_sigma": 0.2,
+        "eps_decay_steps": 500, "ou_mu": 0.0, "ou_dt": 1e-2, "init": "fan_in", "final_init": 3e-3,
+    }  # fmt: skip
+    assert {k: v for k, v in c.to_dict().items() if k in expected} == expected
+    assert OUNoise(2, theta=0.15, sigma=0.2).dt == 1e-2
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"hidden": (1, 1)},
+        {"gamma": 0.0},
+        {"gamma": 1.0},
+        {"batch_size": 1, "buffer_size": 1},
+        {"ou_theta": 0.0, "ou_sigma": 0.0},
+    ],
+)
+def test_edge_settings_are_accepted(settings):
+    agent = DDPGAgent(DDPGConfig(**{"state_dim": 2, "action_dim": 1, "warmup": 0, "batch_size": 2, **settings}), seed=0)
+    fill(agent, 2)
+    agent.act(torch.zeros(2))
+    assert agent.learn()
+
+
+@pytest.mark.parametrize("field, value", [("critic_lr", 0.0), ("final_init", 0.0), ("gamma", 1.5), ("batch_size", 0)])
+def test_settings_just_outside_the_range_are_refused(field, value):
+    with pytest.raises(ConfigError, match=f"ddpg.{field}"):
+        DDPGConfig(**{"state_dim": 2, "action_dim": 1, field: value})
+
+
+def test_the_critic_scores_one_unbatched_pair_like_a_batch_of_one():
+    agent = DDPGAgent(DDPGConfig(state_dim=3, action_dim=2), seed=0)
+    s, a = torch.rand(3), torch.rand(2) * 2 - 1
+    q = agent.critic(s, a)
+    assert q.shape == ()
+    torch.testing.assert_close(q, agent.critic(s[None], a[None])[0])
+
+
+@pytest.mark.parametrize("scheme", ["fan_in", "code"])
+def test_hidden_biases_are_pytorchs_default_uniform(scheme):
+    agent = DDPGAgent(DDPGConfig(state_dim=4, action_dim=1, hidden=(400, 400), init=scheme), seed=0)
+    for net in (agent.actor, agent.critic):
+        b = net.fc2.bias.detach()
+        bound = 1 / math.sqrt(net.fc2.weight.shape[1])
+        assert b.abs().max() <= bound and b.max() > 0.95 * bound and b.min() < -0.95 * bound
+
+
+def test_target_networks_take_no_gradient():
+    agent = DDPGAgent(DDPGConfig(state_dim=2, action_dim=1), seed=0)
+    assert not any(p.requires_grad for net in (agent.actor_target, agent.critic_target) for p in net.parameters())
+    assert all(p.requires_grad for net in (agent.actor, agent.critic) for p in net.parameters())
+
+
+def test_drawing_no_rows_is_allowed():
+    assert sample_without_replacement(5, 0, torch.Generator().manual_seed(0)) == []
+    assert sample_without_replacement(0, 0, torch.Generator().manual_seed(0)) == []
+
+
+def test_a_fresh_agents_empty_buffer_round_trips():
+    config = DDPGConfig(state_dim=2, action_dim=1)
+    fresh = DDPGAgent(config, seed=0).state_dict()
+    other = DDPGAgent(config, seed=1)
+    fill(other, 3)
+    other.load_state_dict(fresh)
+    assert len(other.buffer) == 0 and other.buffer.pos == 0
+
+
+def test_a_changed_learning_rate_is_restored():
+    config = DDPGConfig(state_dim=2, action_dim=1)
+    agent = DDPGAgent(config, seed=0)
+    agent.actor_optim.param_groups[0]["lr"] = 1e-2  # e.g. a schedule moved it
+    other = DDPGAgent(config, seed=0)
+    other.load_state_dict(agent.state_dict())
+    assert other.actor_optim.param_groups[0]["lr"] == 1e-2 and other.critic_optim.param_groups[0]["lr"] == 5e-3
+
+
+def test_every_exploring_call_after_the_warmup_counts_once():
+    agent = DDPGAgent(DDPGConfig(state_dim=2, action_dim=1, warmup=2), seed=0)
+    for _ in range(5):
+        agent.act(torch.zeros(2))
+    agent.act(torch.zeros(2), explore=False)
+    assert agent.acts == 5 and agent.explore_steps == 3
+
+
+def test_noisy_actions_are_clamped_to_the_unit_box():
+    agent = DDPGAgent(DDPGConfig(state_dim=2, action_dim=4, warmup=0, ou_sigma=100.0, eps_decay_steps=0), seed=0)
+    actions = torch.stack([agent.act(torch.zeros(2)) for _ in range(20)])
+    assert actions.abs().max() == 1.0
+    assert (actions == 1.0).any() and (actions == -1.0).any()
+
+
+def test_a_transition_is_not_terminal_unless_said_so():
+    agent = DDPGAgent(DDPGConfig(state_dim=2, action_dim=1), seed=0)
+    agent.remember(torch.zeros(2), torch.zeros(1), 1.0, torch.ones(2))
+    assert float(agent.buffer.dones[0]) == 0.0
+
+
+def test_reset_noise_restarts_the_ou_process_at_its_mean():
+    agent = DDPGAgent(DDPGConfig(state_dim=2, action_dim=3, warmup=0, ou_mu=0.25), seed=0)
+    for _ in range(3):
+        agent.act(torch.zeros(2))
+    assert not torch.equal(agent.noise.x, torch.full((3,), 0.25))
+    agent.reset_noise()
+    assert torch.equal(agent.noise.x, torch.full((3,), 0.25))
+
+
+def test_action_mapping_edges():
+    assert client_action_to_hparams(torch.tensor([0.0, 1.0]), 0.3, 0.3, 1) == (0.3, 1)  # lr_min = lr_max, 1 epoch
+    assert client_action_to_hparams(torch.tensor([1.0, -1.0]), 0.1, 1.0, 4) == (1.0, 1)  # lr_max = 1
+    lr, _ = client_action_to_hparams(torch.tensor([-0.9, 0.9]), 0.001, 1.0, 5)
+    assert lr == pytest.approx(0.05)  # the first component is the learning rate
+    for kwargs, field in (({"lr_min": 0.0}, "page.lr_min"), ({"lr_max": 1.5}, "page.lr_max")):
+        with pytest.raises(ConfigError, match=field):
+            client_action_to_hparams(torch.zeros(2), **{"lr_min": 0.1, "lr_max": 0.5, "epoch_max": 2, **kwargs})
+
+
+def test_server_weights_for_one_client_and_for_a_small_total():
+    assert server_action_to_weights(torch.tensor([0.3])).tolist() == [1.0]
+    torch.testing.assert_close(server_action_to_weights(torch.tensor([-0.8, -1.0])), torch.tensor([1.0, 0.0]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 import torch
@@ -257,3 +258,83 @@ def test_sam_update_rejects_bad_input():
         hn_sam_server_update(hn, opt, 0, torch.zeros(sum(SIZES), dtype=torch.float64), rho=-1.0)
     with pytest.raises(ValueError):
         hn_server_update(hn, opt, 9, torch.zeros(sum(SIZES), dtype=torch.float64))
+
+
+# -- edges and defaults (mutation run) -------------------------------------------------------------
+def test_layer_sizes_accept_plain_slices_and_refuse_empty_or_strided_ones():
+    assert layer_sizes([slice(0, 3, 1), slice(3, 4)]) == [3, 1]
+    assert layer_sizes({"a": slice(0, 2), "b": slice(2, 7)}) == [2, 5]
+    for bad in ([slice(0, 0)], [slice(0, 4, 2)], [slice(0, 2), slice(3, 5)], [slice(1, 3)]):
+        with pytest.raises(ValueError, match="contiguous, non-empty"):
+            layer_sizes(bad)
+
+
+def test_linear_layers_start_from_pytorchs_default_uniform_init():
+    hn = HyperNetwork(2, [3], generator=_gen(), hidden=400, n_hidden=2)
+    layer = hn.trunk[1]  # fan_in 400: U(±1/20)
+    for t in (layer.weight.detach(), layer.bias.detach()):
+        assert float(t.abs().max()) <= 0.05 and float(t.max()) > 0.045 and float(t.min()) < -0.045
+
+
+def test_defaults_are_the_papers_five_hidden_layers_of_100_and_chunks_of_2_to_the_17():
+    hn = HyperNetwork(8, [4, 6], generator=_gen())
+    assert [(m.in_features, m.out_features) for m in hn.trunk] == [(3, 100)] + [(100, 100)] * 4  # e = 1 + 8/4
+    assert sum(p.numel() for p in hn.parameters()) == HyperNetwork.count_parameters(8, [4, 6])
+    # a layer of exactly 2^17 keeps its own head; one more entry and it is chunked (16-d chunk embeddings)
+    assert HyperNetwork.count_parameters(1, [1 << 17]) == 1 * 1 + 2 * 100 + 4 * 101 * 100 + 101 * (1 << 17)
+    chunked = 2 * 16 + (100 + 16 + 1) * 100 + 101 * (1 << 17)
+    assert HyperNetwork.count_parameters(1, [(1 << 17) + 1]) == 1 * 1 + 2 * 100 + 4 * 101 * 100 + chunked
+
+
+def test_a_layer_of_exactly_chunk_entries_gets_a_dedicated_head():
+    hn = _hn(sizes=[8, 9], chunk=8)
+    assert hn.head.out_features == 8 and hn.chunk_embeddings.shape[0] == 2
+    assert HyperNetwork.count_parameters(4, [8, 9], hidden=8, n_hidden=2, chunk=8) == sum(
+        p.numel() for p in hn.parameters()
+    )
+
+
+def test_smallest_sizes_are_valid_and_smaller_ones_refused():
+    hn = HyperNetwork(1, [1, 3], generator=_gen(), hidden=1, n_hidden=1, chunk=1, chunk_embed_dim=1)
+    assert hn(0).shape == (4,)
+    for kw in ({"hidden": 0}, {"n_hidden": 0}, {"chunk": 0}, {"chunk_embed_dim": 0}):
+        with pytest.raises(ValueError, match="must be >= 1"):
+            HyperNetwork(2, [3], generator=_gen(), **kw)
+    for clients, sizes in ((0, [3]), (2, []), (2, [3, 0])):
+        with pytest.raises(ValueError, match="need >= 1 client"):
+            HyperNetwork(clients, sizes, generator=_gen())
+
+
+def test_embedding_width_rule_is_the_same_in_count_parameters():
+    hn = HyperNetwork(8, [5], generator=_gen(), hidden=4, n_hidden=2)  # e = int(1 + 8/4) = 3
+    assert hn.embeddings.shape == (8, 3)
+    assert HyperNetwork.count_parameters(8, [5], hidden=4, n_hidden=2) == sum(p.numel() for p in hn.parameters())
+
+
+@pytest.mark.parametrize("sizes", [[3, 50], [3, 50, 2, 5]])
+def test_dedicated_runs_around_a_chunked_layer_come_from_their_own_head_rows(sizes):
+    hn = _hn(sizes=sizes, chunk=40)
+    f = hn.features(hn.embeddings[1])
+    w = hn(1)
+    assert w.shape == (sum(sizes),)
+    head = F.linear(f, hn.head.weight, hn.head.bias)  # the dedicated layers' outputs, in order
+    torch.testing.assert_close(w[:3], head[:3])
+    torch.testing.assert_close(w[53:], head[3:])
+
+
+def test_client_ids_must_be_one_id_or_a_flat_batch_inside_the_federation():
+    hn = _hn()
+    opt = torch.optim.SGD(hn.parameters(), lr=0.1)
+    p = sum(SIZES)
+    with pytest.raises(ValueError, match="1-D sequence"):
+        hn_server_update(hn, opt, torch.tensor([[0, 1]]), torch.zeros(1, 2, p, dtype=torch.float64))
+    for ids in ([-1], [4], [0, 4]):
+        with pytest.raises(ValueError, match=r"client ids must be in \[0, 4\)"):
+            hn_server_update(hn, opt, ids, torch.zeros(len(ids), p, dtype=torch.float64))
+
+
+def test_the_network_and_its_parameter_count_share_their_defaults():
+    built = inspect.signature(HyperNetwork.__init__).parameters
+    counted = inspect.signature(HyperNetwork.count_parameters).parameters
+    for name in ("embed_dim", "hidden", "n_hidden", "chunk", "chunk_embed_dim"):
+        assert built[name].default == counted[name].default, name

@@ -307,3 +307,68 @@ def test_repeated_steps_follow_the_closed_form_sam_iteration():
         g = a @ x_ref
         x_ref = x_ref - lr * (a @ (x_ref + rho * g / g.norm()))
     torch.testing.assert_close(x_sam, x_ref)
+
+
+# -- edges of the checks (mutation run) ---------------------------------------------------------
+def test_one_layer_is_a_valid_layout_and_an_empty_one_is_not():
+    w = torch.randn(5, generator=_gen())
+    torch.testing.assert_close(layer_scores(w + 1.0, w, [slice(0, 5)]), torch.tensor([1.0]))
+    with pytest.raises(ValueError, match="no layers"):
+        layer_scores(w + 1.0, w, [])
+
+
+def test_layers_must_be_plain_non_empty_slices_inside_the_vector():
+    w = torch.randn(6, generator=_gen())
+    torch.testing.assert_close(layer_scores(w + 1.0, w, [slice(0, 3, 1), slice(3, 6)]), torch.tensor([0.5, 0.5]))
+    for bad in (slice(0, 6, 2), slice(None, 3), slice(0, None)):
+        with pytest.raises(ValueError, match="plain slice"):
+            layer_scores(w + 1.0, w, [bad])
+    for bad in (slice(2, 2), slice(3, 7), slice(-1, 3)):
+        with pytest.raises(ValueError, match="empty or outside"):
+            layer_scores(w + 1.0, w, [bad])
+
+
+def test_layer_scores_take_no_gradient_and_need_two_flat_vectors_of_one_size():
+    w = torch.randn(6, generator=_gen())
+    theta = (w + 1.0).requires_grad_()
+    assert not layer_scores(theta, w, _layers([2, 4])).requires_grad  # a score, not part of any loss
+    with pytest.raises(ValueError, match="flat vectors"):
+        layer_scores(w.reshape(2, 3), w.reshape(2, 3), [slice(0, 2)])  # same shape, not flat
+    with pytest.raises(ValueError, match="flat vectors"):
+        layer_scores(w, w[:5], [slice(0, 2)])  # flat, of two sizes
+
+
+def test_top_layers_may_pick_every_layer():
+    assert top_layers(torch.tensor([0.1, 0.4, 0.2]), 3) == [1, 2, 0]
+    with pytest.raises(ValueError, match="cannot pick -1"):
+        top_layers(torch.tensor([0.1, 0.4]), -1)
+
+
+def test_p1_puts_the_radius_on_the_largest_coordinates_also_when_they_are_below_one():
+    eps = perturbation(torch.tensor([0.1, -0.3, 0.3, 0.2]), rho=0.5, p=1.0)
+    torch.testing.assert_close(eps, torch.tensor([0.0, -0.25, 0.25, 0.0]))
+
+
+def test_two_pass_reuses_its_buffer_and_reallocates_for_another_shape_or_dtype():
+    step = SharpnessStep()
+
+    def run(params: torch.Tensor) -> None:
+        start, g0 = params.clone(), torch.linspace(-1.0, 1.0, params.numel(), dtype=params.dtype)
+        grads = g0.clone()
+        step.two_pass(params, grads, lambda: grads.copy_(params), rho=0.1)  # "gradient" = the point it is taken at
+        assert torch.equal(params, start)
+        torch.testing.assert_close(grads, start + 0.1 * g0 / g0.norm())
+
+    run(torch.randn(4, generator=_gen(1)))
+    first = step._backup
+    run(torch.randn(4, generator=_gen(2)))
+    assert step._backup is first  # a client's many steps do not allocate
+    run(torch.randn(6, generator=_gen(3)))
+    assert step._backup.shape == (6,)
+    run(torch.randn(6, generator=_gen(4), dtype=torch.float64))
+    assert step._backup.dtype == torch.float64
+
+
+def test_top_layers_breaks_ties_towards_the_earlier_layer_in_a_deep_model():
+    scores = torch.tensor([0.0, 1.0, 2.0] * 10)  # 30 layers: sorting small inputs would hide an unstable sort
+    assert top_layers(scores, 15) == list(range(2, 30, 3)) + list(range(1, 15, 3))

@@ -1,0 +1,119 @@
+"""The method registry: one registration per class, every built-in module loaded on first use, and a
+user's class found by its import path (and named by it in config.yaml)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pfl.errors import ConfigError
+from pfl.methods import Method, class_path, method_class, methods, register
+from pfl.methods import registry as reg
+
+CONF = Path(__file__).resolve().parents[1] / "conf" / "method"
+
+
+@pytest.fixture
+def scratch_name():
+    yield "_registry_test_method"
+    reg._REGISTRY.pop("_registry_test_method", None)
+
+
+def test_register_returns_the_class_and_makes_it_known_by_its_name(scratch_name):
+    class Mine(Method):
+        name = scratch_name
+
+    assert register(Mine) is Mine
+    assert register(Mine) is Mine  # registering the same class again is harmless
+    assert method_class(scratch_name) is Mine and methods()[scratch_name] is Mine
+    assert class_path(Mine) == scratch_name
+
+
+def test_register_refuses_a_nameless_class_and_a_second_class_under_a_taken_name(scratch_name):
+    class Nameless(Method):
+        name = ""
+
+    with pytest.raises(ValueError, match="Nameless needs a class attribute `name`"):
+        register(Nameless)
+
+    class First(Method):
+        name = scratch_name
+
+    class Second(Method):
+        name = scratch_name
+
+    register(First)
+    with pytest.raises(ValueError, match=f"two methods are named '{scratch_name}': .*First and .*Second"):
+        register(Second)
+    assert method_class(scratch_name) is First
+
+
+def test_methods_loads_every_module_once_and_lists_every_configured_method_sorted(monkeypatch):
+    monkeypatch.setattr(reg, "_LOADED", False)
+    listed = methods()
+    assert reg._LOADED is True
+    modules = [p.stem for p in (Path(reg.__file__).parent).glob("*.py") if p.stem != "__init__"]
+    assert all(f"pfl.methods.{m}" in sys.modules for m in modules)
+    configured = {yaml.safe_load(p.read_text())["method"]["name"] for p in CONF.glob("*.yaml")}
+    assert configured <= set(listed)
+    assert list(listed) == sorted(listed)
+    listed.pop("ditto")  # a copy: the registry is not changed through it
+    assert "ditto" in methods()
+
+
+def test_a_fresh_registry_imports_every_method_module_on_its_first_call_only(monkeypatch):
+    spec = importlib.util.find_spec("pfl.methods.registry")  # the loaded module's own spec and source
+    fresh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)
+    imported: list[str] = []
+    monkeypatch.setattr(fresh.importlib, "import_module", imported.append)
+    assert fresh.methods() == {}  # nothing registered into this copy: the modules were imported before
+    modules = sorted(p.stem for p in Path(reg.__file__).parent.glob("*.py") if p.stem != "__init__")
+    assert imported == [f"pfl.methods.{m}" for m in modules]
+    fresh.methods()
+    assert len(imported) == len(modules)
+
+
+def test_methods_imports_the_modules_only_on_its_first_call(monkeypatch):
+    monkeypatch.setattr(reg, "_LOADED", True)
+    imported = []
+    monkeypatch.setattr(reg.importlib, "import_module", imported.append)
+    methods()
+    assert imported == []
+
+
+def test_an_unknown_name_is_refused_with_the_choices():
+    with pytest.raises(ConfigError, match="unknown method 'nosuch'") as err:
+        method_class("nosuch")
+    assert err.value.field == "method.name" and "ditto" in err.value.fix and "import path" in err.value.fix
+
+
+def test_an_import_path_names_a_user_class_and_a_registered_name_its_class():
+    from pfl.methods.ditto import Ditto
+
+    assert method_class("pfl.methods.ditto.Ditto") is Ditto
+    with pytest.raises(ConfigError, match="cannot import 'nosuchpackage.Method'") as err:
+        method_class("nosuchpackage.Method")
+    assert err.value.field == "method.name" and "PYTHONPATH" in err.value.fix
+    with pytest.raises(ConfigError, match="cannot import 'pfl.methods.ditto.Nothing'"):
+        method_class("pfl.methods.ditto.Nothing")  # the module imports, the attribute does not exist
+    with pytest.raises(ConfigError, match="is not a subclass of pfl.methods.Method"):
+        method_class("pfl.methods.ditto.PROX_MODES")
+    with pytest.raises(ConfigError, match="is not a subclass of pfl.methods.Method"):
+        method_class("pathlib.Path")  # a class, but not a method
+
+
+class Shadow(Method):
+    """Not registered, and named like a built-in method."""
+
+    name = "ditto"
+
+
+def test_class_path_is_the_registered_name_or_else_the_import_path():
+    assert class_path(method_class("ditto")) == "ditto"
+    assert class_path(Shadow) == f"{__name__}.Shadow"
+    assert method_class(class_path(Shadow)) is Shadow
