@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -343,3 +344,176 @@ def test_selective_lambda_official_rule():
         selective_lambda(0.5, 0.5, rule="ditto")
     with pytest.raises(ValueError, match="finite"):
         selective_lambda(float("nan"), 0.5)
+
+
+# --- edges of every check, and the rounding guards (mutation run) -------------------------------
+
+
+def test_basis_defaults_to_the_papers_one_direction_and_takes_a_single_sample():
+    x, y = torch.randn(5, 3, generator=gen(20)), torch.tensor([0, 1, 1, 0, 1])
+    assert subspace_basis(x, y, 2).shape == (5, 1)
+    one = subspace_basis(x[:1], y[:1], 2)  # one sample: its own direction
+    row = torch.cat([x[0].double(), torch.tensor([1.0, 0.0], dtype=F64)])
+    row = row / row.norm()
+    torch.testing.assert_close(one[:, 0], row * row[row.abs().argmax()].sign())  # largest entry made positive
+    small = subspace_basis(1e-3 * x, None, 2, p=3)  # tiny features are still full rank; p = min(n, D) allowed
+    assert small.shape == (3, 3)
+
+
+@pytest.mark.parametrize("x", [torch.zeros(0, 3), torch.zeros(5)])
+def test_basis_needs_samples_as_rows(x):
+    with pytest.raises(ConfigError, match="fedora.subspace.x"):
+        subspace_basis(x, None, 2)
+
+
+def test_basis_refuses_p_beyond_the_numerical_rank():
+    u = torch.randn(6, 1, generator=gen(21), dtype=F64)
+    x = u @ torch.randn(1, 4, generator=gen(22), dtype=F64)  # rank 1, up to rounding
+    x = x + 1e-18 * torch.randn(6, 4, generator=gen(23), dtype=F64)
+    with pytest.raises(ConfigError, match="rank < p = 2"):
+        subspace_basis(x, None, 2, p=2)
+    assert subspace_basis(x, None, 2, p=1).shape == (4, 1)
+
+
+def test_bases_must_be_orthonormal_to_1e_4():
+    u = random_bases(3, 6, 2, seed=24)
+    with pytest.raises(ConfigError, match="orthonormal"):
+        principal_angle_similarity(1.2 * u)
+    principal_angle_similarity(u * (1 + 2e-5))  # round-off far beyond float64's is still accepted
+
+
+def test_similarities_never_exceed_their_range_through_round_off():
+    u1, u3 = random_bases(200, 7, 1, seed=25), random_bases(100, 7, 3, seed=26)
+    assert principal_angle_similarity(u1).max() <= 1.0  # |cos| of a unit vector with itself rounds above 1
+    assert principal_angle_similarity(u3).max() <= 3.0
+    v = torch.randn(1, 50, generator=gen(27)) * (torch.rand(40, 1, generator=gen(28)) * 10 + 0.1)  # parallel rows
+    w = similarity("parameter", params=v)
+    assert w.max() <= 1.0 and w.min() >= 0.99
+
+
+def test_cross_similarity_of_bases_with_different_p_is_the_sum_of_cosines():
+    u2, v1 = random_bases(4, 6, 2, seed=29), random_bases(3, 6, 1, seed=30)
+    brute = torch.tensor([[float(torch.linalg.svdvals(a.T @ b).sum()) for b in v1] for a in u2], dtype=F64)
+    torch.testing.assert_close(principal_angle_similarity(u2, v1), brute)
+    torch.testing.assert_close(principal_angle_similarity(v1, u2), brute.T)
+    with pytest.raises(ConfigError, match="feature dimension 5 differs from the bases' 6"):
+        principal_angle_similarity(u2, random_bases(3, 5, 1, seed=31))
+
+
+def test_row_blocks_cover_more_clients_than_features():
+    u = random_bases(10, 3, 2, seed=32)  # K = 10 > D = 3
+    brute = torch.tensor([[float(torch.linalg.svdvals(a.T @ b).sum()) for b in u] for a in u], dtype=F64)
+    torch.testing.assert_close(principal_angle_similarity(u, row_chunk=2), brute)
+
+
+def test_official_graph_with_one_neighbour_or_more_than_there_are():
+    w = random_w(4, seed=33)
+    one = official_similarity(w, top_k=1)
+    assert torch.equal((one > 0).sum(1), torch.ones(4, dtype=torch.long)) and torch.all(one.sum(1) == 1)
+    every = official_similarity(w, top_k=5)  # all 3 others
+    assert torch.equal((every > 0).sum(1), torch.full((4,), 3)) and torch.all(every.diagonal() == 0)
+    with pytest.raises(ConfigError, match="top_k"):
+        official_similarity(w, top_k=0)
+    with pytest.raises(ConfigError, match="square"):
+        official_similarity(torch.ones(3, 4))
+
+
+@pytest.mark.parametrize(
+    "params", [torch.zeros(0, 3), torch.ones(3), torch.ones(2, 3, dtype=torch.long), torch.tensor([[1.0, math.inf]])]
+)
+def test_parameter_similarity_refuses_what_is_not_a_finite_k_by_p_store(params):
+    with pytest.raises(ConfigError, match="fedora.similarity.params"):
+        similarity("parameter", params=params)
+
+
+def test_one_client_is_a_federation_for_every_kind():
+    assert similarity("parameter", params=torch.ones(1, 3)).tolist() == [[1.0]]
+    assert similarity("identity", num_clients=1).tolist() == [[1.0]]
+    with pytest.raises(ConfigError, match="num_clients"):
+        similarity("identity")
+
+
+def test_uniform_sizes_must_be_positive_and_one_per_client():
+    for sizes in (torch.tensor([3.0, 0.0]), torch.tensor([1.0, 2.0, 3.0])):
+        with pytest.raises(ConfigError, match="fedora.similarity.sizes"):
+            similarity("uniform", num_clients=2, sizes=sizes)
+
+
+def test_random_similarity_is_the_symmetrised_uniform_draw():
+    w = similarity("random", num_clients=6, generator=gen(34))
+    r = torch.rand(6, 6, generator=gen(34), dtype=F64)
+    expected = (r + r.T) / 2
+    expected.fill_diagonal_(1.0)
+    assert torch.equal(w, expected) and w.max() <= 1.0
+
+
+def test_kappa_and_alpha_edges():
+    assert kappa_of(kappa=0.0) == 0.0
+    for alpha in (math.inf, -1.0, math.nan):
+        with pytest.raises(ConfigError, match="fedora.alpha"):
+            kappa_of(alpha)
+
+
+def test_square_matrices_and_matching_stores_are_required():
+    w = random_w(3, seed=35)
+    with pytest.raises(ConfigError, match="fedora.W"):
+        transition_matrix(torch.ones(3, 4))
+    m = propagation_matrix(w)
+    with pytest.raises(ConfigError, match="fedora.M"):
+        propagate(torch.ones(3, 4, dtype=F64), torch.ones(3, 2, dtype=F64))
+    for theta in (torch.ones(4, 2, dtype=F64), torch.ones(3, dtype=F64)):
+        with pytest.raises(ConfigError, match="fedora.theta"):
+            propagate(m, theta)
+        with pytest.raises(ConfigError, match="fedora.theta"):
+            propagate_iterative(w, theta, iters=2)
+
+
+def test_the_error_names_exactly_the_clients_without_a_similar_client():
+    w = torch.tensor([[0.5, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.2, 0.7]], dtype=F64)
+    with pytest.raises(ConfigError, match=r"clients \[1\] have no similar client"):
+        transition_matrix(w)
+
+
+def test_chunked_propagation_writes_every_block_at_its_own_size():
+    m = propagation_matrix(random_w(3, seed=36))
+    theta = torch.randn(3, 10, generator=gen(36), dtype=F64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. a matmul into a buffer of the wrong size (resized with a warning)
+        out = propagate(m, theta, chunk=4)
+    torch.testing.assert_close(out, m @ theta)
+
+
+def test_tolerance_stops_the_iteration_at_the_first_small_enough_step():
+    """Two clients that see only each other: every step halves (κ = 0.5) and starts near the cap's own
+    scale, so a cap set too low or a missing stop would change the result."""
+    w = torch.tensor([[1e-9, 1.0], [1.0, 1e-9]], dtype=F64)
+    theta = torch.tensor([[1000.0, -3.0], [-1000.0, 5.0]], dtype=F64)
+    tol = 1e-6
+    prev, steps = theta, 0
+    while True:
+        steps += 1
+        cur = propagate_iterative(w, theta, kappa=0.5, iters=steps)
+        if float((cur - prev).abs().max()) <= tol:
+            break
+        prev = cur
+    assert steps > 20
+    assert torch.equal(propagate_iterative(w, theta, kappa=0.5, tol=tol), cur)
+    assert torch.equal(propagate_iterative(w, 1e-3 * theta, kappa=0.0, tol=tol), 1e-3 * theta)  # κ = 0: one step
+    with pytest.raises(ConfigError, match="fedora.tol"):
+        propagate_iterative(w, theta, kappa=0.5, tol=0.0)
+
+
+def test_new_client_row_checks_and_a_zero_or_fractional_self_similarity():
+    w = torch.tensor([0.2, 0.6], dtype=F64)
+    for bad in (torch.ones(1, 2, 2, dtype=F64), torch.tensor([0.2, -0.1], dtype=F64), torch.tensor([math.inf, 1.0])):
+        with pytest.raises(ConfigError, match="fedora.new_client"):
+            new_client_row(bad)
+    row0 = new_client_row(w, kappa=0.5, self_similarity=0.0)  # the official graph: no self-edge
+    torch.testing.assert_close(row0, torch.tensor([0.5 * 0.2 / 0.8, 0.5 * 0.6 / 0.8, 0.5], dtype=F64))
+    half = new_client_row(w, kappa=0.5, self_similarity=0.5)
+    torch.testing.assert_close(half.sum(), torch.tensor(1.0, dtype=F64))
+
+
+def test_selective_lambda_needs_a_positive_floor():
+    with pytest.raises(ConfigError, match="fedora.eps"):
+        selective_lambda(1.0, 0.5, eps=0.0)
