@@ -338,3 +338,13 @@ def test_the_network_and_its_parameter_count_share_their_defaults():
     counted = inspect.signature(HyperNetwork.count_parameters).parameters
     for name in ("embed_dim", "hidden", "n_hidden", "chunk", "chunk_embed_dim"):
         assert built[name].default == counted[name].default, name
+
+
+def test_param_groups_give_the_embeddings_their_own_learning_rate_when_asked():
+    hn = _hn()
+    phi, emb = hn.param_groups()
+    assert emb == {"params": [hn.embeddings]} and len(phi["params"]) == len(hn.phi_parameters())
+    _, emb = hn.param_groups(embed_lr=0.3)
+    assert emb["lr"] == 0.3
+    opt = torch.optim.SGD(hn.param_groups(embed_lr=0.3), lr=0.01)
+    assert [g["lr"] for g in opt.param_groups] == [0.01, 0.3]

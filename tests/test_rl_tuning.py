@@ -1,0 +1,95 @@
+"""What PAGE and Dap-FL share (pfl.methods.rl_tuning): the agent pool, learning after the warm-up, the
+client action → (lr, epochs) range with its warm-up and replay options, and the phase timers."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from pfl.errors import ConfigError
+from pfl.methods.rl_tuning import AgentPool, HparamRange, Timers, learn_after_warmup
+from pfl.optim.ddpg import DDPGAgent, DDPGConfig
+
+
+def _config(**kw) -> DDPGConfig:
+    return DDPGConfig(**{"state_dim": 2, "action_dim": 2, "batch_size": 1, "buffer_size": 8, **kw})
+
+
+def test_the_pool_restores_saved_agents_into_one_shared_scratch_agent_per_configuration():
+    pool, config = AgentPool(), _config()
+    a, b = DDPGAgent(config, seed=1), DDPGAgent(config, seed=2)
+    for _ in range(3):
+        b.act(torch.zeros(2))
+    saved_a, saved_b = a.state_dict(), b.state_dict()
+    first = pool.load(config, saved_a)
+    assert first.acts == 0 and torch.equal(first.act(torch.zeros(2), explore=False), a.act(torch.zeros(2), False))
+    second = pool.load(config, saved_b)
+    assert second is first  # one scratch agent per configuration
+    assert second.acts == 3 and torch.equal(second.generator.get_state(), b.generator.get_state())
+    assert pool.load(_config(hidden=(8, 8)), DDPGAgent(_config(hidden=(8, 8)), seed=0).state_dict()) is not first
+
+
+def test_learning_starts_with_the_first_action_that_came_from_the_actor():
+    agent = DDPGAgent(_config(warmup=2), seed=0)
+    agent.remember(torch.zeros(2), torch.zeros(2), 1.0, torch.ones(2))
+    for _ in range(2):  # the warm-up's random actions
+        agent.act(torch.zeros(2))
+        learn_after_warmup(agent)
+    assert agent.learn_steps == 0
+    agent.act(torch.zeros(2))  # from the actor
+    learn_after_warmup(agent)
+    assert agent.learn_steps == 1
+
+
+def test_range_defaults_are_the_papers_reading():
+    r = HparamRange(0.001, 0.1, 5)
+    assert (r.rounding, r.warmup_space, r.replay) == ("round", "agent", "agent")
+
+
+def test_range_edges():
+    HparamRange(0.1, 0.1, 1)  # one learning rate, one epoch
+    HparamRange(0.1, 1.0, 3)  # lr_max = 1: (a + 1)/2 reaches it
+    for args, field in (((0.0, 0.1, 1), "method.lr_min"), ((0.2, 0.1, 1), "method.lr_min")):
+        with pytest.raises(ConfigError, match=field):
+            HparamRange(*args)
+    with pytest.raises(ConfigError, match="method.lr_max"):
+        HparamRange(0.1, 1.5, 1)
+    with pytest.raises(ConfigError, match="method.epoch_max"):
+        HparamRange(0.1, 0.5, 0)
+
+
+def test_warmup_in_hparam_space_draws_the_learning_rate_uniformly_in_its_range():
+    """The authors' code: u' = lr_min + u (lr_max − lr_min) from the same uniform draw u = (a + 1)/2,
+    stored as a' = 2u' − 1; after the warm-up the actor's action is used as it is."""
+    lo, hi = 0.01, 0.2
+    agent, twin = DDPGAgent(_config(warmup=1), seed=3), DDPGAgent(_config(warmup=1), seed=3)
+    r = HparamRange(lo, hi, 4, warmup_space="hparams")
+    a, raw = r.act(agent, torch.zeros(2)), twin.act(torch.zeros(2))
+    expected = 2.0 * (lo + (raw + 1.0) / 2.0 * (hi - lo)) - 1.0
+    torch.testing.assert_close(a, expected)
+    assert bool(((a + 1) / 2 >= lo).all()) and bool(((a + 1) / 2 <= hi).all())
+    torch.testing.assert_close(r.act(agent, torch.zeros(2)), twin.act(torch.zeros(2)))  # past the warm-up
+    plain = HparamRange(lo, hi, 4)
+    agent, twin = DDPGAgent(_config(warmup=1), seed=3), DDPGAgent(_config(warmup=1), seed=3)
+    torch.testing.assert_close(plain.act(agent, torch.zeros(2)), twin.act(torch.zeros(2)))  # agent space: as drawn
+
+
+def test_replay_stores_the_agents_action_or_the_mapped_hyper_parameters():
+    action = torch.tensor([0.3, -0.5])
+    assert HparamRange(0.01, 0.5, 4).replayed(action, 0.2, 3) is action
+    mapped = HparamRange(0.01, 0.5, 4, replay="mapped").replayed(action, 0.2, 3)
+    assert mapped.tolist() == pytest.approx([0.2, 3.0])
+
+
+def test_timers_add_up_each_phase_and_start_again_after_take():
+    timers = Timers()
+    now = time.perf_counter()
+    timers.add("agents", now - 1.0)
+    timers.add("agents", now - 2.0)
+    timers.add("train", now - 0.5)
+    seconds, counts = timers.take()
+    assert 3.0 <= seconds["agents"] < 4.0 and 0.5 <= seconds["train"] < 1.5
+    assert counts == {"agents": 2, "train": 1}
+    assert timers.take() == ({}, {})
