@@ -205,7 +205,8 @@ def test_max_grad_norm_clips_over_all_hypernetwork_parameters():
         torch.testing.assert_close(applied[name], g * (1e-3 / (total + 1e-6)), msg=name)
 
 
-def test_sam_update_with_rho_zero_is_the_plain_update():
+@pytest.mark.parametrize("gradient", ["paper", "surrogate"])
+def test_sam_update_with_rho_zero_is_the_plain_update(gradient):
     a = _hn(11)
     b = copy.deepcopy(a)
     deltas = _delta(12, (2, sum(SIZES)))
@@ -213,22 +214,14 @@ def test_sam_update_with_rho_zero_is_the_plain_update():
     opt_b = torch.optim.SGD(b.parameters(), lr=0.5, momentum=0.9)
     for _ in range(2):
         hn_server_update(a, opt_a, [1, 2], deltas)
-        hn_sam_server_update(b, opt_b, [1, 2], deltas, rho=0.0)
+        hn_sam_server_update(b, opt_b, [1, 2], deltas, rho=0.0, gradient=gradient)
     for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb), name
 
 
-@pytest.mark.parametrize("cids", [[2], [3, 1]])
-def test_sam_update_applies_the_gradient_taken_at_the_perturbed_hypernetwork(cids):
-    """By hand: g from the surrogate at φ, ε = ρ g/‖g‖ over φ only, surrogate gradient of φ and the
-    embeddings at φ + ε with the targets fixed at φ."""
-    rho = 0.3
-    hn = _hn(13)
-    before = copy.deepcopy(hn)
-    deltas = _delta(14, (len(cids), sum(SIZES)))
-    arg_cid, arg_delta = (cids[0], deltas[0]) if len(cids) == 1 else (cids, deltas)
-    hn_sam_server_update(hn, torch.optim.SGD(hn.parameters(), lr=1.0), arg_cid, arg_delta, rho=rho)
-
+def _sam_by_hand(before: HyperNetwork, cids: list[int], deltas: torch.Tensor, rho: float, gradient: str) -> dict:
+    """g from the surrogate at φ, ε = ρ g/‖g‖ over φ only, then at φ + ε either (∂w_i/∂φ)ᵀ(−Δw_i)
+    (Eq. 24) or the surrogate's gradient with the targets fixed at φ; φ's part averaged over clients."""
     ref = copy.deepcopy(before)
     targets = [(ref(c) + d).detach() for c, d in zip(cids, deltas, strict=True)]
     g = _surrogate_grads(ref, cids, list(deltas))
@@ -239,14 +232,44 @@ def test_sam_update_applies_the_gradient_taken_at_the_perturbed_hypernetwork(cid
             if n != "embeddings":
                 p.add_(rho * g[n] / norm)
     ref.zero_grad()
-    sum(0.5 * (ref(c) - t).square().sum() for c, t in zip(cids, targets, strict=True)).backward()
-    expected = {n: p.grad if n == "embeddings" else p.grad / len(cids) for n, p in ref.named_parameters()}
+    if gradient == "paper":
+        loss = sum((ref(c) * -d).sum() for c, d in zip(cids, deltas, strict=True))
+    else:
+        loss = sum(0.5 * (ref(c) - t).square().sum() for c, t in zip(cids, targets, strict=True))
+    loss.backward()
+    return {n: p.grad if n == "embeddings" else p.grad / len(cids) for n, p in ref.named_parameters()}
 
+
+@pytest.mark.parametrize("gradient", ["paper", "surrogate"])
+@pytest.mark.parametrize("cids", [[2], [3, 1]])
+def test_sam_update_applies_the_gradient_taken_at_the_perturbed_hypernetwork(cids, gradient):
+    rho = 0.3
+    hn = _hn(13)
+    before = copy.deepcopy(hn)
+    deltas = _delta(14, (len(cids), sum(SIZES)))
+    arg_cid, arg_delta = (cids[0], deltas[0]) if len(cids) == 1 else (cids, deltas)
+    opt = torch.optim.SGD(hn.parameters(), lr=1.0)
+    hn_sam_server_update(hn, opt, arg_cid, arg_delta, rho=rho, gradient=gradient)
+
+    expected = _sam_by_hand(before, cids, deltas, rho, gradient)
     applied = _applied(before, hn)
     for name, e in expected.items():
         torch.testing.assert_close(applied[name], e, msg=name)
     plain = _surrogate_grads(copy.deepcopy(before), cids, list(deltas))
     assert not torch.allclose(applied["trunk.0.weight"], plain["trunk.0.weight"])  # ε mattered
+    other = _sam_by_hand(before, cids, deltas, rho, "surrogate" if gradient == "paper" else "paper")
+    assert not torch.allclose(applied["trunk.0.weight"], other["trunk.0.weight"])  # the two rules differ
+
+
+def test_the_papers_rule_is_the_default():
+    hn = _hn(15)
+    a, b = copy.deepcopy(hn), copy.deepcopy(hn)
+    deltas = _delta(16, (2, sum(SIZES)))
+    hn_sam_server_update(a, torch.optim.SGD(a.parameters(), lr=1.0), [0, 3], deltas, rho=0.3)
+    hn_sam_server_update(b, torch.optim.SGD(b.parameters(), lr=1.0), [0, 3], deltas, rho=0.3, gradient="paper")
+    assert all(torch.equal(pa, pb) for pa, pb in zip(a.parameters(), b.parameters(), strict=True))
+    with pytest.raises(ValueError, match="gradient must be one of"):
+        hn_sam_server_update(a, torch.optim.SGD(a.parameters(), lr=1.0), 0, deltas[0], rho=0.3, gradient="exact")
 
 
 def test_sam_update_rejects_bad_input():

@@ -16,7 +16,7 @@ from torch import Tensor
 from pfl.errors import require
 from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload
 from pfl.methods.registry import register
-from pfl.optim.hypernet import HyperNetwork, hn_sam_server_update, hn_server_update, layer_sizes
+from pfl.optim.hypernet import SAM_GRADIENTS, HyperNetwork, hn_sam_server_update, hn_server_update, layer_sizes
 from pfl.seeding import torch_generator
 
 
@@ -190,16 +190,19 @@ class PFedHN(Method):
 
 @register
 class PLGUGHN(PFedHN):
-    """PLGU-GHN (PLGU supplementary C, Algorithm 4): pFedHN whose server step takes the surrogate's
-    gradient at the sharpness-perturbed hypernetwork φ + ε (``hn_sam_server_update``, Eqs. 24–25):
+    """PLGU-GHN (PLGU supplementary C, Algorithm 4): pFedHN whose server step takes its gradient at
+    the sharpness-perturbed hypernetwork φ + ε (``hn_sam_server_update``, Eqs. 24–25):
     g = mean_i (∂w_i/∂φ)ᵀ(−Δw_i), ε = ρ g/‖g‖ (the ℓ_p maximiser for ``p`` ≠ 2) over φ only (not the
-    embeddings), then φ and every v_i descend the surrogate's gradient at φ + ε; φ restored first.
+    embeddings), then φ and every v_i descend (∂w_i/∂φ at φ + ε)ᵀ(−Δw_i) (Eq. 24; ``sam_gradient:
+    surrogate`` descends the gradient of ½‖h(v_i; φ + ε) − (w_i + Δw_i)‖² instead); φ restored first.
     ρ = 0 is pFedHN bit for bit (tested). The sign is pFedHN's (docs/plgu.md: the paper's printed
     ∇_φ(w_i)ᵀΔw_i would make ε point downhill).
 
     Args:
         rho: radius ρ of the hypernetwork perturbation (paper: 0.05).
         p: the ℓ_p ball (2: SAM).
+        sam_gradient: "paper" (Eq. 24: the clients' Δw_i through the Jacobian at φ + ε) or "surrogate"
+            (pFedHN's surrogate loss at φ + ε, which also pulls back against the perturbation itself).
         (the others: as pfedhn)
     """
 
@@ -210,6 +213,7 @@ class PLGUGHN(PFedHN):
         self,
         rho: float = 0.05,
         p: float = 2.0,
+        sam_gradient: str = "paper",
         hn_lr: float = 1e-2,
         hn_momentum: float = 0.9,
         hn_weight_decay: float = 1e-3,
@@ -229,7 +233,13 @@ class PLGUGHN(PFedHN):
         )  # fmt: skip
         require(rho >= 0, "method.rho", f"must be >= 0 (got {rho})")
         require(p >= 1, "method.p", f"must be >= 1 (got {p})", "the ℓ_p ball needs p >= 1 (2 is SAM)")
-        self.rho, self.p = rho, p
+        require(
+            sam_gradient in SAM_GRADIENTS,
+            "method.sam_gradient",
+            f"unknown {sam_gradient!r}",
+            f"choose one of {', '.join(SAM_GRADIENTS)}",
+        )
+        self.rho, self.p, self.sam_gradient = rho, p, sam_gradient
 
     def server_step(self, hn: HyperNetwork, optimizer: torch.optim.Optimizer, cids: list[int], delta: Tensor) -> None:
-        hn_sam_server_update(hn, optimizer, cids, delta, self.rho, self.p, self.max_grad_norm)
+        hn_sam_server_update(hn, optimizer, cids, delta, self.rho, self.p, self.max_grad_norm, self.sam_gradient)

@@ -18,6 +18,8 @@ from torch import Tensor, nn
 
 from pfl.optim.sharpness import perturbation
 
+SAM_GRADIENTS = ("paper", "surrogate")  # the gradient hn_sam_server_update applies at φ + ε
+
 
 def layer_sizes(layers: Mapping[str, slice] | Sequence[slice]) -> list[int]:
     """Sizes of layers that tile [0, P) in order (e.g. ``ModelLayout.layer_slices()``), checked so
@@ -240,6 +242,7 @@ def hn_sam_server_update(
     rho: float,
     p: float = 2.0,
     max_grad_norm: float | None = None,
+    gradient: str = "paper",
 ) -> None:
     """PLGU-GHN's server step (PLGU supplementary C, Eqs. 24–25): ``hn_server_update`` with the
     gradient taken at the sharpness-perturbed hypernetwork weights φ + ε.
@@ -248,8 +251,18 @@ def hn_sam_server_update(
     2. ε = ``perturbation(g, rho, p)`` over the concatenated φ (p = 2: ε = ρ g/‖g‖). Only φ is
        perturbed, not the embeddings: Eq. 24 defines φ̃ = φ + ε, and Eq. 25 updates v_i "through
        the perturbed φ";
-    3. the surrogate gradient at φ + ε for φ and every v_i, with the targets w_i + Δw_i fixed: the
-       output gradient is h(v_i; φ + ε) − (w_i + Δw_i), formed as (h(v_i; φ + ε) − w_i) − Δw_i;
+    3. the gradient at φ + ε for φ and every v_i, by ``gradient``:
+       - "paper" (Eq. 24, ∇_{φ+ε}(w_i)ᵀΔw_i): the Jacobian at φ + ε applied to the clients' own
+         update, (∂w_i/∂φ at φ + ε)ᵀ(−Δw_i). Δw_i stands for the clients' loss gradient at w_i; no
+         client re-evaluates its loss at h(v_i; φ + ε), so the perturbation acts through the
+         Jacobian only, as SAM's gradient at the perturbed point of the loss Σ_i F_i(h(v_i; φ));
+       - "surrogate": the gradient of pFedHN's surrogate ½‖h(v_i; φ + ε) − (w_i + Δw_i)‖² at
+         φ + ε with the targets fixed, i.e. the output gradient (h(v_i; φ + ε) − w_i) − Δw_i. It
+         adds (∂w_i/∂φ at φ + ε)ᵀ(h(v_i; φ + ε) − w_i), a pull back against the perturbation itself.
+         On a large target (the benchmark's 1.66 M-parameter CNN) |h(φ + ε) − h(φ)| is already
+         comparable to |Δw_i| in the first round (3.0 vs 4.9) and the steps grew from round to round
+         until the clients' models diverged (round 4), where "paper" trains as pFedHN does
+         (docs/plgu.md);
     4. φ restored by copy, the step-3 gradient applied by ``optimizer`` (clipped as in
        ``hn_server_update``).
 
@@ -259,6 +272,8 @@ def hn_sam_server_update(
     """
     if rho < 0:
         raise ValueError(f"rho must be >= 0, got {rho}")
+    if gradient not in SAM_GRADIENTS:
+        raise ValueError(f"gradient must be one of {SAM_GRADIENTS}, got {gradient!r}")
     idx, delta, batch = _batch(hn, cid, delta_w)
     phi = hn.phi_parameters()
     w = hn(idx)
@@ -280,8 +295,8 @@ def hn_sam_server_update(
         del eps
     try:
         w_tilde = hn(idx)
-        residual = (w_tilde.detach() - w_ref) - delta
-        grads = torch.autograd.grad(w_tilde, _inputs(hn), grad_outputs=residual, allow_unused=True)
+        out_grad = -delta if gradient == "paper" else (w_tilde.detach() - w_ref) - delta
+        grads = torch.autograd.grad(w_tilde, _inputs(hn), grad_outputs=out_grad, allow_unused=True)
     finally:
         with torch.no_grad():
             for t, b in zip(phi, backup, strict=True):
