@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import bench_config, make_loop, mnist_like
+from bench.common import bench_config, make_loop, mnist_like, rounds_and_saves
 from pfl.federation.checkpoint import save_checkpoint
 from pfl.seeding import torch_generator
 
@@ -43,15 +43,8 @@ def checkpoint_point(num_clients: int, rounds: int, method: str = "ditto", model
         loop.save()  # the first base: the whole federation
         base_s = time.perf_counter() - t0
         base_bytes = loop.chain.last_bytes
-        saves, sizes, round_s = [], [], []
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            loop.run_round()
-            round_s.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            loop.save()
-            saves.append(time.perf_counter() - t0)
-            sizes.append(loop.chain.last_bytes)
+        sizes: list[int] = []
+        round_s, saves = rounds_and_saves(loop, rounds, after_save=lambda: sizes.append(loop.chain.last_bytes))
         loop.chain.wait()
         full = Path(tmp) / "full"
         full.mkdir()
@@ -83,14 +76,7 @@ def cost_share(model: str, rounds: int, method: str = "fedavg", num_clients: int
         loop = make_loop(bench_config(method, model, num_clients, 10), mnist_like(num_clients), run_dir=Path(tmp))
         loop.run_round()
         loop.save()
-        round_s, save_s = [], []
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            loop.run_round()
-            round_s.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            loop.save()
-            save_s.append(time.perf_counter() - t0)
+        round_s, save_s = rounds_and_saves(loop, rounds)
         loop.chain.wait()
     r, s = statistics.median(round_s), statistics.median(save_s)
     return {"method": method, "model": model, "round_s": r, "checkpoint_s": s, "share": s / r}

@@ -8,6 +8,8 @@ grows with N is only what the loop and the method keep per client.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
@@ -85,3 +87,21 @@ def make_loop(cfg: RunConfig, data: FederatedData | None = None, run_dir: Path |
     fabric = L.Fabric(accelerator="cpu", devices=1, precision="32-true")
     data = data if data is not None else mnist_like(cfg.data.num_clients)
     return FederatedLoop(cfg, data, run_dir=run_dir, fabric=fabric)
+
+
+def rounds_and_saves(
+    loop: FederatedLoop, rounds: int, after_save: Callable[[], None] | None = None
+) -> tuple[list[float], list[float]]:
+    """Seconds of each of ``rounds`` rounds and of the checkpoint written after each (``after_save``
+    runs untimed after every save, e.g. to record its size)."""
+    round_s, save_s = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        loop.run_round()
+        round_s.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        loop.save()
+        save_s.append(time.perf_counter() - t0)
+        if after_save is not None:
+            after_save()
+    return round_s, save_s

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from bench.checkpoint import prefill
-from bench.common import bench_config, make_loop, mnist_like
+from bench.common import bench_config, make_loop, mnist_like, rounds_and_saves
 from bench.scaling import peak_rss_mb, rss_mb
 
 
@@ -34,14 +34,7 @@ def store_point(num_clients: int, budget_mb: float, rounds: int, model: str = "c
         prefill(loop)
         prefill_s = time.perf_counter() - t0
         state_mb = loop.init_state.numel() * loop.init_state.element_size() / 2**20
-        round_s, save_s = [], []
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            loop.run_round()
-            round_s.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            loop.save()
-            save_s.append(time.perf_counter() - t0)
+        round_s, save_s = rounds_and_saves(loop, rounds)
         t0 = time.perf_counter()
         metrics = loop.evaluate()
         eval_s = time.perf_counter() - t0
