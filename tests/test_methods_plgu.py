@@ -117,11 +117,19 @@ def test_plgu_grep_without_pre_step_and_rho_zero_is_fedrep():
     assert not torch.equal(fedrep.server["global"], _fit("plgu_grep", {"head_epochs": 2}).server["global"])
 
 
-def test_plgu_ghn_with_rho_zero_is_pfedhn():
-    pfedhn, ghn = _fit("pfedhn"), _fit("plgu_ghn", {"rho": 0.0})
+@pytest.mark.parametrize("sam_gradient", ["paper", "surrogate"])
+def test_plgu_ghn_with_rho_zero_is_pfedhn(sam_gradient):
+    pfedhn, ghn = _fit("pfedhn"), _fit("plgu_ghn", {"rho": 0.0, "sam_gradient": sam_gradient})
     assert _equal_servers(pfedhn, ghn)
     assert pfedhn.evaluate()["pm.l_acc.mean"] == ghn.evaluate()["pm.l_acc.mean"]
-    assert not _equal_servers(pfedhn, _fit("plgu_ghn"))
+    assert not _equal_servers(pfedhn, _fit("plgu_ghn", {"sam_gradient": sam_gradient}))
+
+
+def test_plgu_ghn_passes_its_gradient_rule_to_the_server_step():
+    paper, surrogate = _fit("plgu_ghn"), _fit("plgu_ghn", {"sam_gradient": "surrogate"})
+    assert paper.method.sam_gradient == "paper"
+    assert _equal_servers(paper, _fit("plgu_ghn", {"sam_gradient": "paper"}))
+    assert not _equal_servers(paper, surrogate)
 
 
 # -- PLGU-LF ------------------------------------------------------------------------------------------
@@ -274,6 +282,7 @@ def test_a_round_does_not_depend_on_the_order_clients_train_in(name):
         ("plgu_lf", {"ascent": "both"}, "method.ascent"),
         ("plgu_grep", {"p": 0.5}, "method.p"),
         ("plgu_ghn", {"rho": -1.0}, "method.rho"),
+        ("plgu_ghn", {"sam_gradient": "exact"}, "method.sam_gradient"),
         ("pfedhn", {"hn_momentum": 1.0}, "method.hn_momentum"),
         ("pfedhn", {"chunk": 0}, "method.chunk"),
     ],
