@@ -4,6 +4,7 @@ user's class found by its import path (and named by it in config.yaml)."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -117,3 +118,11 @@ def test_class_path_is_the_registered_name_or_else_the_import_path():
     assert class_path(method_class("ditto")) == "ditto"
     assert class_path(Shadow) == f"{__name__}.Shadow"
     assert method_class(class_path(Shadow)) is Shadow
+
+
+def test_the_readmes_methods_table_names_every_registered_method():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Methods") : readme.index("Server optimizers are configuration")]
+    built_in = {name for name, cls in methods().items() if cls.__module__.startswith("pfl.methods.")}
+    missing = built_in - set(re.findall(r"`([a-z_]+)`", section))
+    assert not missing, f"add {sorted(missing)} to README.md's Methods table"
