@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import fields, is_dataclass
+from dataclasses import is_dataclass
 from typing import Any
 
 import torch
@@ -40,8 +40,8 @@ def _tensors(obj: Any, path: str) -> Iterator[tuple[str, Tensor]]:
         for k, value in enumerate(obj):
             yield from _tensors(value, f"{path}[{k}]")
     elif is_dataclass(obj) and not isinstance(obj, type):
-        for f in fields(obj):
-            yield from _tensors(getattr(obj, f.name), f"{path}.{f.name}")
+        for name in field_names(type(obj)):
+            yield from _tensors(getattr(obj, name), f"{path}.{name}")
 
 
 def first_nonfinite(obj: Any, name: str) -> str | None:
