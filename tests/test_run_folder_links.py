@@ -154,3 +154,24 @@ def test_a_stale_regular_temp_file_is_replaced(tmp_path):
     RunFiles(tmp_path).write_config("seed: 1\n")
     assert (tmp_path / "config.yaml").read_text() == "seed: 1\n" and not (tmp_path / "config.yaml.tmp").exists()
     assert os.listdir(tmp_path) == ["config.yaml"]
+
+
+def test_the_folder_of_replaced_runs_is_not_a_run_name(tmp_path, capsys):
+    assert fit(tmp_path, "a", "--trainer.rounds", "1") == 0
+    assert fit(tmp_path, "a", "--trainer.rounds", "1", "--tracking.overwrite", "true") == 0
+    kept = sorted(p.name for p in (tmp_path / "_replaced").iterdir())
+    capsys.readouterr()
+    for name in ("_replaced", "_replaced/b"):
+        assert fit(tmp_path, name, "--tracking.overwrite", "true") == 2
+        line = one_line(capsys.readouterr().err)
+        assert f"tracking.name: '{name}' lies in _replaced/, where --tracking.overwrite keeps" in line
+    assert sorted(p.name for p in (tmp_path / "_replaced").iterdir()) == kept  # no stray run.lock
+
+
+def test_a_finished_run_on_read_only_storage_still_shows_its_results(copied, capsys, monkeypatch):
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != copied and real(path, mode, **kw))
+    assert main(["fit", "--resume", str(copied)]) == 0
+    assert "already finished its 2 rounds; nothing to do" in capsys.readouterr().out
+    assert main(["fit", "--resume", str(copied), "--trainer.rounds", "3"]) == 2  # more rounds must write
+    assert f"--resume: {copied} is not writable by this user" in one_line(capsys.readouterr().err)
