@@ -23,7 +23,7 @@ from pathlib import Path
 from types import TracebackType
 
 from pfl.errors import ConfigError
-from pfl.safe_files import ensure_folder, open_lock, refuse_links, remove_tree
+from pfl.safe_files import ensure_folder, open_lock, refuse_links, remove
 
 LOCK = "run.lock"
 REPLACED = "_replaced"
@@ -251,7 +251,7 @@ class RunClaim:
             self._lock.release()
             self._lock = None
         if failed and self._created and not has_results(self.dir):
-            remove_tree(self.dir / LOCK)
+            remove(self.dir / LOCK)
             with contextlib.suppress(OSError):
                 self.dir.rmdir()  # empty now; never a tree removed through a link
             if self.replaced is not None and not self.dir.exists():
