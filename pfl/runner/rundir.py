@@ -10,6 +10,8 @@
   lock. ``flock`` is advisory and local: runs on network file systems without lock support are not
   protected against each other across machines.
 - Multi-process runs: only rank 0 claims the folder and writes into it.
+- A folder that will be written into must hold no symbolic link where pfl writes
+  (``pfl.safe_files.refuse_links``); the lock file is opened without following links.
 """
 
 from __future__ import annotations
