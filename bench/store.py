@@ -5,8 +5,10 @@ its own, not from ``make bench``). Every client gets a personal model first (as 
 part), so the store holds N states (6.65 GB at N = 1 000) of which at most the budget stays in
 memory. Then it runs rounds with a checkpoint after each (the first is a base: every state streamed
 out segment by segment) and one evaluation of all N P-models, and reports the process's peak RSS
-(VmHWM) against the budget. Evaluation batches are 512 samples (``--eval-batch``): a 4 096-sample batch
-of the CNN alone needs about 1 GB of activations. Prints one JSON object.
+(VmHWM) against the budget, the time spent hashing checkpoints (SHA-256 of every file written)
+against the round time, and the time a resume takes to load and verify the chain. Evaluation
+batches are 512 samples (``--eval-batch``): a 4 096-sample batch of the CNN alone needs about 1 GB
+of activations. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from bench.checkpoint import prefill
 from bench.common import bench_config, make_loop, mnist_like, rounds_and_saves
 from bench.scaling import peak_rss_mb, rss_mb
+from pfl.federation.checkpoint import CheckpointChain
 
 
 def store_point(num_clients: int, budget_mb: float, rounds: int, model: str = "cnn", eval_batch: int = 512) -> dict:
@@ -34,11 +37,15 @@ def store_point(num_clients: int, budget_mb: float, rounds: int, model: str = "c
         prefill(loop)
         prefill_s = time.perf_counter() - t0
         state_mb = loop.init_state.numel() * loop.init_state.element_size() / 2**20
-        round_s, save_s = rounds_and_saves(loop, rounds)
+        hash_s: list[float] = []
+        round_s, save_s = rounds_and_saves(loop, rounds, after_save=lambda: hash_s.append(loop.chain.last_hash_seconds))
         t0 = time.perf_counter()
         metrics = loop.evaluate()
         eval_s = time.perf_counter() - t0
         loop.chain.wait()
+        t0 = time.perf_counter()
+        CheckpointChain(Path(tmp)).load()  # what a resume verifies: every link's and segment's SHA-256
+        verify_s = time.perf_counter() - t0
         store = loop.clients
         return {
             "model": model,
@@ -54,6 +61,11 @@ def store_point(num_clients: int, budget_mb: float, rounds: int, model: str = "c
             "round_s": sum(round_s[1:]) / max(len(round_s) - 1, 1),
             "first_checkpoint_s": save_s[0],
             "checkpoint_s": sum(save_s[1:]) / max(len(save_s) - 1, 1),
+            "first_checkpoint_hash_s": hash_s[0],
+            "checkpoint_hash_s": sum(hash_s[1:]) / max(len(hash_s) - 1, 1),
+            "hash_over_round": sum(hash_s[1:]) / max(sum(round_s[1:]), 1e-12),
+            "checkpoint_over_round": sum(save_s[1:]) / max(sum(round_s[1:]), 1e-12),
+            "resume_verify_s": verify_s,
             "eval_s": eval_s,
             "pm_acc": metrics["pm.l_acc.mean"],
             "rss_after_build_mb": rss0,

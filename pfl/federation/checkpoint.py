@@ -15,21 +15,29 @@ Files in the run directory:
   segments of a link whose entries did not fit one file (``segment_bytes``: a base of 1 000 large
   client states is streamed out segment by segment, never held in memory at once).
 
-Saving: every file goes to a temp name, is fsynced and loaded back (``weights_only``, memory mapped,
-so no second copy in memory) before it is renamed into place. Segments are placed first, then the
-link before the newest becomes ``checkpoint.prev.pt`` and the new link ``checkpoint.pt``; the
-directories are fsynced, and files no longer reachable from either are deleted. A kill at any point
-leaves at least one complete, verified chain.
+Saving: every file goes to a temp name (created new, never through a link: ``pfl.safe_files``), is
+fsynced and loaded back (``weights_only``, memory mapped, so no second copy in memory) before it is
+renamed into place. Every file (link or segment) records the SHA-256 of its content (``_sha256``:
+the tree's structure, numbers, strings and tensor bytes), computed from what was saved. Segments
+are placed first, then the link before the newest becomes ``checkpoint.prev.pt`` and the new link
+``checkpoint.pt``; the directories are fsynced, and files no longer reachable from either are
+deleted. A kill at any point leaves at least one complete, verified chain.
 
 Loading: ``torch.load(..., weights_only=True)`` admits tensors, numbers, strings and containers
-only; a file that needs any other global is refused (ConfigError), never unpickled. A truncated or
-empty newest link (or one whose chain is incomplete) is reported in one line and the previous one is
-used. A file without chain metadata (written by ``save_checkpoint``, or by earlier versions of pfl)
-is a base on its own.
+only; a file that needs any other global is refused (ConfigError), never unpickled. Memory-mapped
+loading skips the zip checksums, so every file's content is hashed again and compared with the
+SHA-256 it records before it is used (earlier versions of pfl recorded none: such files are used
+unverified). A truncated, empty or altered newest link (or one whose chain is incomplete or altered)
+is reported in one line and the previous one is used. A file without chain metadata (written by
+``save_checkpoint``, or by earlier versions of pfl) is a base on its own.
+
+A full disk while saving is one ConfigError line naming the file; the temp file is removed and the
+checkpoints already in place are untouched.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import sys
@@ -41,16 +49,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 from torch.serialization import get_unsafe_globals_in_checkpoint
 
 from pfl.errors import ConfigError
 from pfl.federation.store import detached_copy, tree_bytes, tree_map
+from pfl.safe_files import ensure_folder, new_file
 
 CHECKPOINT = "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"
 PENDING = "checkpoint.pt.tmp"
 CHAIN_DIR = "checkpoint.chain"
 META = "_chain"
+DIGEST = "_sha256"  # the SHA-256 of the rest of the file's content, recorded when it was written
 SEGMENT_BYTES = 64 * 2**20  # map entries beyond this go to separate files, written one at a time
 MAX_LINKS = 200  # a new base after this many links at the latest (bounds the files resume opens)
 
@@ -66,9 +77,38 @@ def _unsafe_globals(path: Path) -> list[str]:
         return []
 
 
-def read_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
+def content_digest(tree: Any) -> str:
+    """SHA-256 of a checkpoint tree: its structure (dict keys in order, list vs tuple), every
+    number and string (with its type), and every tensor's dtype, shape and bytes."""
+    sha = hashlib.sha256()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, Tensor):
+            flat = node.detach().cpu().contiguous().reshape(-1)
+            sha.update(f"T{node.dtype}{tuple(node.shape)};".encode())
+            sha.update(flat.view(torch.uint8).numpy())
+        elif isinstance(node, dict):
+            sha.update(b"{")
+            for key, value in node.items():
+                visit(key)
+                visit(value)
+            sha.update(b"}")
+        elif isinstance(node, (list, tuple)):
+            sha.update(b"[" if isinstance(node, list) else b"(")
+            for value in node:
+                visit(value)
+            sha.update(b"]")
+        else:
+            sha.update(f"{type(node).__name__}:{node!r};".encode())
+
+    visit(tree)
+    return sha.hexdigest()
+
+
+def read_checkpoint(path: Path, mmap: bool = False, verify: bool = True) -> dict[str, Any]:
     """Load one checkpoint file with ``weights_only=True``. A file that needs other globals is a
-    ConfigError naming them; a damaged file raises UnreadableCheckpoint."""
+    ConfigError naming them; a damaged file, or one whose content differs from the SHA-256 it
+    records (``verify``), raises UnreadableCheckpoint."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as err:  # torch reports damage and refusal with many types; sort them below
@@ -84,6 +124,9 @@ def read_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
         raise UnreadableCheckpoint(reason) from None
     if not isinstance(state, dict):
         raise UnreadableCheckpoint(f"it holds a {type(state).__name__}, not a checkpoint dict")
+    recorded = state.pop(DIGEST, None)
+    if verify and recorded is not None and recorded != content_digest(state):
+        raise UnreadableCheckpoint("its content differs from the SHA-256 recorded when it was written")
     return state
 
 
@@ -95,28 +138,31 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _write_verified(payload: Any, pending: Path) -> int:
-    """torch.save ``payload`` to ``pending``, fsync, and load it back; returns the file's size."""
-    with open(pending, "wb") as fh:
+def _write_verified(payload: dict[str, Any], pending: Path, run_dir: Path) -> tuple[int, float]:
+    """torch.save ``payload`` with its SHA-256 to ``pending`` (a new file, never through a link),
+    fsync, and load it back; returns the file's size and the seconds spent hashing."""
+    started = time.perf_counter()
+    payload = {**payload, DIGEST: content_digest(payload)}
+    hashing = time.perf_counter() - started
+    fix = f"free space there, then continue with --resume {run_dir}; its last checkpoints are intact"
+    with new_file(pending, fsync=True, full_fix=fix) as fh:
         torch.save(payload, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
     try:
-        read_checkpoint(pending, mmap=True)
+        read_checkpoint(pending, mmap=True, verify=False)  # the digest was computed from this payload
     except (ConfigError, UnreadableCheckpoint) as err:  # a bug in what pfl saves, not bad input
         pending.unlink(missing_ok=True)
         raise RuntimeError(
             f"the checkpoint just written does not load back with weights_only=True ({err}); "
             "checkpoints must hold only tensors, Python numbers, strings and containers (e.g. float() numpy scalars)"
         ) from None
-    return pending.stat().st_size
+    return pending.stat().st_size, hashing
 
 
 def save_checkpoint(run_dir: Path, payload: dict[str, Any]) -> Path:
     """Write ``payload`` as a complete checkpoint on its own (no chain); the newest one becomes the
     previous one. Every guarantee of the module holds."""
     path, previous, pending = run_dir / CHECKPOINT, run_dir / PREVIOUS, run_dir / PENDING
-    _write_verified(payload, pending)
+    _write_verified(payload, pending, run_dir)
     if path.exists():
         os.replace(path, previous)
     os.replace(pending, path)
@@ -223,7 +269,7 @@ class Checkpoint:
             parts: list[Any] = [link.get(name, {})]
             parts += [self.chain_dir / s for s in meta.get("segments", [])]
             for part in parts:
-                entries = read_checkpoint(part, mmap=True) if isinstance(part, Path) else part
+                entries = read_checkpoint(part, mmap=True, verify=False) if isinstance(part, Path) else part
                 for key, value in sorted(entries.items()):
                     if key not in seen:
                         seen.add(key)
@@ -261,6 +307,7 @@ class CheckpointChain:
         self._previous: _Link | None = None  # the link at checkpoint.prev.pt when known
         self.last_bytes = 0
         self.last_seconds = 0.0
+        self.last_hash_seconds = 0.0  # of last_seconds, the time spent computing SHA-256 digests
         self._collector: threading.Thread | None = None
 
     # -- policy -----------------------------------------------------------------------------------
@@ -281,13 +328,14 @@ class CheckpointChain:
         """Write one link: a base (``base=True``, or when nothing precedes it: ``maps`` then hold
         every entry and ``lists`` start at 0) or a delta on the current head."""
         started = time.perf_counter()
+        self.last_hash_seconds = 0.0
         maps, lists = maps or {}, lists or {}
         parent = None if base else self.head
         if parent is None:
             for name, delta in lists.items():
                 if delta.start != 0:
                     raise ValueError(f"a base needs the whole list {name!r} (got it from position {delta.start})")
-        self.chain_dir.mkdir(parents=True, exist_ok=True)
+        ensure_folder(self.chain_dir)  # a link here would make the collection below delete elsewhere
         link_id = f"{int(values.get('round', 0)):09d}-{secrets.token_hex(4)}"
         payload: dict[str, Any] = dict(values)
         meta: dict[str, Any] = {"version": 2, "id": link_id, "parent": parent.id if parent else None}
@@ -309,7 +357,7 @@ class CheckpointChain:
         meta["base_bytes"] = parent.base_bytes if parent else estimate
         meta["delta_bytes"] = parent.delta_bytes + estimate if parent else 0
         payload[META] = meta
-        _write_verified(tree_map(lambda t: t.detach().cpu(), payload), pending)
+        self._write(tree_map(lambda t: t.detach().cpu(), payload), pending)
         link = _Link.of(meta)
         self._commit(link, pending)
         self.last_bytes = estimate
@@ -334,9 +382,12 @@ class CheckpointChain:
             held += nbytes
         return buffer, segments, written
 
-    def _place(self, payload: Any, path: Path) -> None:
+    def _write(self, payload: dict[str, Any], pending: Path) -> None:
+        self.last_hash_seconds += _write_verified(payload, pending, self.run_dir)[1]
+
+    def _place(self, payload: dict[str, Any], path: Path) -> None:
         pending = path.with_name(path.name + ".tmp")
-        _write_verified(payload, pending)
+        self._write(payload, pending)
         os.replace(pending, path)
         _fsync_dir(path.parent)
 
@@ -449,6 +500,12 @@ class CheckpointChain:
                 time.sleep(0.05 * (attempt + 1))
             else:
                 raise UnreadableCheckpoint(f"its chain link {parent} is missing")
+        for _, content in links:  # segments are read later, while restoring: verify them now
+            for name in {s for m in content.get(META, {}).get("maps", {}).values() for s in m.get("segments", [])}:
+                try:
+                    read_checkpoint(self.chain_dir / name, mmap=True)
+                except UnreadableCheckpoint as err:
+                    raise UnreadableCheckpoint(f"its segment {self.chain_dir / name} is unreadable: {err}") from None
         return links
 
     def _adopt(self, path: Path, links: list[tuple[Path, dict[str, Any]]], found: dict[Path, dict[str, Any]]) -> None:

@@ -20,8 +20,8 @@ an in-place change to them is not written back.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 import tempfile
 import weakref
 from collections import OrderedDict
@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from pfl.safe_files import ensure_folder, new_file, remove, remove_tree
 
 STORES = ("memory", "disk")
 
@@ -246,9 +248,9 @@ class DiskStore(ClientStore):
         self.device = torch.device(device)
         self._own_folder = folder is None
         self.folder = Path(tempfile.mkdtemp(prefix="pfl-store-")) if folder is None else Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        ensure_folder(self.folder)  # a link here would make the clean-up below delete elsewhere
         for stale in self.folder.glob("*.pt"):  # spill files of an earlier process are never reused
-            stale.unlink()
+            remove(stale)
         self._resident: OrderedDict[int, Any] = OrderedDict()  # least recently used first
         self._sizes: dict[int, int] = {}
         self._clean: set[int] = set()  # resident states identical to their spill file
@@ -362,7 +364,8 @@ class DiskStore(ClientStore):
 
     def _write(self, cid: int, value: Any) -> None:
         path, pending = self._path(cid), self._path(cid).with_suffix(".pt.tmp")
-        torch.save(detached_copy(value, "cpu"), pending)
+        with new_file(pending) as fh:
+            torch.save(detached_copy(value, "cpu"), fh)
         os.replace(pending, path)
         self.writes += 1
 
@@ -379,10 +382,11 @@ class DiskStore(ClientStore):
 
 def _remove_spill(folder: Path, own: bool) -> None:
     if own:
-        shutil.rmtree(folder, ignore_errors=True)
+        with contextlib.suppress(OSError):  # at exit: nothing left to report to
+            remove_tree(folder)
         return
     for path in folder.glob("*.pt*"):
-        path.unlink(missing_ok=True)
+        remove(path)
 
 
 def make_store(kind: str, budget_mb: float, device: torch.device | str, folder: Path | None = None) -> ClientStore:

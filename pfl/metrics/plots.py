@@ -21,6 +21,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from pfl.data.federated import FederatedData  # noqa: E402
 from pfl.data.stats import label_histograms  # noqa: E402
+from pfl.safe_files import write_atomic  # noqa: E402
 
 # (panel title, y label, keys in drawing order): one subplot per family present in the history.
 FAMILIES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -70,8 +71,10 @@ def save_figure(fig: plt.Figure, path: Path, dpi: int = 100) -> None:
     """Lay out, write (creating the folder) and close a figure: the one way pfl saves a plot."""
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
+    try:  # replaced whole, never written through a link planted at ``path``
+        write_atomic(path, lambda fh: fig.savefig(fh, dpi=dpi, format=path.suffix.lstrip(".") or "png"))
+    finally:
+        plt.close(fig)
 
 
 def run_title(run_dir: Path) -> str | None:

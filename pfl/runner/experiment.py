@@ -24,7 +24,7 @@ from pfl.methods import class_path
 from pfl.runner.args import check_resume_progress
 from pfl.runner.outputs import FileOutputs, RunFiles, run_dir_under
 from pfl.runner.reference import ensure_local_reference
-from pfl.runner.rundir import RunClaim, precheck
+from pfl.runner.rundir import RunClaim, check_writable, precheck
 from pfl.runner.wandb_run import wandb_callback
 
 
@@ -105,6 +105,7 @@ def _run(cfg: RunConfig, config_text: str | None, resume_dir: Path | None, run_d
         if check_resume_progress(run_dir, loop.round, cfg.trainer.rounds):
             summary = json.loads((run_dir / "summary.json").read_text())
             return {**summary, "run_dir": str(run_dir), "already_finished": True}
+        _on_rank_zero(fabric, lambda: check_writable(run_dir))
     claim = RunClaim(run_dir, Path(cfg.tracking.root), resume=resume, overwrite=overwrite, auto_name=auto_name)
     _on_rank_zero(fabric, claim.acquire)
     try:

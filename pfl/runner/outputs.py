@@ -4,6 +4,7 @@ disk (``FileOutputs``); the same to W&B is ``pfl.runner.wandb_run.WandbRun``."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import numbers
@@ -14,6 +15,8 @@ from typing import Any
 from pfl.errors import ConfigError
 from pfl.federation.loop import Callback, FederatedLoop
 from pfl.metrics.plots import plot_client_histogram, plot_client_scatter, plot_curves
+from pfl.runner.rundir import REPLACED
+from pfl.safe_files import write_atomic
 
 
 def run_dir_under(root: str | Path, name: str) -> Path:
@@ -29,6 +32,12 @@ def run_dir_under(root: str | Path, name: str) -> Path:
             "tracking.name",
             f"{name!r} leaves tracking.root ({root}): run folders must lie inside it",
             "use a relative name without '..' (sub-folders are fine: sweep/run001), or change tracking.root",
+        )
+    if relative.split(os.sep)[0] == REPLACED:
+        raise ConfigError(
+            "tracking.name",
+            f"{name!r} lies in {REPLACED}/, where --tracking.overwrite keeps the runs it replaced",
+            f"choose another --tracking.name (continue a replaced run with --resume {Path(root) / relative})",
         )
     return Path(root) / relative
 
@@ -64,9 +73,7 @@ class RunFiles:
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def write_config(self, text: str) -> None:
-        tmp = self.dir / "config.yaml.tmp"  # atomic: a kill never leaves a half config that --resume reads
-        tmp.write_text(text)
-        os.replace(tmp, self.dir / "config.yaml")
+        write_atomic(self.dir / "config.yaml", text)  # a kill never leaves a half config that --resume reads
 
     def write_metrics(self, history: list[dict[str, Any]]) -> None:
         _write_csv(self.dir / "metrics.csv", history)
@@ -75,9 +82,7 @@ class RunFiles:
         _write_csv(self.dir / "clients.csv", rows)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        tmp = self.dir / "summary.json.tmp"
-        tmp.write_text(strict_json(summary))
-        os.replace(tmp, self.dir / "summary.json")
+        write_atomic(self.dir / "summary.json", strict_json(summary))
 
 
 class FileOutputs(Callback):
@@ -109,9 +114,8 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     columns: list[str] = []
     for row in rows:
         columns += [k for k in row if k not in columns]
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, path)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(path, text.getvalue())

@@ -20,6 +20,7 @@ from pfl.config import RunConfig
 from pfl.federation.loop import FederatedLoop
 from pfl.methods.local import Local
 from pfl.runner.outputs import FileOutputs, RunFiles
+from pfl.safe_files import new_file
 
 REFERENCE_DIR = "_reference"
 
@@ -88,6 +89,7 @@ def ensure_local_reference(cfg: RunConfig, data, fabric: L.Fabric | None) -> dic
     }
     # Atomic: parallel sweep runs may build the same reference; a reader never sees half a file.
     tmp = path / f"reference.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(record, indent=2))
+    with new_file(tmp) as fh:  # never through a link planted at that name
+        fh.write(json.dumps(record, indent=2).encode())
     os.replace(tmp, path / "reference.json")
     return {**record, "reused": False}

@@ -10,19 +10,22 @@
   lock. ``flock`` is advisory and local: runs on network file systems without lock support are not
   protected against each other across machines.
 - Multi-process runs: only rank 0 claims the folder and writes into it.
+- A folder that will be written into must hold no symbolic link where pfl writes
+  (``pfl.safe_files.refuse_links``); the lock file is opened without following links.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
-import shutil
 import socket
 import time
 from pathlib import Path
 from types import TracebackType
 
 from pfl.errors import ConfigError
+from pfl.safe_files import ensure_folder, open_lock, refuse_links, remove
 
 LOCK = "run.lock"
 REPLACED = "_replaced"
@@ -30,16 +33,19 @@ REPLACED = "_replaced"
 
 def read_owner(run_dir: Path) -> str:
     try:
-        text = (run_dir / LOCK).read_text().strip()
+        fd = os.open(run_dir / LOCK, os.O_RDONLY | os.O_NOFOLLOW)  # a planted link is never read
     except OSError:
         text = ""
+    else:
+        with os.fdopen(fd) as fh:
+            text = fh.read(4096).strip()
     return text or "another process (not yet recorded)"
 
 
 def busy_owner(run_dir: Path) -> str | None:
     """The owner recorded in ``run.lock`` when a live process holds the lock, else None."""
     try:
-        fd = os.open(run_dir / LOCK, os.O_RDONLY)
+        fd = os.open(run_dir / LOCK, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None
     try:
@@ -57,6 +63,12 @@ def has_results(run_dir: Path) -> bool:
     """Whether the folder holds anything but the lock file (an empty one, or one left by a set-up
     that failed before writing anything, can be reused)."""
     return run_dir.is_dir() and any(p.name != LOCK for p in run_dir.iterdir())
+
+
+def check_writable(run_dir: Path) -> None:
+    """A resumed run writes into its folder: refused in one line when this user cannot."""
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise ConfigError("--resume", f"{run_dir} is not writable by this user", "copy the run somewhere writable")
 
 
 def check_creatable(path: Path, field: str = "tracking.root") -> None:
@@ -105,18 +117,22 @@ def refuse_busy(run_dir: Path, owner: str, field: str) -> ConfigError:
 
 
 def precheck(run_dir: Path, *, resume: bool, overwrite: bool, auto_name: bool) -> None:
-    """The cheap checks made before anything is built (``RunClaim`` repeats them under the lock)."""
+    """The cheap checks made before anything is built (``RunClaim`` repeats them under the lock).
+    A folder pfl will write into must hold no symbolic link where pfl writes (``refuse_links``); a
+    resume checks that it may write only once it knows the run is not finished already (a finished
+    run on read-only storage still shows its results)."""
     field = "--resume" if resume else "tracking.name"
     owner = busy_owner(run_dir)
     if owner is not None and not auto_name:
         raise refuse_busy(run_dir, owner, field)
     if resume:
-        if not os.access(run_dir, os.W_OK | os.X_OK):
-            raise ConfigError("--resume", f"{run_dir} is not writable by this user", "copy the run somewhere writable")
+        refuse_links(run_dir, field)
         return
     check_creatable(run_dir)
     if has_results(run_dir) and not (overwrite or auto_name):
         raise refuse_existing(run_dir)
+    if not has_results(run_dir):  # reused as it is (a folder with results is moved aside or skipped)
+        refuse_links(run_dir, field)
 
 
 class RunLock:
@@ -127,7 +143,7 @@ class RunLock:
         self.fd: int | None = None
 
     def try_acquire(self) -> bool:
-        fd = os.open(self.run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_lock(self.run_dir / LOCK, create=True)  # a link there is refused, never truncated
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -219,7 +235,12 @@ class RunClaim:
                 raise refuse_existing(run_dir)
             # We hold the old folder's lock, so no process is using it: move it aside, whole.
             aside = _aside(run_dir, self.root)
-            aside.parent.mkdir(parents=True, exist_ok=True)
+            try:  # a link there would move the old run out of the root
+                ensure_folder(self.root / REPLACED)
+                ensure_folder(aside.parent)
+            except ConfigError:
+                lock.release()
+                raise
             os.rename(run_dir, aside)
             lock.release()
             self.replaced = aside
@@ -232,7 +253,9 @@ class RunClaim:
             self._lock.release()
             self._lock = None
         if failed and self._created and not has_results(self.dir):
-            shutil.rmtree(self.dir, ignore_errors=True)
+            remove(self.dir / LOCK)
+            with contextlib.suppress(OSError):
+                self.dir.rmdir()  # empty now; never a tree removed through a link
             if self.replaced is not None and not self.dir.exists():
                 os.rename(self.replaced, self.dir)  # nothing replaced it: the old run goes back
                 self.replaced = None

@@ -29,7 +29,6 @@ import netrc
 import os
 import re
 import secrets
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from pfl.config import RunConfig
 from pfl.data.ecosystem import dataset_label
 from pfl.data.sources import NATURAL_SOURCES
 from pfl.federation.loop import Callback, FederatedLoop
+from pfl.safe_files import ensure_folder, remove_tree, write_atomic
 
 IDENTITY_FILE = "wandb_run.json"
 FLUSH_SECONDS = 0.1  # how often W&B writes its transaction log (W&B's default: 15 s)
@@ -89,7 +89,7 @@ class WandbIdentity:
     job_type: str = "fit"
 
     def save(self, run_dir: Path) -> None:
-        (run_dir / IDENTITY_FILE).write_text(json.dumps(asdict(self), indent=2) + "\n")
+        write_atomic(run_dir / IDENTITY_FILE, json.dumps(asdict(self), indent=2) + "\n")
 
 
 def stored_id(run_dir: Path) -> str | None:
@@ -146,7 +146,7 @@ class WandbRun(Callback):
         where: dict[str, Any] = {"project": ident.project, "id": ident.id}
         if os.environ.get("WANDB_SWEEP_ID"):
             where = {}  # the agent has chosen project and id; W&B ignores (and warns about) others
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        ensure_folder(self.run_dir / "wandb")  # W&B writes below it: a real folder, never a link
         return wandb.init(
             dir=str(self.run_dir),
             name=ident.name,
@@ -161,12 +161,14 @@ class WandbRun(Callback):
         )
 
     def _drop_superseded_offline_runs(self) -> None:
-        """Earlier offline folders of this id hold a prefix of the history just logged again."""
+        """Earlier offline folders of this id hold a prefix of the history just logged again. An
+        entry that is a link (pfl and W&B make none) is removed itself, never what it points to."""
         current = Path(self.run.settings.sync_dir).resolve()
         pattern = re.compile(rf"^offline-run-\d{{8}}_\d{{6}}-{re.escape(self.identity.id)}(-.*)?$")
         for folder in (self.run_dir / "wandb").glob("offline-run-*"):
-            if folder.is_dir() and pattern.match(folder.name) and folder.resolve() != current:
-                shutil.rmtree(folder)
+            superseded = folder.is_symlink() or (folder.is_dir() and folder.resolve() != current)
+            if superseded and pattern.match(folder.name):
+                remove_tree(folder)
 
     # -- rounds ---------------------------------------------------------------------------------------
     def on_evaluation(self, loop: FederatedLoop, metrics: dict[str, Any]) -> None:

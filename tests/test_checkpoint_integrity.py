@@ -1,0 +1,169 @@
+"""Checkpoints whose bytes changed after they were written (memory-mapped loading skips the zip
+checksums) are detected by the SHA-256 each file records, and the previous checkpoint is used; a
+disk that fills up while checkpointing is one line, and both checkpoints survive."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import shutil
+import struct
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from pfl.cli import main
+from pfl.errors import ConfigError
+from pfl.federation.checkpoint import (
+    CHAIN_DIR,
+    CHECKPOINT,
+    PENDING,
+    PREVIOUS,
+    CheckpointChain,
+    MapDelta,
+    UnreadableCheckpoint,
+    load_checkpoint,
+    read_checkpoint,
+)
+from pfl.federation.loop import comparable_metrics
+
+ARGS = [
+    "--data.num_clients", "4", "--model.hidden", "[64]", "--trainer.eval_every", "1", "--trainer.checkpoint_every", "1",
+    "--tracking.wandb", "false", "--trainer.progress", "false",
+]  # fmt: skip
+
+
+def resume(run: Path, rounds: int = 3) -> int:
+    return main(["fit", "--resume", str(run), "--trainer.rounds", str(rounds), "--trainer.progress", "false"])
+
+
+def digests(run: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (run / CHECKPOINT, run / PREVIOUS)}
+
+
+def largest_tensor_offset(path: Path) -> tuple[int, int]:
+    """(file offset, size) of the largest tensor record in a torch zip archive."""
+    with zipfile.ZipFile(path) as archive:
+        info = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    with open(path, "rb") as fh:
+        fh.seek(info.header_offset)
+        header = fh.read(30)
+    name_len, extra_len = struct.unpack("<HH", header[26:30])
+    return info.header_offset + 30 + name_len + extra_len, info.file_size
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A finished 2-round run (checkpoint.pt: round 2, checkpoint.prev.pt: round 1)."""
+    root = tmp_path_factory.mktemp("integrity")
+    assert main(["fit", *ARGS, "--trainer.rounds", "2", "--tracking.root", str(root), "--tracking.name", "r"]) == 0
+    return root / "r"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(finished, tmp_path_factory) -> dict:
+    """The finished run continued to round 3 from its intact checkpoint."""
+    run = tmp_path_factory.mktemp("reference") / "r"
+    shutil.copytree(finished, run)
+    assert resume(run) == 0
+    return json.loads((run / "summary.json").read_text())
+
+
+def damage_flip(path: Path) -> None:
+    offset, size = largest_tensor_offset(path)
+    with open(path, "r+b") as fh:
+        fh.seek(offset + size // 2)
+        byte = fh.read(1)
+        fh.seek(offset + size // 2)
+        fh.write(bytes([byte[0] ^ 0x01]))  # the lowest bit of one byte: silently different numbers before
+
+
+def damage_random(path: Path) -> None:
+    offset, size = largest_tensor_offset(path)
+    assert size >= 4096
+    noise = torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    with open(path, "r+b") as fh:
+        fh.seek(offset + (size - 4096) // 2)
+        fh.write(noise.numpy().tobytes())
+
+
+@pytest.mark.parametrize("damage", [damage_flip, damage_random], ids=["one_flipped_bit", "4kb_random"])
+def test_altered_checkpoint_falls_back_to_the_previous_one_and_ends_identical(
+    tmp_path, finished, uninterrupted, capsys, damage
+):
+    run = tmp_path / "r"
+    shutil.copytree(finished, run)
+    damage(run / CHECKPOINT)
+    assert resume(run) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        f"warning: checkpoint {run / CHECKPOINT} is unreadable (its content differs from the SHA-256 recorded "
+        f"when it was written); falling back to {run / PREVIOUS}"
+    ]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["rounds"] == 3
+    assert comparable_metrics(summary) == comparable_metrics(uninterrupted)  # bit-identical numbers
+
+
+def test_an_altered_chain_segment_is_detected_before_it_is_used(tmp_path):
+    chain = CheckpointChain(tmp_path, segment_bytes=64)
+    states = {cid: {"w": torch.full((32,), float(cid))} for cid in range(4)}
+    chain.save({"round": 1}, {"clients": MapDelta(states.items())})
+    chain.save({"round": 2}, {"clients": MapDelta([(0, {"w": torch.zeros(32)})])})
+    chain.wait()
+    (segment, *_) = sorted((tmp_path / CHAIN_DIR).glob("*.clients.*.pt"))
+    offset, size = largest_tensor_offset(segment)
+    data = bytearray(segment.read_bytes())
+    data[offset] ^= 0x40
+    segment.write_bytes(bytes(data))
+    with pytest.raises(UnreadableCheckpoint, match="differs from the SHA-256"):
+        read_checkpoint(segment, mmap=True)
+    # both links need the base's segments: nothing readable is left, said in one error
+    with pytest.raises(ConfigError, match="no readable checkpoint"):
+        load_checkpoint(tmp_path)
+
+
+def test_the_recorded_digest_is_not_part_of_the_content(tmp_path):
+    chain = CheckpointChain(tmp_path)
+    chain.save({"round": 1, "server": {"w": torch.arange(5.0)}})
+    state = read_checkpoint(tmp_path / CHECKPOINT)
+    assert "_sha256" not in state and torch.equal(state["server"]["w"], torch.arange(5.0))
+
+
+class FullDisk:
+    """A file that accepts ``room`` bytes, then fails as a full disk does."""
+
+    def __init__(self, fh, room: int):
+        self.fh, self.room = fh, room
+
+    def write(self, data) -> int:
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(data)
+        return self.fh.write(data)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def test_a_full_disk_while_checkpointing_is_one_line_and_both_checkpoints_survive(
+    tmp_path, finished, uninterrupted, capsys, monkeypatch
+):
+    run = tmp_path / "r"
+    shutil.copytree(finished, run)
+    before = digests(run)
+    save = torch.save
+    monkeypatch.setattr(torch, "save", lambda obj, fh, *a, **k: save(obj, FullDisk(fh, 2000), *a, **k))
+    assert resume(run) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"error: tracking.root: no space left on the device while writing {run / PENDING} (free space there, "
+        f"then continue with --resume {run}; its last checkpoints are intact)"
+    )
+    assert digests(run) == before and not (run / PENDING).exists()
+    monkeypatch.setattr(torch, "save", save)
+    assert resume(run) == 0  # continues exactly where the full disk stopped it
+    assert comparable_metrics(json.loads((run / "summary.json").read_text())) == comparable_metrics(uninterrupted)
