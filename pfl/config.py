@@ -8,6 +8,7 @@ from typing import Any, get_args
 
 import torch
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT_STR, _PRECISION_INPUT_STR_ALIAS
+from lightning.fabric.plugins.precision.transformer_engine import _TRANSFORMER_ENGINE_AVAILABLE
 
 from pfl.data.config import validate_data_config
 from pfl.data.settings import DataConfig
@@ -275,6 +276,12 @@ def validate(cfg: RunConfig) -> None:
         "trainer.precision",
         f"unknown precision {t.precision!r}",
         f"choose one of {', '.join(PRECISIONS)}",
+    )
+    require(
+        not t.precision.startswith("transformer-engine") or bool(_TRANSFORMER_ENGINE_AVAILABLE),
+        "trainer.precision",
+        f"{t.precision} needs NVIDIA's transformer_engine package, which is not installed",
+        "install it (pip install 'transformer_engine>=0.11.0', CUDA only) or choose e.g. bf16-mixed or 16-mixed",
     )
     require(
         t.client_store in CLIENT_STORES,

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+import pfl.commands.data as data_command
 from pfl.cli import main
-from pfl.data import build_data
+from pfl.data import DataConfig, build_data
+from pfl.errors import ConfigError
 from pfl.runner.args import parse_fit_args
 
 CONF = Path(__file__).parent.parent / "conf"
@@ -51,6 +53,60 @@ def test_fit_trains_on_an_npz_dir(tmp_path):
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["num_clients"] == 4
     assert main(["fit", *args[:-4], "--data.num_clients", "5", "--tracking.wandb", "false"]) == 2  # wrong count
+
+
+def _clients(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_export_refuses_a_non_empty_folder_and_overwrite_replaces_it_whole(tmp_path, capsys):
+    """Exporting 3 clients over 5 used to leave 3.npz and 4.npz, so 5 clients trained on two partitions."""
+    out = tmp_path / "fed"
+    assert main(["data", "export", str(out), "--data.num_clients", "5"]) == 0
+    capsys.readouterr()
+    assert main(["data", "export", str(out), "--data.num_clients", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: DIR: {out.resolve()} is not empty (it may hold another partition, and a mix of two trains "
+        "silently) (pass --overwrite to replace it whole, or export to a new folder)\n"
+    )
+    assert _clients(out / "train") == [f"{i}.npz" for i in range(5)]  # untouched
+    assert main(["data", "export", str(out), "--overwrite", "--data.num_clients", "3"]) == 0
+    for split in ("train", "test"):
+        assert _clients(out / split) == ["0.npz", "1.npz", "2.npz"]
+    assert json.loads((out / "config.json").read_text())["num_clients"] == 3
+    assert _clients(tmp_path) == ["fed"]  # no temporary sibling left
+    assert build_data(DataConfig(source="npz_dir", root=str(out), num_clients=3), seed=0).num_clients == 3
+    with pytest.raises(ConfigError):
+        build_data(DataConfig(source="npz_dir", root=str(out), num_clients=5), seed=0)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["data", "export", str(empty), "--data.num_clients", "2"]) == 0  # an empty folder is new
+    assert _clients(empty / "train") == ["0.npz", "1.npz"]
+
+
+def test_a_failed_overwrite_leaves_the_old_partition(tmp_path, monkeypatch):
+    out = tmp_path / "fed"
+    assert main(["data", "export", str(out), "--data.num_clients", "4"]) == 0
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+    def disk_full(data, folder, extra):
+        (folder / "train").mkdir()
+        (folder / "train" / "0.npz").write_bytes(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(data_command, "export_npz", disk_full)
+    with pytest.raises(OSError):
+        main(["data", "export", str(out), "--overwrite", "--data.num_clients", "3"])
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert _clients(tmp_path) == ["fed"]
+
+
+@pytest.mark.parametrize("command", ["export", "stats"])
+def test_data_commands_print_their_own_usage(command, capsys):
+    assert main(["data", command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: python -m pfl data {command} ") and "python -m pfl fit [" not in out
 
 
 def test_stats_prints_sizes_histograms_and_writes_heatmap(tmp_path, capsys):

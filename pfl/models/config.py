@@ -57,6 +57,14 @@ DEFAULTS = {f.name: f.default for f in fields(ModelConfig) if f.name in OPTIONAL
 def validate_model_config(cfg: ModelConfig) -> None:
     """Raise ConfigError naming the first invalid field (values only; the model decides what it honours)."""
     require(isinstance(cfg.name, str) and cfg.name.strip() != "", "model.name", "is empty", "e.g. mlp or timm:resnet18")
+    for name, example in (("hidden", "[128, 128]"), ("channels", "[32, 64]")):
+        widths = getattr(cfg, name)
+        require(  # a 0 width trains a model that cannot learn; a negative one fails deep inside torch
+            all(w >= 1 for w in widths), f"model.{name}", f"every width must be >= 1 (got {widths})", f"e.g. {example}"
+        )
+    for name in ("fc", "kernel", "embed"):
+        require(getattr(cfg, name) >= 1, f"model.{name}", f"must be >= 1 (got {getattr(cfg, name)})")
+    require(cfg.padding >= 0, "model.padding", f"must be >= 0 (got {cfg.padding})")
     require(cfg.norm in NORMS, "model.norm", f"unknown norm {cfg.norm!r}", f"choose one of {', '.join(NORMS)}")
     require(cfg.stem in STEMS, "model.stem", f"unknown stem {cfg.stem!r}", f"choose one of {', '.join(STEMS)}")
     require(cfg.groups >= 1, "model.groups", f"must be >= 1 (got {cfg.groups})")

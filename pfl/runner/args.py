@@ -103,11 +103,14 @@ def _method_in_file(path: Path) -> str | None:
             "--config", f"file not found: {path}", "give the path of an existing YAML file, e.g. conf/default.yaml"
         )
     conf = load_yaml(path)
-    method = conf.get("method")
-    if isinstance(method, str):
-        return method
-    if method is not None and method.get("name") is not None:
-        return str(method.get("name"))
+    try:
+        method = conf.get("method")
+        if isinstance(method, str):
+            return method
+        if method is not None and method.get("name") is not None:
+            return str(method.get("name"))
+    except OmegaConfBaseException as err:
+        raise interpolation_error(err, "method") from None
     return None
 
 
@@ -185,6 +188,25 @@ def _parse(parser: ArgumentParser, argv: list[str], field: str = "arguments") ->
         return parser.parse_args(argv)
     except argparse.ArgumentError as err:
         raise ConfigError(field, " ".join(_explain(str(err), parser).split())) from None  # one line
+    except OmegaConfBaseException as err:  # a config file's ${...} that does not resolve
+        raise interpolation_error(err) from None
+
+
+def interpolation_error(err: OmegaConfBaseException, key: str = "--config") -> ConfigError:
+    """OmegaConf's multi-line resolution error as one line naming the key and the fix."""
+    problem = str(getattr(err, "msg", None) or err).splitlines()[0]
+    if "Environment variable" in problem:
+        fix = "set the variable, or give a default: ${oc.env:NAME,default}"
+    elif "Recursive" in problem:
+        fix = "a key cannot refer to itself, directly or through other keys; write its value"
+    elif "Unsupported interpolation type" in problem:
+        fix = "config files can use ${group.key} and OmegaConf's own resolvers (oc.env, oc.select...); write the value"
+    elif "not found" in problem:
+        fix = "refer to a key that exists, e.g. ${trainer.rounds}, or write the value"
+    else:
+        fix = "fix the ${...} interpolation or write the value"
+    field = getattr(err, "full_key", None) or key
+    return ConfigError(str(field), f"cannot resolve its ${{...}} interpolation in a --config file: {problem}", fix)
 
 
 # What a resume may change: how long it runs (trainer.rounds, checked against the rounds done once

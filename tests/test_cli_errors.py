@@ -1,0 +1,68 @@
+"""Bad input that used to end in a traceback (OmegaConf's 88-line interpolation errors, torch's
+negative-dimension error, Lightning's missing-package error) or, for 0 widths, in a model that
+cannot learn: each is one line on stderr naming the field and the fix, exit status 2, before any
+data is built or run folder written."""
+
+from __future__ import annotations
+
+import pytest
+from lightning.fabric.plugins.precision.transformer_engine import _TRANSFORMER_ENGINE_AVAILABLE
+
+from pfl.cli import main
+
+QUIET = ["--tracking.wandb", "false", "--trainer.progress", "false", "--trainer.rounds", "1"]
+
+
+def one_line_error(capsys, argv: list[str], tmp_path) -> str:
+    code = main(["fit", *argv, *QUIET, "--tracking.root", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    assert not (tmp_path / "runs").exists()
+    return err.strip()
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "field", "fix"),
+    [
+        ("tracking:\n  name: ${oc.env:PFL_TEST_UNSET_VARIABLE}\n", "tracking.name", "${oc.env:NAME,default}"),
+        ("tracking:\n  name: ${trainer.nosuch}\n", "tracking.name", "refer to a key that exists"),
+        ("tracking:\n  name: ${eval:1}\n", "tracking.name", "OmegaConf's own resolvers"),
+        ("trainer:\n  rounds: ${trainer.rounds}\n", "trainer.rounds", "cannot refer to itself"),
+        ("method:\n  name: ${oc.env:PFL_TEST_UNSET_VARIABLE}\n", "method", "${oc.env:NAME,default}"),
+    ],
+)
+def test_unresolvable_interpolation_is_one_line_naming_the_key(tmp_path, capsys, monkeypatch, yaml_text, field, fix):
+    monkeypatch.delenv("PFL_TEST_UNSET_VARIABLE", raising=False)
+    path = tmp_path / "conf.yaml"
+    path.write_text(yaml_text)
+    err = one_line_error(capsys, ["--config", str(path)], tmp_path)
+    assert err.startswith(f"error: {field}: cannot resolve its ${{...}} interpolation in a --config file: ")
+    assert fix in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model.hidden", "[-3]"], "model.hidden: every width must be >= 1 (got [-3]) (e.g. [128, 128])"),
+        (["--model.hidden", "[16, 0]"], "model.hidden: every width must be >= 1 (got [16, 0]) (e.g. [128, 128])"),
+        (
+            ["--model.name", "cnn", "--model.channels", "[-1,4]"],
+            "model.channels: every width must be >= 1 (got [-1, 4])",
+        ),
+        (["--model.name", "cnn", "--model.channels", "[0,4]"], "model.channels: every width must be >= 1 (got [0, 4])"),
+        (["--model.name", "cnn", "--model.fc", "0"], "model.fc: must be >= 1 (got 0)"),
+        (["--model.name", "cnn", "--model.kernel", "0"], "model.kernel: must be >= 1 (got 0)"),
+        (["--model.name", "cnn", "--model.padding", "-1"], "model.padding: must be >= 0 (got -1)"),
+    ],
+)
+def test_model_widths_below_one_are_refused_in_one_line(tmp_path, capsys, argv, message):
+    assert one_line_error(capsys, argv, tmp_path).startswith(f"error: {message}")
+
+
+@pytest.mark.skipif(bool(_TRANSFORMER_ENGINE_AVAILABLE), reason="transformer_engine is installed here")
+@pytest.mark.parametrize("precision", ["transformer-engine", "transformer-engine-float16"])
+def test_transformer_engine_without_the_package_is_one_line(tmp_path, capsys, precision):
+    err = one_line_error(capsys, ["--trainer.precision", precision], tmp_path)
+    assert err.startswith(f"error: trainer.precision: {precision} needs NVIDIA's transformer_engine package")
+    assert "bf16-mixed" in err
