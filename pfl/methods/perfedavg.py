@@ -16,8 +16,10 @@ from pfl.methods.registry import register
 class PerFedAvg(Method):
     """Per-FedAvg (Fallah et al. 2020), first-order: per pair of batches (B, B'),
     θ' = θ − α∇f(θ; B), θ ← θ − β∇f(θ'; B'). The P-model is the global model after one step of
-    size α on one training batch. α = ``inner_lr`` (default client.lr), β = ``outer_lr``.
-    (The PGFed authors' code takes that personalization step with β; its script sets α = β.)"""
+    size α on one training batch. α = ``inner_lr``, β = ``outer_lr``, both client.lr by default as
+    the PGFed authors' script sets them (α = β = lr); their code takes the personalization step with
+    β, equal to α there. The shared model is a meta-initialization, meant to be used after that step:
+    at α = 0.1 its own accuracy is near chance while the P-models train (docs/paper_vs_code.md)."""
 
     name = "perfedavg"
     description = "MAML-style (first-order) global model; P-model = global + one local SGD step"
