@@ -12,8 +12,8 @@ floor is 0.364 / 0.367, over three times chance. Measured at 20 rounds: the slow
 hypernetwork methods (pFedHN 0.510, PLGU-GHN 0.504: each client's embedding moves only when it is
 sampled), then FedRecon 0.640 and FedAMP 0.664; Per-FedAvg 0.670 (0.305 with its former β = 0.005);
 FedPG and S-FedPG end at chance (0.080 / 0.094, P-models / global model). A third
-rather than a half keeps the hypernetwork methods clear of the floor by 0.14 without letting a
-method that learns a fraction of FedAvg's accuracy pass. Cost: about 75 s of CPU time for the
+rather than a half keeps the hypernetwork methods clear of the floor by 0.14, while a method at
+chance, or one that learns as little as Per-FedAvg with its former β, still fails. Cost: about 75 s of CPU time for the
 registry (8 min of wall time on a 2-core machine shared by ten processes).
 
 Per-FedAvg's shared model is a meta-initialization: its objective is the loss *after* one α-step
