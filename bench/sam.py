@@ -36,7 +36,7 @@ VARIANTS: dict[str, tuple[str, dict, str]] = {
     "plgu_lf (ascent personal)": ("plgu_lf", {"personal_layers": 1}, "fedavg (SGD)"),
     "plgu_lf (ascent global)": ("plgu_lf", {"personal_layers": 1, "ascent": "global"}, "fedavg (SGD)"),
     "fedrep": ("fedrep", {"head_epochs": 1}, "fedrep"),
-    "plgu_grep (Eq. 11 step + LWSAM)": ("plgu_grep", {"head_epochs": 1}, "fedrep"),
+    "plgu_grep (Eq. 11 step + LWSAM)": ("plgu_grep", {"head_epochs": 1, "pre_step": True}, "fedrep"),
     "plgu_grep (LWSAM only)": ("plgu_grep", {"head_epochs": 1, "pre_step": False}, "fedrep"),
     "pfedhn": ("pfedhn", {}, "pfedhn"),
     "plgu_ghn": ("plgu_ghn", {}, "pfedhn"),

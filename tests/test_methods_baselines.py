@@ -19,6 +19,7 @@ from pfl.methods import method_class, methods
 from pfl.methods.base import ClientContext
 from pfl.methods.heads import split_head
 from pfl.models import build_model
+from pfl.runner.args import parse_fit_args
 from pfl.seeding import seed_everything, torch_generator
 from tests.conftest import make_loop, tiny_config
 from tests.methods_helpers import exchanged_round
@@ -349,6 +350,23 @@ def test_perfedavg_local_update_and_personal_model_match_hand_computation():
     g = torch.cat([x.reshape(-1) for x in _grads(net, live, data.x[b], data.y[b])])
     personal = loop.method.personal_state(loop.server, ctx)
     torch.testing.assert_close(personal, w - alpha * g, rtol=1e-5, atol=1e-6)
+
+
+def test_perfedavg_step_sizes_default_to_the_client_lr():
+    lr = 0.07  # α and β both follow client.lr (the PGFed authors' script: α = β = lr)
+    default = _one_client_loop("perfedavg", {}, rounds=2, lr=lr)[1]
+    explicit = _one_client_loop("perfedavg", {"inner_lr": lr, "outer_lr": lr}, rounds=2, lr=lr)[1]
+    assert torch.equal(default.server["global"], explicit.server["global"])
+    assert torch.equal(
+        default.method.personal_state(default.server, default.client(0)),
+        explicit.method.personal_state(explicit.server, explicit.client(0)),
+    )
+    for other in ({"inner_lr": lr, "outer_lr": lr / 2}, {"inner_lr": lr / 2, "outer_lr": lr}):
+        assert not torch.equal(
+            default.server["global"], _one_client_loop("perfedavg", other, rounds=2, lr=lr)[1].server["global"]
+        )
+    method = parse_fit_args(["--config", str(CONF / "method" / "perfedavg.yaml")])[0].method
+    assert (method.inner_lr, method.outer_lr) == (None, None)
 
 
 @pytest.mark.parametrize("l2", [0.0, 0.1])

@@ -4,7 +4,7 @@ Which identities hold bit for bit (torch.equal) and which to a tolerance:
 - FedSAM with ρ = 0 = FedAvg: bit for bit.
 - PLGU-LF with every layer personal = FedAvg (global model): bit for bit.
 - PLGU-LF with D = 0, Λ = I and the ascent at the global copy = FedSAM: bit for bit.
-- PLGU-GRep without Eq. 11's step and with ρ = 0 = FedRep: bit for bit.
+- PLGU-GRep (default: no Eq. 11 step) with ρ = 0 = FedRep: bit for bit.
 - PLGU-GHN with ρ = 0 = pFedHN: bit for bit.
 - One step of PLGU-LF / PLGU-GRep and one round of pFedHN against a hand computation: 1e-6
   (the hand computation sums in another order).
@@ -109,12 +109,55 @@ def test_plgu_lf_with_no_personal_layer_is_fedsam_with_identity_scale_and_global
         assert not torch.equal(fedsam.server["global"], near.server["global"])
 
 
-def test_plgu_grep_without_pre_step_and_rho_zero_is_fedrep():
+def test_plgu_grep_default_with_rho_zero_is_fedrep():
     fedrep = _fit("fedrep", {"head_epochs": 2})
-    grep = _fit("plgu_grep", {"head_epochs": 2, "rho": 0.0, "pre_step": False})
+    grep = _fit("plgu_grep", {"head_epochs": 2, "rho": 0.0})
     assert torch.equal(fedrep.server["global"], grep.server["global"])
     assert fedrep.evaluate()["pm.l_acc.mean"] == grep.evaluate()["pm.l_acc.mean"]
     assert not torch.equal(fedrep.server["global"], _fit("plgu_grep", {"head_epochs": 2}).server["global"])
+    # Eq. 11's extra step is what separates the pre_step option from FedRep at ρ = 0
+    extra = _fit("plgu_grep", {"head_epochs": 2, "rho": 0.0, "pre_step": True})
+    assert not torch.equal(fedrep.server["global"], extra.server["global"])
+
+
+@pytest.mark.parametrize(
+    ("args", "steps", "passes"),
+    [
+        ({}, 1, 2),  # Algorithm 3: one update of φ̃ per body mini-batch, the LWSAM step (ascent + descent pass)
+        ({"rho": 0.0}, 1, 1),  # ε ≡ 0: FedRep's plain step
+        ({"pre_step": True}, 2, 3),  # Eq. 11's plain step first: FedRep's body steps doubled
+    ],
+)
+def test_plgu_grep_body_steps_and_passes_per_mini_batch(monkeypatch, args, steps, passes):
+    from pfl.engine.worker import ClientModule, StepOptimizer
+
+    counts = {"steps": 0, "passes": 0}
+    step, backward = StepOptimizer.step, ClientModule.manual_backward
+
+    def counted_step(self):
+        counts["steps"] += 1
+        step(self)
+
+    def counted_backward(self, loss, *a, **k):
+        counts["passes"] += 1
+        backward(self, loss, *a, **k)
+
+    loop = make_loop(tiny_config("plgu_grep", {"head_epochs": 0, **args}, client={"batch_size": 8, "epochs": 2}))
+    client = loop.client(0)
+    batches = len(list(client.batches()))
+    assert batches > 2
+    monkeypatch.setattr(StepOptimizer, "step", counted_step)
+    monkeypatch.setattr(ClientModule, "manual_backward", counted_backward)
+    loop.method.local_update(client, loop.method.payload(loop.server, 0))
+    assert counts == {"steps": steps * batches, "passes": passes * batches}
+
+
+def test_plgu_grep_rho_zero_control_from_the_command_line():
+    exp = CONF / "experiment" / "plgu_digits_pat3.yaml"
+    argv = ["--config", str(exp), "--config", str(CONF / "method" / "plgu_grep.yaml"), "--method.rho", "0"]
+    method = parse_fit_args(argv)[0].method
+    assert (method.name, method.rho, method.pre_step) == ("plgu_grep", 0.0, False)
+    assert parse_fit_args([*argv, "--method.pre_step", "true"])[0].method.pre_step is True
 
 
 @pytest.mark.parametrize("sam_gradient", ["paper", "surrogate"])
@@ -182,8 +225,14 @@ def test_plgu_lf_step_equals_algorithm_1_by_hand(ascent):
 
 
 # -- PLGU-GRep ----------------------------------------------------------------------------------------
-def test_plgu_grep_body_step_equals_eqs_11_to_13_by_hand():
-    cfg = tiny_config("plgu_grep", {"head_epochs": 0}, client=ONE_BATCH, model={"name": "mlp", "hidden": [16, 16]})
+@pytest.mark.parametrize("pre_step", [False, True])
+def test_plgu_grep_body_step_equals_eqs_11_to_13_by_hand(pre_step):
+    cfg = tiny_config(
+        "plgu_grep",
+        {"head_epochs": 0, "pre_step": pre_step},
+        client=ONE_BATCH,
+        model={"name": "mlp", "hidden": [16, 16]},
+    )
     loop = make_loop(cfg)
     layers = list(loop.flat.layout.layer_slices().values())  # two body layers and the head
     body, head = slice(0, layers[-1].start), layers[-1]
@@ -198,7 +247,9 @@ def test_plgu_grep_body_step_equals_eqs_11_to_13_by_hand():
     start[loop.method.mask(loop.flat.layout)] = payload["shared"]
     x, y = _only_batch(loop, 0)
     loop.method.local_update(client, payload)
-    phi1 = start[:n] - 0.1 * _grad_at(loop, start[:n], x, y, region=body)  # Eq. 11
+    phi1 = start[:n].clone()
+    if pre_step:  # Eq. 11's plain step first
+        phi1 -= 0.1 * _grad_at(loop, start[:n], x, y, region=body)
     g = _grad_at(loop, phi1, x, y, region=body)
     lam = torch.zeros(n)
     lam[layers[0]] = 1.0  # ξ: only layer 0 moved, so it gets all the score; layer 1 gets 0

@@ -16,8 +16,10 @@ from pfl.methods.registry import register
 class PerFedAvg(Method):
     """Per-FedAvg (Fallah et al. 2020), first-order: per pair of batches (B, B'),
     θ' = θ − α∇f(θ; B), θ ← θ − β∇f(θ'; B'). The P-model is the global model after one step of
-    size α on one training batch. α = ``inner_lr`` (default client.lr), β = ``outer_lr``.
-    (The PGFed authors' code takes that personalization step with β; its script sets α = β.)"""
+    size α on one training batch. α = ``inner_lr``, β = ``outer_lr``, both client.lr by default as
+    the PGFed authors' script sets them (α = β = lr); their code takes the personalization step with
+    β, equal to α there. The shared model is a meta-initialization, meant to be used after that step:
+    at α = 0.1 its own accuracy is near chance while the P-models train (docs/paper_vs_code.md)."""
 
     name = "perfedavg"
     description = "MAML-style (first-order) global model; P-model = global + one local SGD step"
@@ -25,17 +27,22 @@ class PerFedAvg(Method):
     def __init__(
         self,
         inner_lr: float | None = None,
-        outer_lr: float = 0.005,
+        outer_lr: float | None = None,
     ):
         require(inner_lr is None or inner_lr >= 0, "method.inner_lr", "must be >= 0, or null for client.lr")
-        require(outer_lr > 0, "method.outer_lr", f"must be > 0 (got {outer_lr})")
+        require(
+            outer_lr is None or outer_lr > 0, "method.outer_lr", f"must be > 0, or null for client.lr (got {outer_lr})"
+        )
         self.inner_lr, self.outer_lr = inner_lr, outer_lr
 
     def _alpha(self, client: ClientContext) -> float:
         return client.lr if self.inner_lr is None else self.inner_lr
 
+    def _beta(self, client: ClientContext) -> float:
+        return client.lr if self.outer_lr is None else self.outer_lr
+
     def local_update(self, client: ClientContext, payload: State) -> Upload:
-        flat, alpha = client.flat, self._alpha(client)
+        flat, alpha, beta = client.flat, self._alpha(client), self._beta(client)
         flat.load(payload["global"])
         theta, grads = flat.params, flat.grads
         started, steps = time.perf_counter(), 0
@@ -45,7 +52,7 @@ class PerFedAvg(Method):
             client.gradient(first)
             theta.sub_(grads, alpha=alpha)
             client.gradient(second)
-            theta.copy_(start).sub_(grads, alpha=self.outer_lr)
+            theta.copy_(start).sub_(grads, alpha=beta)
             steps += 1
         client.record_fit(steps, client.epochs, started)
         return Upload(flat.snapshot(), client.num_samples)
