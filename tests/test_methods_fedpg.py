@@ -358,6 +358,29 @@ def test_fedmgda_weights_stay_in_the_epsilon_box_on_the_simplex():
     torch.testing.assert_close(step, expected, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("center", ["samples", "uniform"])
+def test_fedmgda_box_is_around_the_sample_weights_by_default_or_uniform(center):
+    """Sizes 10, 30, 60: λ⁰ = (0.1, 0.3, 0.6) (the paper) or 1/3 each. At ε = 0 the step is
+    −Σ λ⁰_i ĝ_i exactly; at ε = 0.05 every λ_i stays within 0.05 of λ⁰_i."""
+    from pfl.methods.fedmgda import FedMGDAPlus
+
+    gen = torch.Generator().manual_seed(11)
+    grads = {c: torch.randn(5, generator=gen, dtype=torch.float64) for c in range(3)}
+    sizes = {0: 10.0, 1: 30.0, 2: 60.0}
+    lam0 = torch.tensor([0.1, 0.3, 0.6] if center == "samples" else [1 / 3] * 3, dtype=torch.float64)
+    for eps in (0.0, 0.05):
+        method = FedMGDAPlus(epsilon=eps, center=center)
+        server = bare_server(method, 5, num_clients=3)
+        w = server["global"].clone()
+        method.aggregate(server, {c: Upload(w - g, sizes[c]) for c, g in grads.items()})
+        assert float((server["lambda"] - lam0).abs().max()) <= eps + 1e-9
+        if eps == 0.0:
+            expected = -sum(lam0[c] * g / g.norm() for c, g in grads.items())
+            torch.testing.assert_close(server["global"] - w, expected, rtol=0, atol=1e-12)
+    with pytest.raises(ConfigError, match="method.center: unknown value 'median'"):
+        FedMGDAPlus(center="median")
+
+
 def test_fedmgda_epsilon_01_can_conflict_where_mgda_does_not():
     """Nine clients agree, one points the other way: the common direction needs weight ≈ 1/2 on the
     tenth, but ε = 0.1 caps it at 0.2, so the step raises its loss (FedPG's Fig. 1 argument)."""
@@ -588,8 +611,9 @@ def test_fedmgda_buffers_are_the_sample_weighted_mean_and_stay_out_of_the_solve(
     server["global"] = w.clone()
     states = {0: torch.tensor([0.0, 1.0, 1.0, 2.0]).double(), 1: torch.tensor([1.0, -1.0, 3.0, 10.0]).double()}
     method.aggregate(server, {0: Upload(states[0], 1.0), 1: Upload(states[1], 3.0)})
-    # ĝ_0 = (1, 0), ĝ_1 = (0, 1): the buffers' differences do not enter the normalisation.
-    expected = torch.tensor([0.5, 0.5, 0.25 * 1.0 + 0.75 * 3.0, 0.25 * 2.0 + 0.75 * 10.0], dtype=torch.float64)
+    # ĝ_0 = (1, 0), ĝ_1 = (0, 1): the buffers' differences do not enter the normalisation; at ε = 0
+    # λ = λ⁰ = the sample shares (1/4, 3/4).
+    expected = torch.tensor([0.75, 0.25, 0.25 * 1.0 + 0.75 * 3.0, 0.25 * 2.0 + 0.75 * 10.0], dtype=torch.float64)
     torch.testing.assert_close(server["global"], expected, rtol=0, atol=1e-12)
 
 
