@@ -89,22 +89,22 @@ def test_default_rescales_to_the_median_and_keeps_history_forever(cls):
 
 
 def test_history_max_age_drops_gradients_older_than_the_age_and_none_keeps_them():
-    """Client 0 takes part in round 0 only; with max age 2 its row is in Q at rounds 1 and 2 (ages 1,
-    2) and gone from round 3 on; without a max age it stays."""
+    """Client 0 takes part in round 1 only; with max age 2 its row is in Q at rounds 2 and 3 (ages 1,
+    2) and gone from round 4 on; without a max age it stays."""
     gen = torch.Generator().manual_seed(5)
     rows = {}
     for age in (None, 2):
         method = FedPG(history_max_age=age)
         server = bare_server(method, 6)
         seen = []
-        for r, cids in enumerate(([0, 1], [1, 2], [1, 2], [1, 2], [1, 2])):
+        for r, cids in enumerate(([1, 2], [0, 1], [1, 2], [1, 2], [1, 2], [1, 2])):
             server.round = r
             grads, losses = random_round(gen, cids, 6)
             method.aggregate(server, uploads_for(server["global"].clone(), grads, losses))
             seen.append((server["stats"]["history_rows"], 0 in server["history"]))
         rows[age] = seen
-    assert rows[None] == [(0, True), (1, True), (1, True), (1, True), (1, True)]
-    assert rows[2] == [(0, True), (1, True), (1, True), (0, False), (0, False)]
+    assert rows[None] == [(0, False), (1, True), (1, True), (1, True), (1, True), (1, True)]
+    assert rows[2] == [(0, False), (1, True), (1, True), (1, True), (0, False), (0, False)]
 
 
 def test_lambda_lies_on_the_simplex():
