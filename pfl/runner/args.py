@@ -212,8 +212,9 @@ def interpolation_error(err: OmegaConfBaseException, key: str = "--config") -> C
 # What a resume may change: how long it runs (trainer.rounds, checked against the rounds done once
 # the checkpoint is read), when it evaluates and checkpoints, where it runs (device settings change
 # results only by float rounding), what is reported from the evaluations, and where results go.
-# Everything else (seed, method, client, server, data, model, precision, sampling, eval.s_acc_others
-# and eval.pm_source, which define metrics already in the history) would mix two experiments.
+# Everything else (seed, method, client, server, data, model, precision, sampling, eval.s_test,
+# eval.s_acc_others and eval.pm_source, which define metrics already in the history) would mix two
+# experiments.
 RESUME_ALLOWED = frozenset(
     {
         "trainer.rounds",
