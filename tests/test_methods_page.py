@@ -4,6 +4,7 @@ implementation has."""
 from __future__ import annotations
 
 import io
+import statistics
 from pathlib import Path
 
 import pytest
@@ -29,8 +30,8 @@ def page_config(method_args: dict | None = None, **groups):
 
 
 def fixed_client_action(cid: int) -> torch.Tensor:
-    """Agent-space actions that map inside the range: lr 0.025 + 0.005·cid, epochs 2 or 3."""
-    return torch.tensor([-0.95 + 0.01 * cid, -0.9 + 0.02 * cid])
+    """Agent-space actions spread over the range: lr 0.0145 + 0.0045·cid, epochs 1, 1, 2, 2, 2, 3."""
+    return torch.tensor([-0.9 + 0.1 * cid, -0.9 + 0.3 * cid])
 
 
 class FixedPAGE(PAGE):
@@ -437,6 +438,9 @@ def test_page_rewards_are_the_weight_over_the_test_loss_plus_the_penalty():
     out = loop.method.metrics(server)
     assert out["page.lr.mean"] == pytest.approx(sum(r[0] for r in rows) / len(rows))
     assert out["page.epochs.mean"] == pytest.approx(sum(r[1] for r in rows) / len(rows))
+    for i, name in ((0, "lr"), (1, "epochs")):
+        std = statistics.pstdev(r[i] for r in rows)
+        assert std > 0 and out[f"page.{name}.std"] == pytest.approx(std)
     assert out["page.client_reward.mean"] == pytest.approx(sum(r[2] for r in rows) / len(rows))
     assert out["page.server_reward"] == float(server["reward"]) and out["page.weight.max"] == float(
         server["weights"].max()

@@ -3,18 +3,25 @@
 Each client's agent picks its local learning rate and number of epochs; the server's agent picks the
 aggregation weights. Client i in round t (all clients take part, as in the authors' code):
 
-    state     s_i = acc(g, local test of i)            g = the global model received (see "lag")
+    state     s_i = acc(g, V_i)                        g = the global model received (see "lag")
     action    a_i = agent_i(s_i) ∈ [−1, 1]²  →  (η_i, E_i)   (pfl.optim.ddpg.client_action_to_hparams)
     train     θ_i = E_i epochs of SGD at η_i from g
-    reward    r_i = c · 1 / (loss(θ_i, local test of i) + penalty)
+    reward    r_i = c · 1 / (loss(θ_i, V_i) + penalty)
 
 Server, after the uploads:
 
-    state     S = (acc(θ_k, global test))_k            one entry per client (the last known one for a
+    state     S = (acc(θ_k, V))_k                      one entry per client (the last known one for a
                                                        client that did not take part this round)
     action    A = agent_S(S) ∈ [−1, 1]^K  →  w = (A + 1)/2 / Σ (A + 1)/2   (server_action_to_weights)
     aggregate g' = Σ_k w_k θ_k / Σ_k w_k                (over this round's clients)
-    reward    R = s · 1 / (loss(g', global test) + penalty)
+    reward    R = s · 1 / (loss(g', V) + penalty)
+
+V_i is client i's validation split and V the union of them (``reward_split: validation``); with
+``reward_split: test`` (the paper's and its code's choice) V_i is i's local test split and V the
+server's global test set, the very sets the results are reported on. ``action_map`` chooses the map
+from [−1, 1]² to (η_i, E_i): linear over the range (default) or the authors' clip.
+``actions: fixed`` freezes every action at client.lr, client.epochs and the data-size weights
+(FedAvg); ``actions: random`` draws uniform actions every round and runs no agent (the controls).
 
 c = ``client_reward_weight`` and s = ``server_reward_weight`` scale each agent's reward (the authors'
 code multiplies the rewards by ``c_reward_weight`` / ``s_reward_weight``); the paper's biased
@@ -367,7 +374,7 @@ class PAGE(Method):
         agents summed over the round's clients, as a sequential simulation spends them; the same per
         client under ``*_per_client_ms``) and the agents' share of it; plus the latest round's mean
         learning rate, epochs and rewards (of the clients this process trained) and the largest
-        aggregation weight."""
+        aggregation weight. ``page.lr.std`` / ``page.epochs.std``: the spread over those clients."""
         seconds, counts = self._timers.take()
         rounds = max(counts.get("aggregation", 0), 1)
         out: dict[str, float] = {}
@@ -381,8 +388,10 @@ class PAGE(Method):
         out["time.page.agents_over_fl"] = agents / fl if fl > 0 else 0.0
         if self._last_round:
             rows = [self._last_round[c] for c in sorted(self._last_round)]
-            out["page.lr.mean"] = sum(r[0] for r in rows) / len(rows)
-            out["page.epochs.mean"] = sum(r[1] for r in rows) / len(rows)
+            for i, name in ((0, "lr"), (1, "epochs")):  # how far the round's choices spread over the range
+                values = torch.tensor([float(r[i]) for r in rows], dtype=torch.float64)
+                out[f"page.{name}.mean"] = float(values.mean())
+                out[f"page.{name}.std"] = float(values.std(correction=0))
             rewards = [r[2] for r in rows if r[2] is not None]  # no reward where no agent acted
             if rewards:
                 out["page.client_reward.mean"] = sum(rewards) / len(rewards)
