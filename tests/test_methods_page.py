@@ -626,6 +626,18 @@ def test_a_warmup_as_long_as_the_run_is_refused_before_it_starts():
         _parse("conf/experiment/page_embedded_synthetic.yaml", "conf/method/page_short.yaml", **{"trainer.rounds": 5})
 
 
+@pytest.mark.parametrize(("tune", "refused"), [(["lr"], True), (["epochs"], True), (["weights"], True), ([], False)])
+def test_the_warmup_check_applies_whenever_an_agent_acts(tune, refused):
+    cfg = tiny_config("page", {"warmup": 3, "tune": tune}, trainer={"rounds": 3})
+    if refused:
+        with pytest.raises(ConfigError, match="method.warmup"):
+            cfg.method.check_run(cfg)
+    else:
+        cfg.method.check_run(cfg)
+    shorter = tiny_config("page", {"warmup": 2, "tune": tune}, trainer={"rounds": 3})
+    shorter.method.check_run(shorter)
+
+
 def test_short_configs_put_the_baselines_in_the_middle_of_the_range_and_dapfl_gets_pages_ceilings():
     from pfl.methods.rl_tuning import HparamRange
 
