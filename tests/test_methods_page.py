@@ -591,6 +591,19 @@ def test_page_refuses_to_score_on_validation_splits_that_do_not_exist():
     make_loop(tiny_config("page", {**FAST_AGENTS, "reward_split": "test"})).run_round()  # the paper's choice
 
 
+def test_a_single_validation_sample_is_enough_to_score_on():
+    from types import SimpleNamespace
+
+    def client(n):
+        return SimpleNamespace(cid=4, val_idx=torch.arange(n), evaluate=lambda state, on: (on, len(state)))
+
+    assert PAGE()._client_score(client(1), torch.zeros(3)) == ("val", 3)
+    assert PAGE(reward_split="test")._client_score(client(0), torch.zeros(3)) == ("test", 3)
+    with pytest.raises(ConfigError, match="data.val_frac") as err:
+        PAGE()._client_score(client(0), torch.zeros(3))
+    assert "client 4" in str(err.value)
+
+
 def test_page_options_are_checked():
     for field, bad in (("actions", "frozen"), ("reward_split", "train"), ("action_map", "log"), ("ou_dt", 0.0)):
         with pytest.raises(ConfigError, match=f"method.{field}"):

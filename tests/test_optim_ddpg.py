@@ -467,6 +467,11 @@ def test_the_authors_clip_mapping_is_kept_bit_for_bit_as_an_option(rounding):
         client_action_to_hparams(torch.zeros(2), 1e-3, 0.1, 20, action_map="log")
 
 
+def test_linear_map_holds_actions_outside_the_box_at_the_ends():
+    assert linear_action_to_hparams(torch.tensor([1.5, 3.0]), 0.01, 0.19, 9) == (pytest.approx(0.19), 9)
+    assert linear_action_to_hparams(torch.tensor([-3.0, -1.5]), 0.01, 0.19, 9) == (0.01, 1)
+
+
 def test_linear_map_refuses_bad_input_and_takes_any_lr_max():
     assert linear_action_to_hparams(torch.ones(2), 0.5, 3.0, 2) == (3.0, 2)  # lr_max > 1 is reachable here
     with pytest.raises(ConfigError, match="page.client_action"):
