@@ -608,11 +608,28 @@ def test_page_options_are_checked():
     for field, bad in (("actions", "frozen"), ("reward_split", "train"), ("action_map", "log"), ("ou_dt", 0.0)):
         with pytest.raises(ConfigError, match=f"method.{field}"):
             PAGE(**{field: bad})
+    assert PAGE().action_map == "linear" and PAGE().range.action_map == "linear"
+    assert PAGE(action_map="clip").range.action_map == "clip"
+    assert PAGE().client_config.ou_dt == 1.0 and PAGE(ou_dt=0.01).client_config.ou_dt == 0.01
+    assert PAGE(ou_dt=0.01).server_config(3).ou_dt == 0.01
+
+
+def test_dapfl_takes_pages_action_map_and_noise_options():
     with pytest.raises(ConfigError, match="method.action_map"):
         DapFL(action_map="log")
-    assert PAGE().action_map == "linear" and DapFL().action_map == "linear"
-    assert PAGE().client_config.ou_dt == 1.0 and PAGE(ou_dt=0.01).client_config.ou_dt == 0.01
+    with pytest.raises(ConfigError, match="method.ou_dt"):
+        DapFL(ou_dt=0.0)
+    assert DapFL().action_map == "linear" and DapFL().range.action_map == "linear"
+    assert DapFL(action_map="clip").range.action_map == "clip"
     assert DapFL().config.ou_dt == 1.0 and DapFL(ou_dt=0.01).config.ou_dt == 0.01
+
+
+def test_dapfl_refuses_a_warmup_as_long_as_the_run():
+    cfg = tiny_config("dapfl", {"warmup": 3}, trainer={"rounds": 3})
+    with pytest.raises(ConfigError, match="method.warmup"):
+        cfg.method.check_run(cfg)
+    cfg = tiny_config("dapfl", {"warmup": 2}, trainer={"rounds": 3})
+    cfg.method.check_run(cfg)
 
 
 def _parse(*files, **extra):
