@@ -8,7 +8,7 @@ import pytest
 
 import pfl.runner.reproduce as rep
 from pfl.errors import ConfigError
-from pfl.runner.claims import Claim, best_by
+from pfl.runner.claims import Claim, Contrast, above, beats, claim_verdict, paired, verdict, verdict_text
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--data.num_clients", "4", "--trainer.rounds", "3", "--model.hidden", "[16]", "--tracking.wandb", "false"]
@@ -104,3 +104,61 @@ def test_runs_that_differ_only_outside_the_summary_get_a_row_each(tmp_path, monk
     monkeypatch.setattr(rep, "all_claims", lambda: [claim])
     report = rep.run_claims(tmp_path).read_text()
     assert "| plain |" in report and "| decay |" in report and "+1" not in report
+
+
+# -- verdicts -------------------------------------------------------------------------------------
+def test_verdict_held_when_every_seed_favours_the_claim_beyond_the_spread():
+    assert verdict(Contrast("a - b", {0: 0.05, 1: 0.04, 2: 0.06})) == "held"
+
+
+def test_verdict_tie_when_the_mean_is_within_the_seed_spread():
+    assert verdict(Contrast("a - b", {0: 0.05, 1: -0.04, 2: 0.02})) == "tie"
+    # positive mean beyond the spread but one seed against the claim: not held, not a win either
+    assert verdict(Contrast("a - b", {0: 0.30, 1: 0.30, 2: 0.30, 3: -0.01})) == "tie"
+
+
+def test_verdict_not_held_when_the_mean_is_against_the_claim_beyond_the_spread():
+    assert verdict(Contrast("a - b", {0: -0.05, 1: -0.04, 2: -0.06})) == "not held"
+    assert verdict(Contrast("a - b", {0: -0.30, 1: -0.30, 2: 0.01})) == "not held"
+
+
+def test_verdict_measures_the_difference_beyond_the_margin():
+    diffs = {0: 0.05, 1: 0.04, 2: 0.06}
+    assert verdict(Contrast("a - b", diffs, margin=0.0)) == "held"
+    assert verdict(Contrast("a - b", diffs, margin=0.05)) == "tie"
+    assert verdict(Contrast("a - b", diffs, margin=0.2)) == "not held"
+    assert verdict(Contrast("a - b", {0: -0.01, 1: -0.015, 2: -0.012}, margin=-0.02)) == "held"  # may drop 2 points
+
+
+def test_one_seed_decides_by_sign_and_is_marked_indicative():
+    assert verdict(Contrast("a - b", {0: 0.01})) == "held"
+    assert verdict(Contrast("a - b", {0: -0.01})) == "not held"
+    assert verdict(Contrast("a - b", {0: 0.0})) == "tie"
+    assert verdict_text(Contrast("a - b", {0: 0.01})) == "held (indicative, 1 seed)"
+    assert verdict_text(Contrast("a - b", {0: 0.01, 1: 0.02})) == "held"
+
+
+def test_verdict_of_no_or_non_finite_differences_is_a_tie():
+    assert verdict(Contrast("a - b", {})) == "tie"
+    assert verdict(Contrast("a - b", {0: float("nan"), 1: 0.3, 2: 0.3})) == "tie"
+
+
+def test_claim_verdict_needs_every_contrast_held_and_any_not_held_fails_it():
+    held = Contrast("h", {0: 0.1, 1: 0.1})
+    tie = Contrast("t", {0: 0.1, 1: -0.1})
+    lost = Contrast("n", {0: -0.1, 1: -0.1})
+    assert claim_verdict([held, held]) == "held"
+    assert claim_verdict([held, tie]) == "tie"
+    assert claim_verdict([held, tie, lost]) == "not held"
+    assert claim_verdict([]) == "tie"
+
+
+def test_paired_and_above_give_per_seed_differences_of_the_runs_present():
+    s = {
+        0: {"a": {"metrics": {"m.mean": 0.8}}, "b": {"metrics": {"m.mean": 0.5}}},
+        1: {"a": {"metrics": {"m.mean": 0.6}}},  # b failed on seed 1: no pair
+    }
+    assert paired(s, "a", "b", "m") == {0: pytest.approx(0.3)}
+    assert above(s, "a", "m", 0.5) == {0: pytest.approx(0.3), 1: pytest.approx(0.1)}
+    (c,) = beats("a", ["b"], "m", margin=0.1)(s)
+    assert c.diffs == {0: pytest.approx(0.3)} and c.margin == 0.1 and "a - b" in c.name
