@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 
 from pfl.metrics.report import load_config
-from pfl.runner.claims import Claim, Contrast, SeedSummaries, method_args, paired
+from pfl.runner.claims import Claim, Contrast, SeedSummaries, method_args, paired, standing, value
 
 # conf/experiment/page_embedded_synthetic.yaml (100 clients, all every round) run for 300 rounds, so the
 # agents' warm-up is a small part of the run: the paper's 1 000-round schedule (35 warm-up rounds, noise
@@ -55,30 +55,18 @@ def page_contrasts(s: SeedSummaries) -> list[Contrast]:
     return out
 
 
-def _mean(s: SeedSummaries, label: str, key: str) -> float | None:
-    values = [runs[label]["metrics"][key] for runs in s.values() if key in runs.get(label, {}).get("metrics", {})]
-    return statistics.fmean(values) if values else None
-
-
 def page_diagnose(s: SeedSummaries) -> list[str]:
-    """Where PAGE stands, from the runs: the best run per metric and what the agents add over the controls."""
-    sentences = []
-    labels = sorted({label for runs in s.values() for label in runs})
-    for key, name in (("pm.l_acc.mean", "personalized"), ("gm.acc", "global")):
-        means = {k: m for k in labels if (m := _mean(s, k, key)) is not None}
-        if "page" not in means:
-            continue
-        best = max(means, key=means.__getitem__)
-        rank = sorted(means.values(), reverse=True).index(means["page"]) + 1
+    """Where PAGE stands on both accuracies, and what its agents add over the two controls (from the runs)."""
+    sentences = [*standing("page", "pm.l_acc.mean")(s), *standing("page", "gm.acc")(s)]
+    means = {}
+    for label in ("page", *CONTROLS):
+        values = [value(s, seed, label, "pm.l_acc") for seed in s if label in s[seed]]
+        if values:
+            means[label] = statistics.fmean(values)
+    if len(means) == 3:
         sentences.append(
-            f"{name} accuracy ({key}): page {means['page']:.4f} ranks {rank} of {len(means)}; the best is {best} "
-            f"{means[best]:.4f} (means over seeds)."
-        )
-    page, fixed, rand = (_mean(s, k, "pm.l_acc.mean") for k in ("page", "page_fixed", "page_random"))
-    if None not in (page, fixed, rand):
-        sentences.append(
-            f"the agents' actions against the controls: page {page:.4f}, frozen at the baselines' values {fixed:.4f}, "
-            f"random {rand:.4f} (pm.l_acc): the agents add {page - fixed:+.4f} over frozen actions."
+            f"pm.l_acc of the agents' actions against the controls: page {means['page']:.4f}, frozen at the baselines' "
+            f"values {means['page_fixed']:.4f}, random {means['page_random']:.4f} (means over seeds)."
         )
     return sentences
 
