@@ -313,3 +313,15 @@ def test_pgfed_is_contrasted_with_every_baseline_not_with_its_own_variants():
     names = [c.name for c in claim.contrasts(s)]
     assert len(names) == len(claim.runs) - 3 and not any("pgfedmo" in n or "pgfed_ce" in n for n in names)
     assert "pgfed - fedavg (pm.l_acc.mean)" in names
+
+
+def test_make_reproduce_quick_runs_the_smoke_suite_apart_from_the_full_one():
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    quick = subprocess.run(["make", "-n", "reproduce", "QUICK=1"], cwd=ROOT, capture_output=True, text=True).stdout
+    full = subprocess.run(["make", "-n", "reproduce"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert "pfl reproduce --quick --out reproduce_quick" in quick.splitlines()[-1]
+    assert full.splitlines()[-1].endswith("pfl reproduce --out reproduce")
