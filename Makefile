@@ -29,7 +29,7 @@ test: install
 	$(PY) -m pytest tests -q
 
 reproduce: install
-	$(PY) -m pfl reproduce --out reproduce
+	$(PY) -m pfl reproduce $(if $(QUICK),--quick --out reproduce_quick,--out reproduce)
 
 lint: install
 	$(VENV)/bin/ruff check pfl tests bench

@@ -20,6 +20,12 @@ from tests.conftest import make_loop, tiny_config
 ROOT = Path(__file__).resolve().parents[1]
 RANGE = {"lr_min": 0.01, "lr_max": 0.1, "epoch_max": 3}
 FAST_AGENTS = {"warmup": 2, "ddpg_batch_size": 2, **RANGE}
+VAL = {"val_frac": 0.2}  # PAGE's agents score on validation splits by default
+
+
+def page_config(method_args: dict | None = None, **groups):
+    """The tiny federation with validation splits, for PAGE."""
+    return tiny_config("page", method_args, data={**VAL, **groups.pop("data", {})}, **groups)
 
 
 def fixed_client_action(cid: int) -> torch.Tensor:
@@ -55,9 +61,9 @@ def reference_round(loop, global_state, hparams, weights):
 
 
 def test_page_with_fixed_actions_is_fedavg_with_those_learning_rates_epochs_and_weights():
-    cfg = tiny_config("page", FAST_AGENTS)
+    cfg = page_config(FAST_AGENTS)
     cfg.method = FixedPAGE(**FAST_AGENTS)
-    loop, ref = make_loop(cfg), make_loop(tiny_config("fedavg"))
+    loop, ref = make_loop(cfg), make_loop(tiny_config("fedavg", data=VAL))
     n = loop.server.num_clients
     hparams = [client_action_to_hparams(fixed_client_action(c), **RANGE) for c in range(n)]
     assert len({h for h in hparams}) > 2  # the clients really train differently
@@ -82,7 +88,7 @@ def test_page_tuning_nothing_is_fedavg():
 
 
 def test_page_agents_choose_different_hparams_and_weights():
-    loop = make_loop(tiny_config("page", FAST_AGENTS))
+    loop = make_loop(page_config(FAST_AGENTS))
     loop.run_round()
     rows = loop.method._trained or loop.method._last_round
     assert len({(lr, e) for lr, e, _ in rows.values()}) > 1
@@ -99,7 +105,7 @@ def _run_and_capture(loop):
 @pytest.mark.parametrize("lags", [(1, 0), (0, 1)])
 def test_checkpoint_restore_takes_the_same_next_actions(lags):
     args = {**FAST_AGENTS, "client_lag": lags[0], "server_lag": lags[1]}
-    loop = make_loop(tiny_config("page", args))
+    loop = make_loop(page_config(args))
     for _ in range(5):  # past the warm-up: actions come from the actors, and the agents learn
         loop.run_round()
     assert loop.clients[0]["agent"]["learn_steps"] > 0 and loop.server["agent"]["learn_steps"] > 0
@@ -107,7 +113,7 @@ def test_checkpoint_restore_takes_the_same_next_actions(lags):
     torch.save(loop.state_dict(), buf)
     buf.seek(0)
     saved = torch.load(buf, weights_only=True)
-    fresh = make_loop(tiny_config("page", args))  # a new method object: nothing carried over in memory
+    fresh = make_loop(page_config(args))  # a new method object: nothing carried over in memory
     fresh.load_state_dict(saved)
     for _ in range(2):
         a_clients, a_weights, a_global = _run_and_capture(loop)
@@ -120,8 +126,8 @@ def test_checkpoint_restore_takes_the_same_next_actions(lags):
 
 
 def test_biased_variants_change_only_the_reward_weighting():
-    base = make_loop(tiny_config("page", FAST_AGENTS))
-    biased = make_loop(tiny_config("page", {**FAST_AGENTS, "server_reward_weight": 10.0, "client_reward_weight": 0.5}))
+    base = make_loop(page_config(FAST_AGENTS))
+    biased = make_loop(page_config({**FAST_AGENTS, "server_reward_weight": 10.0, "client_reward_weight": 0.5}))
     for loop in (base, biased):
         loop.run_round()
     assert torch.equal(base.server["global"], biased.server["global"])  # same warm-up actions
@@ -147,11 +153,11 @@ def test_biased_variants_change_only_the_reward_weighting():
 
 def test_page_needs_a_global_test_set():
     with pytest.raises(ConfigError, match="data.global_test_frac"):
-        make_loop(tiny_config("page", data={"source": "digits", "num_clients": 6, "global_test_frac": 0.0}))
+        make_loop(tiny_config("page", {"reward_split": "test"}, data={"global_test_frac": 0.0}))
 
 
 def test_page_reports_its_overhead_like_table_5():
-    loop = make_loop(tiny_config("page", FAST_AGENTS, trainer={"rounds": 2}))
+    loop = make_loop(page_config(FAST_AGENTS, trainer={"rounds": 2}))
     metrics = loop.fit()["metrics"]
     for key in ("local_train_ms", "client_agent_ms", "aggregation_ms", "server_agent_ms", "agents_over_fl"):
         assert metrics[f"time.page.{key}"] > 0
@@ -415,7 +421,8 @@ def test_page_reward_weights_and_penalty_must_be_positive():
 
 def test_page_rewards_are_the_weight_over_the_test_loss_plus_the_penalty():
     args = {**FAST_AGENTS, "client_reward_weight": 2.0, "server_reward_weight": 3.0, "penalty": 0.5}
-    cfg = tiny_config("page", args)
+    args["reward_split"] = "test"  # the paper's choice; validation (the default) is tested below
+    cfg = page_config(args)
     cfg.method = FixedPAGE(**args)
     loop = make_loop(cfg)
     server = loop.server
@@ -440,7 +447,7 @@ def test_page_rewards_are_the_weight_over_the_test_loss_plus_the_penalty():
 
 def test_page_can_replay_the_weights_instead_of_the_action():
     args = {**FAST_AGENTS, "replay_actions": "mapped"}
-    cfg = tiny_config("page", args)
+    cfg = page_config(args)
     cfg.method = FixedPAGE(**args)
     loop = make_loop(cfg)
     loop.run_round()
@@ -455,7 +462,7 @@ class SilencedPAGE(FixedPAGE):
 
 
 def test_page_falls_back_to_equal_weights_when_the_sampled_clients_all_get_zero():
-    cfg = tiny_config("page", FAST_AGENTS, trainer={"clients_per_round": 2})
+    cfg = page_config(FAST_AGENTS, trainer={"clients_per_round": 2})
     cfg.method = SilencedPAGE(**FAST_AGENTS)
     loop = make_loop(cfg)
     loop.sampled_clients = lambda: torch.tensor([0, 2]).numpy()  # both silenced
@@ -513,3 +520,120 @@ def test_page_reports_table_5s_split_per_round_and_per_client():
 
 class ServerContextStub(dict):
     """What ``metrics`` reads of the server: its state, like a dict."""
+
+
+# -- controls, the range and the split the agents are scored on ------------------------------------------
+def test_page_with_fixed_actions_trains_every_client_with_fedavgs_lr_and_epochs():
+    client = {"epochs": 2, "lr": 0.05}
+    cfg = tiny_config("page", {**FAST_AGENTS, "actions": "fixed"}, client=client)
+    loop, fedavg = make_loop(cfg), make_loop(tiny_config("fedavg", client=client))
+    for _ in range(3):
+        loop.run_round()
+        fedavg.run_round()
+        assert torch.equal(loop.server["global"], fedavg.server["global"])
+        rows = loop.method._trained or loop.method._last_round
+        assert {(lr, epochs) for lr, epochs, _ in rows.values()} == {(0.05, 2)} and len(rows) == 6
+    assert "agent" not in loop.server.state and all("agent" not in s for s in loop.clients.values())
+
+
+def test_page_with_random_actions_draws_new_in_range_actions_every_round_without_agents():
+    args = {**FAST_AGENTS, "actions": "random"}
+    loop, twin = make_loop(tiny_config("page", args)), make_loop(tiny_config("page", args))  # no validation split
+    seen, weights = set(), []
+    for _ in range(3):
+        loop.run_round()
+        twin.run_round()
+        rows = loop.method._trained or loop.method._last_round
+        for lr, epochs, reward in rows.values():
+            assert 0.01 <= lr <= 0.1 and 1 <= epochs <= 3 and reward is None
+            seen.add((lr, epochs))
+        w = loop.server["weights"]
+        assert abs(float(w.sum()) - 1) < 1e-6 and float(w.max() - w.min()) > 0.05
+        weights.append(w.clone())
+        assert torch.equal(loop.server["global"], twin.server["global"])  # seeded
+    assert len(seen) == 18 and not torch.equal(weights[0], weights[1])  # not constant over clients or rounds
+    assert len({e for _, e in seen}) == 3 and max(lr for lr, _ in seen) - min(lr for lr, _ in seen) > 0.05
+    assert "agent" not in loop.server.state and all("agent" not in s for s in loop.clients.values())
+
+
+def test_page_scores_its_agents_on_validation_splits_by_default():
+    args = {**FAST_AGENTS, "client_reward_weight": 2.0, "server_reward_weight": 3.0, "penalty": 0.5}
+    cfg = page_config(args)
+    cfg.method = FixedPAGE(**args)
+    assert cfg.method.reward_split == "validation"
+    loop = make_loop(cfg)
+    worker = loop.worker
+    val = torch.cat([worker.split(c).val for c in range(loop.server.num_clients)])
+    g0 = loop.server["global"].clone()
+    loop.run_round()
+    server = loop.server
+    assert float(server["reward"]) == pytest.approx(3.0 / (worker.evaluate(server["global"], val).loss + 0.5))
+    assert float(server["reward"]) != pytest.approx(3.0 / (server.evaluate(server["global"]).loss + 0.5))
+    for cid, (_, _, reward) in loop.method._last_round.items():
+        ctx, state = loop.client(cid), loop.clients[cid]
+        assert reward == pytest.approx(2.0 / (ctx.evaluate(state["personal"], "val").loss + 0.5))
+        assert float(state["obs"]) == pytest.approx(ctx.evaluate(g0, "val").acc)  # the state, too
+    for cid, uploaded in ((c, loop.clients[c]["personal"]) for c in range(server.num_clients)):
+        assert float(server["acc"][cid]) == pytest.approx(worker.evaluate(uploaded, val).acc)
+    assert loop.fit()["hparams"]["reward_split"] == "validation"  # what the report reads
+
+
+def test_page_refuses_to_score_on_validation_splits_that_do_not_exist():
+    with pytest.raises(ConfigError, match="data.val_frac"):
+        make_loop(tiny_config("page", FAST_AGENTS))  # the server agent, at start
+    loop = make_loop(tiny_config("page", {**FAST_AGENTS, "tune": ["lr", "epochs"]}))
+    with pytest.raises(ConfigError, match="data.val_frac"):
+        loop.run_round()  # a client agent, before it acts
+    make_loop(tiny_config("page", {**FAST_AGENTS, "reward_split": "test"})).run_round()  # the paper's choice
+
+
+def test_page_options_are_checked():
+    for field, bad in (("actions", "frozen"), ("reward_split", "train"), ("action_map", "log"), ("ou_dt", 0.0)):
+        with pytest.raises(ConfigError, match=f"method.{field}"):
+            PAGE(**{field: bad})
+    with pytest.raises(ConfigError, match="method.action_map"):
+        DapFL(action_map="log")
+    assert PAGE().action_map == "linear" and DapFL().action_map == "linear"
+    assert PAGE().client_config.ou_dt == 1.0 and PAGE(ou_dt=0.01).client_config.ou_dt == 0.01
+    assert DapFL().config.ou_dt == 1.0 and DapFL(ou_dt=0.01).config.ou_dt == 0.01
+
+
+def _parse(*files, **extra):
+    from pfl.runner.args import parse_fit_args
+
+    argv = [a for f in files for a in ("--config", f)] + [a for k, v in extra.items() for a in (f"--{k}", str(v))]
+    return parse_fit_args(argv)[0]
+
+
+def test_a_warmup_as_long_as_the_run_is_refused_before_it_starts():
+    # The Shakespeare analogue (30 rounds) with PAGE's per-dataset agents (35 warm-up rounds)
+    with pytest.raises(ConfigError, match="method.warmup"):
+        _parse("conf/experiment/page_embedded_shakespeare.yaml", "conf/method/page_shakespeare.yaml")
+    with pytest.raises(ConfigError, match="method.warmup"):
+        _parse("conf/experiment/page_embedded_synthetic.yaml", "conf/method/dapfl.yaml", **{"trainer.rounds": 35})
+    _parse("conf/experiment/page_embedded_synthetic.yaml", "conf/method/dapfl.yaml", **{"trainer.rounds": 36})
+    _parse("conf/experiment/page_embedded_shakespeare.yaml", "conf/method/page_short.yaml")
+    _parse("conf/experiment/page_embedded_synthetic.yaml", "conf/method/dapfl_short.yaml")
+    for control in ("fixed", "random"):  # no agent acts: the warm-up does not matter
+        _parse("conf/experiment/page_embedded_shakespeare.yaml", "conf/method/page_shakespeare.yaml", **{
+            "method.actions": control
+        })  # fmt: skip
+    with pytest.raises(ConfigError, match="method.warmup"):
+        _parse("conf/experiment/page_embedded_synthetic.yaml", "conf/method/page_short.yaml", **{"trainer.rounds": 5})
+
+
+def test_short_configs_put_the_baselines_in_the_middle_of_the_range_and_dapfl_gets_pages_ceilings():
+    from pfl.methods.rl_tuning import HparamRange
+
+    keys = ("lr_min", "lr_max", "epoch_max")
+    for page, dap in (("page", "dapfl"), ("page_short", "dapfl_short")):
+        a, b = (yaml.safe_load((ROOT / f"conf/method/{n}.yaml").read_text())["method"] for n in (page, dap))
+        assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
+        assert a["action_map"] == b["action_map"] == "linear"
+    for experiment in ("page_embedded_synthetic", "page_embedded_digits"):
+        cfg = _parse(f"conf/experiment/{experiment}.yaml", "conf/method/page_short.yaml")
+        m, c = cfg.method, cfg.client
+        assert m.lr_min < c.lr < m.lr_max and 1 < c.epochs < m.epoch_max  # inside the range, not at its ceiling
+        mid = HparamRange(m.lr_min, m.lr_max, m.epoch_max).hparams(torch.zeros(2))
+        assert mid == (pytest.approx(c.lr), c.epochs)
+        assert cfg.data.val_frac > 0

@@ -18,6 +18,8 @@ from pfl.optim.ddpg import (
     OUNoise,
     ReplayBuffer,
     client_action_to_hparams,
+    clip_action_to_hparams,
+    linear_action_to_hparams,
     sample_without_replacement,
     server_action_to_weights,
     soft_update,
@@ -399,9 +401,12 @@ def test_to_unit():
     assert torch.equal(to_unit(torch.tensor([-1.0, 0.0, 1.0])), torch.tensor([0.0, 0.5, 1.0]))
 
 
-def test_client_action_to_hparams():
+def test_clip_action_to_hparams_is_the_authors_code_mapping():
     lr_min, lr_max, epoch_max = 1e-3, 0.1, 20
-    f = client_action_to_hparams
+
+    def f(*args, **kwargs):
+        return client_action_to_hparams(*args, **kwargs, action_map="clip")
+
     assert f(torch.tensor([-1.0, -1.0]), lr_min, lr_max, epoch_max) == (lr_min, 1)  # 0.2 epochs -> at least 1
     assert f(torch.tensor([1.0, 1.0]), lr_min, lr_max, epoch_max) == (lr_max, epoch_max)
     assert f(torch.tensor([0.3, 0.5]), lr_min, lr_max, epoch_max) == (lr_max, epoch_max)  # clipped at lr_max
@@ -416,6 +421,78 @@ def test_client_action_to_hparams():
         f(torch.zeros(2), 0.2, 0.1, 20)
     with pytest.raises(ConfigError, match="page.client_action"):
         f(torch.zeros(3), lr_min, lr_max, epoch_max)
+
+
+def test_linear_map_reaches_both_ends_and_the_middle_of_the_lr_and_epoch_ranges():
+    for lr_min, lr_max, epoch_max, middle in ((0.01, 0.19, 9, 5), (1e-3, 0.1, 20, 11), (0.01, 1.99, 1, 1)):
+        f = client_action_to_hparams  # the default map
+        assert f(torch.tensor([-1.0, -1.0]), lr_min, lr_max, epoch_max) == (lr_min, 1)
+        assert f(torch.tensor([1.0, 1.0]), lr_min, lr_max, epoch_max) == (pytest.approx(lr_max, rel=1e-12), epoch_max)
+        lr, epochs = f(torch.zeros(2), lr_min, lr_max, epoch_max)
+        assert lr == pytest.approx((lr_min + lr_max) / 2, rel=1e-12) and epochs == middle
+        lr, _ = f(torch.tensor([-0.5, 0.0]), lr_min, lr_max, epoch_max)
+        assert lr == pytest.approx(lr_min + 0.25 * (lr_max - lr_min), rel=1e-6)  # affine in between
+
+
+def test_linear_map_gives_every_epoch_count_an_equal_share_of_the_box():
+    a = torch.linspace(-1, 1, 9001)
+    epochs = [linear_action_to_hparams(torch.stack([x, x]), 0.01, 0.19, 9)[1] for x in a]
+    counts = torch.bincount(torch.tensor(epochs), minlength=10)[1:]
+    assert int(counts.min()) >= 999 and int(counts.max()) <= 1001  # 9001 points over 9 equal bins
+    assert epochs == sorted(epochs)  # monotone in the action
+    # the boundaries between counts sit at u = k / epoch_max
+    for offset, epochs in ((-1e-9, 3), (1e-9, 4)):
+        a = torch.tensor([0.0, 2 * (3 / 9) - 1 + offset], dtype=torch.float64)
+        assert linear_action_to_hparams(a, 0.01, 0.19, 9)[1] == epochs
+
+
+def _code_mapping(a: torch.Tensor, lr_min: float, lr_max: float, epoch_max: int, rounding: str) -> tuple:
+    """The authors' code's mapping written out: u = clip((a + 1)/2, lr_min, lr_max) in float64."""
+    u0 = min(max((float(a[0].double()) + 1.0) / 2.0, lr_min), lr_max)
+    u1 = min(max((float(a[1].double()) + 1.0) / 2.0, lr_min), lr_max)
+    e = math.floor(u1 * epoch_max / lr_max + 0.5) if rounding == "round" else math.floor(u1 * int(epoch_max / lr_max))
+    return u0, max(1, int(e))
+
+
+@pytest.mark.parametrize("rounding", ["round", "floor"])
+def test_the_authors_clip_mapping_is_kept_bit_for_bit_as_an_option(rounding):
+    g = torch.Generator().manual_seed(0)
+    actions = torch.rand(2000, 2, generator=g) * 2 - 1
+    actions[:100] = actions[:100] * 0.1 - 0.9  # many inside the unclipped sliver a ∈ [−0.998, −0.8]
+    for a in actions:
+        want = _code_mapping(a, 1e-3, 0.1, 20, rounding)
+        assert client_action_to_hparams(a, 1e-3, 0.1, 20, rounding, action_map="clip") == want
+        assert clip_action_to_hparams(a, 1e-3, 0.1, 20, rounding) == want
+    with pytest.raises(ConfigError, match="page.action_map"):
+        client_action_to_hparams(torch.zeros(2), 1e-3, 0.1, 20, action_map="log")
+
+
+def test_linear_map_refuses_bad_input_and_takes_any_lr_max():
+    assert linear_action_to_hparams(torch.ones(2), 0.5, 3.0, 2) == (3.0, 2)  # lr_max > 1 is reachable here
+    with pytest.raises(ConfigError, match="page.client_action"):
+        linear_action_to_hparams(torch.zeros(3), 0.01, 0.1, 2)
+    with pytest.raises(ConfigError, match="page.lr_min"):
+        linear_action_to_hparams(torch.zeros(2), 0.2, 0.1, 2)
+    with pytest.raises(ConfigError, match="page.epoch_max"):
+        linear_action_to_hparams(torch.zeros(2), 0.01, 0.1, 0)
+
+
+def test_exploration_noise_spreads_a_short_runs_actions_over_the_range():
+    """50 exploring actions of a fresh agent (its actor says ≈ 0 everywhere): the default OU noise moves
+    the learning rate over most of the range and visits most epoch counts. The authors' dt = 0.01 moves
+    the action by 0.02 per step and stays near the actor's choice."""
+    state = torch.zeros(1)
+
+    def spread(**settings):
+        agent = DDPGAgent(DDPGConfig(state_dim=1, action_dim=2, warmup=0, **settings), seed=0)
+        mapped = [client_action_to_hparams(agent.act(state), 0.01, 0.19, 9) for _ in range(50)]
+        lrs = [lr for lr, _ in mapped]
+        return (max(lrs) - min(lrs)) / 0.18, len({e for _, e in mapped})
+
+    lr_share, epoch_counts = spread()
+    assert lr_share >= 0.4 and epoch_counts >= 6  # 0.44-0.89 and 6-8 over agent seeds 0-4
+    lr_share, epoch_counts = spread(ou_dt=1e-2)
+    assert lr_share < 0.2 and epoch_counts <= 3  # 0.06-0.12 and 2
 
 
 def test_server_action_to_weights():
@@ -437,10 +514,10 @@ def test_defaults_are_pages_synthetic_settings():
     expected = {
         "hidden": [40, 30], "actor_lr": 5e-4, "critic_lr": 5e-3, "tau": 0.005, "gamma": 0.99,
         "buffer_size": 60000, "batch_size": 32, "warmup": 35, "noise": True, "ou_theta": 0.15, "ou_sigma": 0.2,
-        "eps_decay_steps": 500, "ou_mu": 0.0, "ou_dt": 1e-2, "init": "fan_in", "final_init": 3e-3,
+        "eps_decay_steps": 500, "ou_mu": 0.0, "ou_dt": 1.0, "init": "fan_in", "final_init": 3e-3,
     }  # fmt: skip
     assert {k: v for k, v in c.to_dict().items() if k in expected} == expected
-    assert OUNoise(2, theta=0.15, sigma=0.2).dt == 1e-2
+    assert OUNoise(2, theta=0.15, sigma=0.2).dt == 1.0
 
 
 @pytest.mark.parametrize(
@@ -543,13 +620,14 @@ def test_reset_noise_restarts_the_ou_process_at_its_mean():
 
 
 def test_action_mapping_edges():
-    assert client_action_to_hparams(torch.tensor([0.0, 1.0]), 0.3, 0.3, 1) == (0.3, 1)  # lr_min = lr_max, 1 epoch
-    assert client_action_to_hparams(torch.tensor([1.0, -1.0]), 0.1, 1.0, 4) == (1.0, 1)  # lr_max = 1
-    lr, _ = client_action_to_hparams(torch.tensor([-0.9, 0.9]), 0.001, 1.0, 5)
+    clip = clip_action_to_hparams
+    assert clip(torch.tensor([0.0, 1.0]), 0.3, 0.3, 1) == (0.3, 1)  # lr_min = lr_max, 1 epoch
+    assert clip(torch.tensor([1.0, -1.0]), 0.1, 1.0, 4) == (1.0, 1)  # lr_max = 1
+    lr, _ = clip(torch.tensor([-0.9, 0.9]), 0.001, 1.0, 5)
     assert lr == pytest.approx(0.05)  # the first component is the learning rate
     for kwargs, field in (({"lr_min": 0.0}, "page.lr_min"), ({"lr_max": 1.5}, "page.lr_max")):
         with pytest.raises(ConfigError, match=field):
-            client_action_to_hparams(torch.zeros(2), **{"lr_min": 0.1, "lr_max": 0.5, "epoch_max": 2, **kwargs})
+            clip(torch.zeros(2), **{"lr_min": 0.1, "lr_max": 0.5, "epoch_max": 2, **kwargs})
 
 
 def test_server_weights_for_one_client_and_for_a_small_total():

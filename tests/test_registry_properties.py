@@ -19,6 +19,12 @@ NAMES = sorted(methods())
 TINY = {"rounds": 3, "fraction": 0.5}
 # Per-FedAvg's outer step (the paper's β = 0.005) barely moves a 3-round run; a larger one shows it trains.
 ARGS = {"perfedavg": {"outer_lr": 0.05}}
+# PAGE's agents score on validation splits (method.reward_split: validation).
+DATA = {"page": {"val_frac": 0.2}}
+
+
+def _config(name: str, args: dict | None = None):
+    return tiny_config(name, args, trainer=TINY, data=DATA.get(name, {}))
 
 
 def _state_equal(a, b) -> bool:
@@ -33,17 +39,17 @@ def _state_equal(a, b) -> bool:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_trains_end_to_end_and_is_deterministic(name):
-    first = make_loop(tiny_config(name, ARGS.get(name), trainer=TINY))
+    first = make_loop(_config(name, ARGS.get(name)))
     untrained = first.evaluate()["pm.l_loss.mean"]
     a = first.fit()
-    b = make_loop(tiny_config(name, ARGS.get(name), trainer=TINY)).fit()
+    b = make_loop(_config(name, ARGS.get(name))).fit()
     assert comparable_metrics(a) == comparable_metrics(b)
     assert a["metrics"]["pm.l_loss.mean"] < untrained, "training did not lower the personalized models' test loss"
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_round_does_not_depend_on_client_order(name):
-    forward, backward = (make_loop(tiny_config(name, trainer=TINY)) for _ in range(2))
+    forward, backward = (make_loop(_config(name)) for _ in range(2))
     share = backward.cohort.share
     backward.cohort.share = lambda clients, sizes: list(reversed(share(clients, sizes)))
     for _ in range(2):
@@ -54,12 +60,12 @@ def test_round_does_not_depend_on_client_order(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(name):
-    straight = make_loop(tiny_config(name, trainer=TINY))
+    straight = make_loop(_config(name))
     straight.run_round()
     buffer = io.BytesIO()
     torch.save(straight.state_dict(), buffer)
     buffer.seek(0)
-    resumed = make_loop(tiny_config(name, trainer=TINY))
+    resumed = make_loop(_config(name))
     resumed.load_state_dict(torch.load(buffer, weights_only=True))
     for _ in range(2):
         straight.run_round(), resumed.run_round()

@@ -1,106 +1,250 @@
-"""The reproduction suite writes a report with a table, a plot and a verdict per claim."""
+"""The reproduction suite: label x seed runs, paired per-seed contrasts, verdicts, and a report with
+tables (mean ± std over seeds), contrasts, verdicts and plots."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
 
 import pfl.runner.reproduce as rep
 from pfl.errors import ConfigError
-from pfl.runner.claims import Claim, best_by
+from pfl.runner.claims import (
+    Claim,
+    Contrast,
+    LrGrid,
+    above,
+    beats,
+    claim_verdict,
+    paired,
+    verdict,
+    verdict_text,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--data.num_clients", "4", "--trainer.rounds", "3", "--model.hidden", "[16]", "--tracking.wandb", "false"]
 
 
-def test_report_has_table_plot_and_verdict(tmp_path, monkeypatch):
+def tiny_claim(**kw) -> Claim:
+    runs = {"local": ["--method.name", "local"], "ditto": ["--method.name", "ditto", "--method.lam", "0.1"]}
+    args = dict(key="tiny", paper="test", statement="ditto personalizes better than local", base=TINY, runs=runs)
+    return Claim(**{**args, "contrasts": beats("ditto", ["local"], "pm.l_acc.mean"), **kw})
+
+
+def test_report_has_seed_table_paired_diffs_verdict_plot_and_time(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
-    claim = Claim(
-        key="tiny",
-        paper="test",
-        statement="ditto personalizes better than local after 3 rounds",
-        base=TINY,
-        runs={"local": ["--method.name", "local"], "ditto": ["--method.name", "ditto", "--method.lam", "0.1"]},
-        check=best_by("pm.l_acc.mean", "ditto"),
-    )
-    absent = Claim(
-        "absent", "test", "needs a method that does not exist", TINY, {"x": ["--method.name", "nope"]}, claim.check
-    )
+    claim = tiny_claim(seeds=(0, 1), diagnose=lambda s: [f"{len(s)} seeds measured"])
+    absent = Claim("absent", "test", "needs a missing method", TINY, {"x": ["--method.name", "nope"]}, claim.contrasts)
     monkeypatch.setattr(rep, "all_claims", lambda: [claim, absent])
     report = rep.run_claims(tmp_path).read_text()
-    assert "| local |" in report and "| ditto |" in report
-    assert "**Held: yes**" in report or "**Held: no**" in report
-    assert (tmp_path / "tiny.png").exists() and (tmp_path / "tiny" / "ditto" / "summary.json").exists()
-    assert "Not run: methods not available yet: nope" in report
+    for label in ("local", "ditto"):  # label x seed, one folder each
+        for seed in (0, 1):
+            summary = json.loads((tmp_path / "tiny" / label / f"s{seed}" / "summary.json").read_text())
+            assert summary["seed"] == seed
+    assert re.search(r"\| ditto \| ditto \| 2 \| (\*\*)?\d\.\d{4} ± \d\.\d{4}", report)  # mean ± std over 2 seeds
+    assert "| contrast | s0 | s1 | mean | std | margin | verdict |" in report
+    row = next(line for line in report.splitlines() if line.startswith("| ditto - local (pm.l_acc.mean)"))
+    assert re.search(r"\| [+-]\d\.\d{4} \| [+-]\d\.\d{4} \| [+-]\d\.\d{4} \| \d\.\d{4} \| \+0\.0000 \| ", row)
+    assert re.search(r"\*\*Verdict: (held|not held|tie)\*\*", report) and "indicative" not in report
+    assert ("- 2 seeds measured" in report) != ("**Verdict: held**" in report)  # causes only when not held
+    assert "Measured wall time of this suite: " in report and "| tiny |" in report and "| absent | not run |" in report
+    assert (tmp_path / "tiny.png").exists() and "Not run: methods not available yet: nope" in report
     assert "against the suite's own `local` run" in report
-    ditto_mtime = (tmp_path / "tiny" / "ditto" / "summary.json").stat().st_mtime
-    rep.run_claims(tmp_path, reuse=True)  # finished runs are kept, not re-run
-    assert (tmp_path / "tiny" / "ditto" / "summary.json").stat().st_mtime == ditto_mtime
+    seconds = json.loads((tmp_path / "seconds.json").read_text())
+    assert set(seconds) == {f"tiny/{label}/s{seed}" for label in ("local", "ditto") for seed in (0, 1)}
+    # progress: a line per finished run with the runs done / total, the elapsed time and the ETA
+    assert re.search(r"\[4/4\] tiny/\w+/s\d: ok in \d+ s \(elapsed \d\d:\d\d, ETA 00:00\)", capsys.readouterr().out)
+    mtime = (tmp_path / "tiny" / "ditto" / "s1" / "summary.json").stat().st_mtime
+    again = rep.run_claims(tmp_path, reuse=True).read_text()  # finished runs are kept, not re-run
+    assert (tmp_path / "tiny" / "ditto" / "s1" / "summary.json").stat().st_mtime == mtime
+    assert "(4 runs, " in again and re.search(r"\| ditto \| ditto \| 2 \|", again)
+
+
+def test_quick_runs_the_first_seed_shortened_and_marks_verdicts_indicative(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    claim = tiny_claim(seeds=(4, 5), base=[*TINY, "--trainer.rounds", "20"])
+    monkeypatch.setattr(rep, "all_claims", lambda: [claim])
+    report = rep.run_claims(tmp_path, quick=True).read_text()
+    assert sorted(p.name for p in (tmp_path / "tiny" / "ditto").iterdir()) == ["s4"]
+    assert json.loads((tmp_path / "tiny" / "ditto" / "s4" / "summary.json").read_text())["rounds"] == 2
+    assert "QUICK" in report and re.search(r"\*\*Verdict: (held|not held|tie) \(indicative, 1 seed\)\*\*", report)
+
+
+def test_jobs_expand_label_by_seed_into_their_folders(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    claim = tiny_claim(seeds=(3, 7), base=[*TINY, "--trainer.rounds", "30"])
+    jobs = rep.claim_jobs(claim, tmp_path, quick=False, lrs={"ditto": 0.05})
+    assert [(j.label, j.seed) for j in jobs] == [("local", 3), ("local", 7), ("ditto", 3), ("ditto", 7)]
+    assert [j.run_dir for j in jobs][1] == tmp_path / "tiny" / "local" / "s7"
+    assert jobs[3].name == "tiny/ditto/s7"
+    argv = jobs[3].argv
+    assert argv[argv.index("--seed") + 1] == "7" and argv[argv.index("--tracking.name") + 1] == "s7"
+    assert "--client.lr" not in jobs[0].argv  # an lr is applied only with a grid that chose it
+    claim.lr_grid = LrGrid((0.05, 0.1), labels=("ditto",))
+    jobs = rep.claim_jobs(claim, tmp_path, quick=False, lrs={"ditto": 0.05})
+    assert "--client.lr" not in jobs[0].argv and jobs[3].argv[jobs[3].argv.index("--client.lr") + 1] == "0.05"
+    (quick,) = [j for j in rep.claim_jobs(claim, tmp_path, quick=True) if j.label == "ditto"]
+    assert quick.seed == 3 and quick.argv[quick.argv.index("--trainer.rounds", -6) + 1] == "3"
+    with pytest.raises(ConfigError, match="seeds"):
+        rep.claim_jobs(tiny_claim(seeds=()), tmp_path, quick=False)
+
+
+def test_the_lr_grid_picks_the_best_validation_lr_and_the_runs_use_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    grid = LrGrid((1e-5, 0.5), labels=("ditto",), rounds=3)
+    claim = tiny_claim(seeds=(0,), base=[*TINY, "--data.val_frac", "0.2"], lr_grid=grid)
+    monkeypatch.setattr(rep, "all_claims", lambda: [claim])
+    report = rep.run_claims(tmp_path).read_text()
+    scores = {
+        lr: json.loads((tmp_path / "tiny" / "_lr" / "ditto" / f"lr{lr:g}" / "summary.json").read_text())["metrics"]
+        for lr in grid.values
+    }
+    assert scores[0.5]["pm.val_acc.mean"] > scores[1e-5]["pm.val_acc.mean"]  # a near-zero lr barely moves
+    assert "- ditto: **0.5** (1e-05: " in report
+    config = (tmp_path / "tiny" / "ditto" / "s0" / "config.yaml").read_text()
+    assert (
+        re.search(r"lr: 0\.5\b", config)
+        and "lr: 0.5" not in (tmp_path / "tiny" / "local" / "s0" / "config.yaml").read_text()
+    )
+
+
+def test_the_choice_is_the_highest_validation_score_and_unfinished_grids_keep_the_configured_lr(tmp_path):
+    claim = tiny_claim(lr_grid=LrGrid((0.01, 0.1, 1.0), metric="v"))
+    for lr, score in ((0.01, 0.7), (0.1, 0.9), (1.0, float("nan"))):
+        run = tmp_path / "tiny" / "_lr" / "ditto" / f"lr{lr:g}"
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({"metrics": {"v": score}}))
+    chosen, lines = rep.choose_lrs(claim, tmp_path)
+    assert chosen == {"ditto": 0.1}  # the diverged (nan) lr is not chosen
+    assert "- local: the configured lr (no grid run finished)" in lines
+
+
+def test_the_lr_grid_needs_a_validation_split(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(ConfigError, match="data.val_frac"):
+        rep.grid_jobs(tiny_claim(lr_grid=LrGrid((0.1,))), tmp_path)
 
 
 def test_a_failed_run_is_named_and_the_rest_of_the_claim_still_reported(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     runs = {"local": ["--method.name", "local"], "blowup": ["--method.name", "fedavg", "--client.lr", "1e30"]}
-    claim = Claim("tiny", "test", "local beats a diverging run", TINY, runs, best_by("pm.l_acc.mean", "local"))
+    claim = Claim("tiny", "test", "local beats a diverging run", TINY, runs, beats("local", ["blowup"], "pm.l_acc"))
+    claim.seeds = (0,)
     monkeypatch.setattr(rep, "all_claims", lambda: [claim])
-    with pytest.raises(ConfigError, match="blowup: .*training diverged"):
+    with pytest.raises(ConfigError, match="tiny/blowup/s0: .*training diverged"):
         rep.run_claims(tmp_path)
     report = (tmp_path / "REPORT.md").read_text()
-    assert "Failed (left out of the table and the check): blowup." in report
-    assert "| local |" in report and "| blowup |" not in report and "**Held: yes**" in report
-
-
-def test_best_by_names_the_winner():
-    summaries = {"a": {"metrics": {"m": 0.5}}, "b": {"metrics": {"m": 0.7}}}
-    assert best_by("m", "b")(summaries)[0] is True
-    assert best_by("m", "a")(summaries)[0] is False
+    assert "Failed (left out of the table and the check): tiny/blowup/s0." in report
+    assert "| local |" in report and "| blowup |" not in report
+    assert "| local - blowup (pm.l_acc) | - |" in report and "**Verdict: tie (indicative, 1 seed)**" in report
 
 
 def test_gain_over_local_is_computed_client_by_client(tmp_path):
+    runs = {}
     for label, accs in {"local": [0.5, 0.8, 1.0], "m": [0.75, 0.8, 0.9]}.items():
         (tmp_path / label).mkdir()
         rows = "\n".join(f"{i},{a}" for i, a in enumerate(accs))
         (tmp_path / label / "clients.csv").write_text("client,pm.l_acc\n" + rows + "\n")
-    summaries = {"local": {"metrics": {}}, "m": {"metrics": {}}}
-    rep.add_gain_over_local(summaries, tmp_path)
-    m = summaries["m"]["metrics"]
+        runs[label] = {"metrics": {}, "run_dir": str(tmp_path / label)}
+    rep.add_gain_over_local(runs)
+    m = runs["m"]["metrics"]
     assert abs(m["gain.mean"] - (0.25 + 0.0 - 0.1) / 3) < 1e-12
     assert abs(m["ptr"] - 2 / 3) < 1e-12  # the tie at 0.8 passes
     assert abs(m["r_acc.mean"] - (0.5 + 0.0 - 0.1) / 3) < 1e-12
-    assert summaries["local"]["metrics"]["gain.mean"] == 0 and summaries["local"]["metrics"]["ptr"] == 1
+    assert runs["local"]["metrics"]["gain.mean"] == 0 and runs["local"]["metrics"]["ptr"] == 1
 
 
-def test_every_claim_names_only_configurations_that_parse(monkeypatch):
+def test_every_claim_names_only_configurations_that_parse(monkeypatch, tmp_path):
     monkeypatch.chdir(ROOT)
-    from pfl.runner.args import parse_fit_args
     from pfl.runner.claims import all_claims
 
     for claim in all_claims():
-        for args in claim.runs.values():
-            parse_fit_args([*claim.base, *args])
+        assert len(claim.seeds) >= 3, claim.key  # every claim over >= 3 seeds
+        assert len(rep.claim_jobs(claim, tmp_path, quick=False)) == len(claim.runs) * len(claim.seeds)
+        rep.grid_jobs(claim, tmp_path)
 
 
-def test_claim_bar_chart_shows_every_error_bar_and_names_the_verdict(tmp_path, monkeypatch):
+def test_seed_plot_shows_the_spread_over_seeds_and_every_seed(tmp_path, monkeypatch):
     import pfl.metrics.plots as plots
-    from pfl.runner import reproduce
 
     figures = []
     monkeypatch.setattr(plots, "save_figure", lambda fig, path, dpi=None: figures.append(fig))
-    summaries = {
-        "a": {"metrics": {"pm.l_acc.mean": 0.95, "pm.l_acc.std": 0.1}},  # mean + std passes 1.0
-        "b": {"metrics": {"pm.l_acc.mean": 0.6, "pm.l_acc.std": 0.05}},
+    s = {
+        0: {"a": {"metrics": {"m": 0.95}}, "b": {"metrics": {"m": 0.6}}},
+        1: {"a": {"metrics": {"m": 1.0}}, "b": {"metrics": {"m": 0.5}}},
     }
-    reproduce._bar_plot(summaries, "pm.l_acc.mean", tmp_path / "c.png", "a", "Paper: c (held: yes)")
+    rep.seed_plot(s, "m", tmp_path / "c.png", "a", "Paper: c (held)")
     (ax,) = figures[0].axes
-    assert ax.get_ylim()[1] >= 1.05 and ax.get_ylim()[0] <= 0.55
-    assert ax.get_title() == "Paper: c (held: yes)" and ax.get_xlabel() == "run"
+    (bars,) = [c for c in ax.containers if hasattr(c, "errorbar")]
+    assert [b.get_height() for b in bars] == pytest.approx([0.975, 0.55])
+    assert ax.get_ylim()[1] >= 0.975 + 0.0353 and ax.get_ylim()[0] <= 0.55 - 0.0707  # std over seeds: 0.035, 0.071
+    assert ax.get_title() == "Paper: c (held)" and ax.get_xlabel() == "run"
 
 
 def test_runs_that_differ_only_outside_the_summary_get_a_row_each(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     runs = {"plain": ["--method.name", "fedavg"], "decay": ["--method.name", "fedavg", "--client.weight_decay", "0.01"]}
-    claim = Claim("tiny", "test", "two fedavg runs", TINY, runs, best_by("pm.l_acc.mean", "plain"))
+    claim = Claim("tiny", "test", "two fedavg runs", TINY, runs, beats("plain", ["decay"], "pm.l_acc"), seeds=(0,))
     monkeypatch.setattr(rep, "all_claims", lambda: [claim])
     report = rep.run_claims(tmp_path).read_text()
     assert "| plain |" in report and "| decay |" in report and "+1" not in report
+
+
+# -- verdicts -------------------------------------------------------------------------------------
+def test_verdict_held_when_every_seed_favours_the_claim_beyond_the_spread():
+    assert verdict(Contrast("a - b", {0: 0.05, 1: 0.04, 2: 0.06})) == "held"
+
+
+def test_verdict_tie_when_the_mean_is_within_the_seed_spread():
+    assert verdict(Contrast("a - b", {0: 0.05, 1: -0.04, 2: 0.02})) == "tie"
+    # positive mean beyond the spread but one seed against the claim: not held, not a win either
+    assert verdict(Contrast("a - b", {0: 0.30, 1: 0.30, 2: 0.30, 3: -0.01})) == "tie"
+
+
+def test_verdict_not_held_when_the_mean_is_against_the_claim_beyond_the_spread():
+    assert verdict(Contrast("a - b", {0: -0.05, 1: -0.04, 2: -0.06})) == "not held"
+    assert verdict(Contrast("a - b", {0: -0.30, 1: -0.30, 2: 0.01})) == "not held"
+
+
+def test_verdict_measures_the_difference_beyond_the_margin():
+    diffs = {0: 0.05, 1: 0.04, 2: 0.06}
+    assert verdict(Contrast("a - b", diffs, margin=0.0)) == "held"
+    assert verdict(Contrast("a - b", diffs, margin=0.05)) == "tie"
+    assert verdict(Contrast("a - b", diffs, margin=0.2)) == "not held"
+    assert verdict(Contrast("a - b", {0: -0.01, 1: -0.015, 2: -0.012}, margin=-0.02)) == "held"  # may drop 2 points
+
+
+def test_one_seed_decides_by_sign_and_is_marked_indicative():
+    assert verdict(Contrast("a - b", {0: 0.01})) == "held"
+    assert verdict(Contrast("a - b", {0: -0.01})) == "not held"
+    assert verdict(Contrast("a - b", {0: 0.0})) == "tie"
+    assert verdict_text(Contrast("a - b", {0: 0.01})) == "held (indicative, 1 seed)"
+    assert verdict_text(Contrast("a - b", {0: 0.01, 1: 0.02})) == "held"
+
+
+def test_verdict_of_no_or_non_finite_differences_is_a_tie():
+    assert verdict(Contrast("a - b", {})) == "tie"
+    assert verdict(Contrast("a - b", {0: float("nan"), 1: 0.3, 2: 0.3})) == "tie"
+
+
+def test_claim_verdict_needs_every_contrast_held_and_any_not_held_fails_it():
+    held = Contrast("h", {0: 0.1, 1: 0.1})
+    tie = Contrast("t", {0: 0.1, 1: -0.1})
+    lost = Contrast("n", {0: -0.1, 1: -0.1})
+    assert claim_verdict([held, held]) == "held"
+    assert claim_verdict([held, tie]) == "tie"
+    assert claim_verdict([held, tie, lost]) == "not held"
+    assert claim_verdict([]) == "tie"
+
+
+def test_paired_and_above_give_per_seed_differences_of_the_runs_present():
+    s = {
+        0: {"a": {"metrics": {"m.mean": 0.8}}, "b": {"metrics": {"m.mean": 0.5}}},
+        1: {"a": {"metrics": {"m.mean": 0.6}}},  # b failed on seed 1: no pair
+    }
+    assert paired(s, "a", "b", "m") == {0: pytest.approx(0.3)}
+    assert above(s, "a", "m", 0.5) == {0: pytest.approx(0.3), 1: pytest.approx(0.1)}
+    (c,) = beats("a", ["b"], "m", margin=0.1)(s)
+    assert c.diffs == {0: pytest.approx(0.3)} and c.margin == 0.1 and "a - b" in c.name

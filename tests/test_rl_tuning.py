@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pfl.errors import ConfigError
-from pfl.methods.rl_tuning import AgentPool, HparamRange, Timers, learn_after_warmup
+from pfl.methods.rl_tuning import AgentPool, HparamRange, Timers, check_warmup, learn_after_warmup, uniform_action
 from pfl.optim.ddpg import DDPGAgent, DDPGConfig
 
 
@@ -45,17 +45,19 @@ def test_learning_starts_with_the_first_action_that_came_from_the_actor():
 
 def test_range_defaults_are_the_papers_reading():
     r = HparamRange(0.001, 0.1, 5)
-    assert (r.rounding, r.warmup_space, r.replay) == ("round", "agent", "agent")
+    assert (r.rounding, r.warmup_space, r.replay, r.action_map) == ("round", "agent", "agent", "linear")
+    assert r.hparams(torch.zeros(2)) == (pytest.approx(0.0505), 3)  # the middle of both ranges
 
 
 def test_range_edges():
     HparamRange(0.1, 0.1, 1)  # one learning rate, one epoch
-    HparamRange(0.1, 1.0, 3)  # lr_max = 1: (a + 1)/2 reaches it
+    HparamRange(0.1, 1.0, 3, action_map="clip")  # lr_max = 1: (a + 1)/2 reaches it
+    assert HparamRange(0.1, 1.5, 3).hparams(torch.ones(2)) == (1.5, 3)  # the linear map reaches any lr_max
     for args, field in (((0.0, 0.1, 1), "method.lr_min"), ((0.2, 0.1, 1), "method.lr_min")):
         with pytest.raises(ConfigError, match=field):
             HparamRange(*args)
     with pytest.raises(ConfigError, match="method.lr_max"):
-        HparamRange(0.1, 1.5, 1)
+        HparamRange(0.1, 1.5, 1, action_map="clip")
     with pytest.raises(ConfigError, match="method.epoch_max"):
         HparamRange(0.1, 0.5, 0)
 
@@ -65,7 +67,7 @@ def test_warmup_in_hparam_space_draws_the_learning_rate_uniformly_in_its_range()
     stored as a' = 2u' − 1; after the warm-up the actor's action is used as it is."""
     lo, hi = 0.01, 0.2
     agent, twin = DDPGAgent(_config(warmup=1), seed=3), DDPGAgent(_config(warmup=1), seed=3)
-    r = HparamRange(lo, hi, 4, warmup_space="hparams")
+    r = HparamRange(lo, hi, 4, warmup_space="hparams", action_map="clip")
     a, raw = r.act(agent, torch.zeros(2)), twin.act(torch.zeros(2))
     expected = 2.0 * (lo + (raw + 1.0) / 2.0 * (hi - lo)) - 1.0
     torch.testing.assert_close(a, expected)
@@ -93,3 +95,35 @@ def test_timers_add_up_each_phase_and_start_again_after_take():
     assert 3.0 <= seconds["agents"] < 4.0 and 0.5 <= seconds["train"] < 1.5
     assert counts == {"agents": 2, "train": 1}
     assert timers.take() == ({}, {})
+
+
+def test_the_clip_maps_own_options_are_refused_with_the_linear_map():
+    assert HparamRange(0.01, 0.2, 4, "floor", "hparams", action_map="clip").hparams(torch.ones(2)) == (0.2, 4)
+    for kwargs, field in (
+        ({"rounding": "floor"}, "method.epoch_rounding"),
+        ({"warmup_space": "hparams"}, "method.warmup_space"),
+        ({"action_map": "log"}, "method.action_map"),
+    ):
+        with pytest.raises(ConfigError, match=field):
+            HparamRange(0.01, 0.2, 4, **kwargs)
+
+
+def test_range_maps_with_the_chosen_action_map():
+    a = torch.tensor([0.0, 0.0])
+    assert HparamRange(0.01, 0.19, 9).hparams(a) == (pytest.approx(0.1), 5)
+    assert HparamRange(0.01, 0.19, 9, action_map="clip").hparams(a) == (0.19, 9)  # the code saturates
+
+
+def test_a_warmup_as_long_as_the_run_is_refused():
+    check_warmup(5, 6)
+    check_warmup(0, 1)
+    for warmup, rounds in ((35, 30), (30, 30)):
+        with pytest.raises(ConfigError, match="method.warmup"):
+            check_warmup(warmup, rounds)
+
+
+def test_uniform_actions_are_keyed_in_the_box_and_spread():
+    draws = torch.stack([uniform_action(2, 0, "client", 3, r) for r in range(400)])
+    assert torch.equal(uniform_action(2, 0, "client", 3, 7), draws[7])  # the same keys, the same action
+    assert float(draws.min()) >= -1 and float(draws.max()) <= 1
+    assert float(draws.min()) < -0.95 and float(draws.max()) > 0.95 and abs(float(draws.mean())) < 0.1

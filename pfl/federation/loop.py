@@ -113,6 +113,9 @@ class FederatedLoop:
         global_test = self.worker.data.global_test
         if len(global_test):
             self.server.evaluator = lambda state: self.worker.evaluate(state, global_test)
+        val = torch.cat([self.worker.split(c).val for c in range(n)])
+        if len(val):  # the clients' validation splits, for server-side choices that must not see a test set
+            self.server.val_evaluator = lambda state: self.worker.evaluate(state, val)
         # What a client answers when the server asks for its train loss at a candidate model (S-FedPG).
         self.server.client_loss = lambda cid, state: self.worker.evaluate(state, self.worker.split(cid).train).loss
         self.server.state = self.method.init_server(self.server)

@@ -61,6 +61,7 @@ class ServerContext:
     state: State = field(default_factory=dict)
     seed: int = 0  # the run's seed, for keyed server-side randomness (pfl.seeding)
     evaluator: Callable[[Tensor], EvalStats] | None = field(default=None, repr=False)
+    val_evaluator: Callable[[Tensor], EvalStats] | None = field(default=None, repr=False)
     client_loss: Callable[[int, Tensor], float] | None = field(default=None, repr=False)
 
     def evaluate(self, state: Tensor) -> EvalStats:
@@ -68,6 +69,13 @@ class ServerContext:
         if self.evaluator is None:
             raise RuntimeError("this server has no global test set to evaluate on")
         return self.evaluator(state)
+
+    def evaluate_val(self, state: Tensor) -> EvalStats:
+        """Accuracy and loss of ``state`` on the union of the clients' validation splits (each client
+        scores the model on its own split and sends back its sums; never a reported test set)."""
+        if self.val_evaluator is None:
+            raise RuntimeError("no client has a validation split (data.val_frac)")
+        return self.val_evaluator(state)
 
     def ask_loss(self, cid: int, state: Tensor) -> float:
         """Client ``cid``'s mean train loss at ``state`` (eval mode): one exchange with that client
@@ -296,6 +304,10 @@ class Method:
         """Bytes (up, down) exchanged since the last call outside the payload/upload pair, e.g. a line
         search asking the clients for their losses; added to the communication metrics every round."""
         return 0, 0
+
+    def check_run(self, cfg: Any) -> None:
+        """Checks that need the rest of the run's configuration (``cfg``: the RunConfig), called by
+        ``pfl.config.validate``; raise ConfigError naming the field. None by default."""
 
     # -- client side ----------------------------------------------------------------------------
     def local_update(self, client: ClientContext, payload: State) -> Upload:

@@ -11,6 +11,9 @@ As PAGE's authors run it as a baseline (their ``Dap`` code), client i in round t
               (q^{−1} = 0: the code's ``last_reward`` starts at 0)
 
 Round 0's state uses the received model's own local-test loss where the code puts a constant 3.0.
+Actions map to (η_i, E_i) as PAGE's do (``action_map``: linear by default, the code's clip as an
+option) and explore with the same OU noise (``ou_dt`` 1; the code's 0.01 as an option), so that
+with PAGE's ranges both methods spend the same local compute in expectation.
 The server averages the uploads with data-size weights (``weighting: samples``) or uniformly
 (``weighting: uniform``, PAGE's Dap-FL code); there is no server agent. Defaults are that code's:
 actor/critic lr 1e-4/1e-3, τ 0.001, exploration noise never decays (ε = 1).
@@ -21,6 +24,8 @@ computed (under encryption), not its value, so the trained models are the same w
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -28,7 +33,7 @@ from pfl.errors import require
 from pfl.methods.base import ClientContext, Method, State, Upload
 from pfl.methods.page import ddpg_config
 from pfl.methods.registry import register
-from pfl.methods.rl_tuning import AgentPool, HparamRange, learn_after_warmup
+from pfl.methods.rl_tuning import AgentPool, HparamRange, check_warmup, learn_after_warmup
 from pfl.optim.ddpg import INIT_SCHEMES, DDPGAgent
 from pfl.seeding import derive_seed
 
@@ -65,6 +70,8 @@ class DapFL(Method):
         epoch_rounding: str = "round",
         warmup_space: str = "agent",
         replay_actions: str = "agent",
+        action_map: str = "linear",
+        ou_dt: float = 1.0,
     ):
         require(penalty > 0, "method.penalty", f"must be > 0 (got {penalty})")
         require(weighting in WEIGHTINGS, "method.weighting", f"got {weighting!r}", f"choose one of {WEIGHTINGS}")
@@ -81,7 +88,8 @@ class DapFL(Method):
         self.buffer_size, self.ddpg_batch_size, self.warmup = buffer_size, ddpg_batch_size, warmup
         self.ou_theta, self.ou_sigma, self.eps_decay_steps, self.init = ou_theta, ou_sigma, eps_decay_steps, init
         self.epoch_rounding, self.warmup_space, self.replay_actions = epoch_rounding, warmup_space, replay_actions
-        self.range = HparamRange(lr_min, lr_max, epoch_max, epoch_rounding, warmup_space, replay_actions)
+        self.action_map, self.ou_dt = action_map, ou_dt
+        self.range = HparamRange(lr_min, lr_max, epoch_max, epoch_rounding, warmup_space, replay_actions, action_map)
         self.config = ddpg_config(
             2,
             2,
@@ -97,10 +105,14 @@ class DapFL(Method):
             noise=True,
             ou_theta=ou_theta,
             ou_sigma=ou_sigma,
+            ou_dt=ou_dt,
             eps_decay_steps=eps_decay_steps,
             init=init,
         )
         self._pool = AgentPool()
+
+    def check_run(self, cfg: Any) -> None:
+        check_warmup(self.warmup, cfg.trainer.rounds)
 
     def client_action(self, agent: DDPGAgent, state: Tensor, client: ClientContext) -> Tensor:
         """Client ``client``'s action in [−1, 1]² for ``state`` (a test may fix it)."""

@@ -48,11 +48,13 @@ from torch import Tensor
 from pfl.errors import ConfigError, require
 from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload, weighted_mean
 from pfl.methods.registry import register
-from pfl.methods.rl_tuning import AgentPool, HparamRange, Timers, learn_after_warmup
+from pfl.methods.rl_tuning import AgentPool, HparamRange, Timers, check_warmup, learn_after_warmup, uniform_action
 from pfl.optim.ddpg import INIT_SCHEMES, DDPGAgent, DDPGConfig, server_action_to_weights
 from pfl.seeding import derive_seed
 
 TUNABLE = ("lr", "epochs", "weights")
+ACTIONS = ("agent", "fixed", "random")
+REWARD_SPLITS = ("validation", "test")
 
 
 def ddpg_config(state_dim: int, action_dim: int, names: dict[str, str] | None = None, **kwargs: Any) -> DDPGConfig:
@@ -101,7 +103,18 @@ class PAGE(Method):
         epoch_rounding: str = "round",
         warmup_space: str = "agent",
         replay_actions: str = "agent",
+        action_map: str = "linear",
+        ou_dt: float = 1.0,
+        actions: str = "agent",
+        reward_split: str = "validation",
     ):
+        require(actions in ACTIONS, "method.actions", f"unknown {actions!r}", f"choose one of {', '.join(ACTIONS)}")
+        require(
+            reward_split in REWARD_SPLITS,
+            "method.reward_split",
+            f"unknown {reward_split!r}",
+            f"choose one of {', '.join(REWARD_SPLITS)}",
+        )
         require(client_reward_weight > 0, "method.client_reward_weight", f"must be > 0 (got {client_reward_weight})")
         require(server_reward_weight > 0, "method.server_reward_weight", f"must be > 0 (got {server_reward_weight})")
         require(penalty > 0, "method.penalty", f"must be > 0 (got {penalty})", "it keeps 1/(loss + penalty) finite")
@@ -130,24 +143,50 @@ class PAGE(Method):
         )
         self.ou_theta, self.ou_sigma, self.eps_decay_steps, self.init = ou_theta, ou_sigma, eps_decay_steps, init
         self.epoch_rounding, self.warmup_space, self.replay_actions = epoch_rounding, warmup_space, replay_actions
-        self.range = HparamRange(lr_min, lr_max, epoch_max, epoch_rounding, warmup_space, replay_actions)
+        self.action_map, self.ou_dt, self.actions, self.reward_split = action_map, ou_dt, actions, reward_split
+        self.range = HparamRange(lr_min, lr_max, epoch_max, epoch_rounding, warmup_space, replay_actions, action_map)
         self.client_config = self._config(1, 2, actor_lr, critic_lr, noise=True)
         self._config(1, 1, server_actor_lr, server_critic_lr, noise=False)  # validated before any training
         self._pool = AgentPool()
         self._timers = Timers()
         # (lr, epochs, reward) of the clients trained since the last aggregation, then of the last
         # round: what ``metrics`` reports (a function of the round, so resumed runs report the same).
-        self._trained: dict[int, tuple[float, int, float]] = {}
-        self._last_round: dict[int, tuple[float, int, float]] = {}
+        self._trained: dict[int, tuple[float, int, float | None]] = {}
+        self._last_round: dict[int, tuple[float, int, float | None]] = {}
 
     # -- configuration ----------------------------------------------------------------------------
     @property
     def tunes_client(self) -> bool:
-        return "lr" in self.tune or "epochs" in self.tune
+        """Whether client actions (agent or random) replace client.lr / client.epochs."""
+        return self.actions != "fixed" and ("lr" in self.tune or "epochs" in self.tune)
 
     @property
     def tunes_server(self) -> bool:
-        return "weights" in self.tune
+        """Whether server actions (agent or random) replace the data-size weights."""
+        return self.actions != "fixed" and "weights" in self.tune
+
+    def check_run(self, cfg: Any) -> None:
+        if self.actions == "agent" and (self.tunes_client or self.tunes_server):
+            check_warmup(self.warmup, cfg.trainer.rounds)
+
+    @property
+    def client_split(self) -> str:
+        """The client split the agents' states and rewards are scored on."""
+        return "val" if self.reward_split == "validation" else "test"
+
+    def _client_score(self, client: ClientContext, state: Tensor) -> Any:
+        if self.reward_split == "validation":
+            require(
+                len(client.val_idx) > 0,
+                "data.val_frac",
+                f"PAGE's agents score on validation splits (method.reward_split: validation); "
+                f"client {client.cid} has none",
+                "set data.val_frac > 0 (e.g. 0.1), or method.reward_split: test (the paper: tunes on the test set)",
+            )
+        return client.evaluate(state, self.client_split)
+
+    def _server_score(self, server: ServerContext, state: Tensor) -> Any:
+        return server.evaluate_val(state) if self.reward_split == "validation" else server.evaluate(state)
 
     def _config(self, state_dim: int, action_dim: int, actor_lr: float, critic_lr: float, noise: bool) -> DDPGConfig:
         prefix = "" if noise else "server_"
@@ -165,6 +204,7 @@ class PAGE(Method):
             warmup=self.warmup,
             noise=noise,
             ou_theta=self.ou_theta,
+            ou_dt=self.ou_dt,
             ou_sigma=self.ou_sigma,
             eps_decay_steps=self.eps_decay_steps,
             init=self.init,
@@ -188,33 +228,59 @@ class PAGE(Method):
         state: State = {"global": server.init_state.clone()}
         if not self.tunes_server:
             return state
-        require(
-            server.evaluator is not None,
-            "data.global_test_frac",
-            "PAGE's server agent scores every client's model on the server's global test set, and there is none",
-            "set data.global_test_frac > 0 (data.official_test for on-disk sources), or drop weights from method.tune",
-        )
-        start = server.evaluate(server.init_state)
+        state["weights"] = torch.full((server.num_clients,), 1.0 / server.num_clients)
+        if self.actions == "random":
+            return state
+        if self.reward_split == "validation":
+            require(
+                server.val_evaluator is not None,
+                "data.val_frac",
+                "PAGE's server agent scores the models on the clients' validation splits "
+                "(method.reward_split: validation), and there are none",
+                "set data.val_frac > 0 (e.g. 0.1), or method.reward_split: test (the paper: tunes on the test set)",
+            )
+        else:
+            require(
+                server.evaluator is not None,
+                "data.global_test_frac",
+                "PAGE's server agent scores every client's model on the server's global test set, and there is none",
+                "set data.global_test_frac > 0 (data.official_test for on-disk sources), or drop weights from "
+                "method.tune",
+            )
+        start = self._server_score(server, server.init_state)
         agent = self._pool.new(self.server_config(server.num_clients), derive_seed(server.seed, "page", "server"))
         state["agent"] = agent.state_dict()
         state["acc"] = torch.full((server.num_clients,), start.acc)  # round 0's lagged state
-        state["weights"] = torch.full((server.num_clients,), 1.0 / server.num_clients)
         return state
+
+    def _aggregate(self, server: ServerContext, uploads: dict[int, Upload], weights: Tensor | None) -> None:
+        """g = Σ w_k θ_k / Σ w_k over this round's clients: ``weights`` (one per client of the
+        federation; equal when the round's clients all got 0) or, None, the uploads' own weights."""
+        cids = sorted(uploads)
+        if weights is None:
+            w = [uploads[c].weight for c in cids]
+        else:
+            chosen = weights[cids]
+            w = (chosen if float(chosen.sum()) > 0 else torch.ones_like(chosen)).tolist()
+        server["global"] = weighted_mean([uploads[c].state for c in cids], w)
 
     def aggregate(self, server: ServerContext, uploads: dict[int, Upload]) -> None:
         self._last_round, self._trained = self._trained, {}
-        cids = sorted(uploads)
-        states = [uploads[c].state for c in cids]
-        if not self.tunes_server:
-            started = time.perf_counter()
-            server["global"] = weighted_mean(states, [uploads[c].weight for c in cids])
-            self._timers.add("aggregation", started)
-            return
         timers = self._timers
         started = time.perf_counter()
+        if not self.tunes_server or self.actions == "random":
+            weights = None
+            if self.tunes_server:  # random weights, drawn afresh every round
+                action = uniform_action(server.num_clients, server.seed, "page", "random", "server", server.round)
+                weights = server_action_to_weights(action.to(torch.float64))
+                server["weights"] = weights.float()
+            self._aggregate(server, uploads, weights)
+            timers.add("aggregation", started)
+            return
+        cids = sorted(uploads)
         accs = server["acc"].clone()
         for cid in cids:
-            accs[cid] = server.evaluate(uploads[cid].state).acc
+            accs[cid] = self._server_score(server, uploads[cid].state).acc
         started = timers.add("server_eval", started)
         config = self.server_config(server.num_clients)
         agent = self._pool.load(config, server["agent"])
@@ -229,11 +295,9 @@ class PAGE(Method):
         action = self.server_action(agent, observed, server)
         weights = server_action_to_weights(action.detach().to(torch.float64).cpu())
         started = timers.add("server_agent", started)
-        w = weights[cids]
-        w = w if float(w.sum()) > 0 else torch.ones_like(w)
-        server["global"] = weighted_mean(states, w.tolist())
+        self._aggregate(server, uploads, weights)
         started = timers.add("aggregation", started)
-        reward = self.server_reward_weight / (server.evaluate(server["global"]).loss + self.penalty)
+        reward = self.server_reward_weight / (self._server_score(server, server["global"]).loss + self.penalty)
         started = timers.add("server_eval", started)
         stored = action if self.replay_actions == "agent" else weights.float()
         if self.server_lag == 0:
@@ -257,11 +321,13 @@ class PAGE(Method):
         timers = self._timers
         g = payload["global"]
         lr, epochs = client.lr, client.epochs
-        agent = None
+        agent, action, reward = None, None, None
         started = time.perf_counter()
-        received = torch.tensor([client.evaluate(g, "test").acc])  # the received model on the local test
-        started = timers.add("client_eval", started)
-        if self.tunes_client:
+        if self.tunes_client and self.actions == "random":
+            action = uniform_action(2, client.worker.seed, "page", "random", client.cid, client.round)
+        elif self.tunes_client:
+            received = torch.tensor([self._client_score(client, g).acc])  # the received model's accuracy
+            started = timers.add("client_eval", started)
             agent = self._client_agent(client)
             if self.client_lag == 0:
                 pending = client.state.get("pending")
@@ -272,15 +338,16 @@ class PAGE(Method):
             else:
                 observed = client.state.get("obs", received)
             action = self.client_action(agent, observed, client)
+        if action is not None:
             tuned_lr, tuned_epochs = self.range.hparams(action)
             lr = tuned_lr if "lr" in self.tune else lr
             epochs = tuned_epochs if "epochs" in self.tune else epochs
             started = timers.add("client_agent", started)
         trained = client.fit(g, lr=lr, epochs=epochs)
         started = timers.add("local_train", started)
-        reward = self.client_reward_weight / (client.evaluate(trained, "test").loss + self.penalty)
-        started = timers.add("client_eval", started)
         if agent is not None:
+            reward = self.client_reward_weight / (self._client_score(client, trained).loss + self.penalty)
+            started = timers.add("client_eval", started)
             stored = self.range.replayed(action, lr, epochs)
             if self.client_lag == 0:
                 client.state["pending"] = {"state": received, "action": stored.clone(), "reward": torch.tensor(reward)}
@@ -316,8 +383,11 @@ class PAGE(Method):
             rows = [self._last_round[c] for c in sorted(self._last_round)]
             out["page.lr.mean"] = sum(r[0] for r in rows) / len(rows)
             out["page.epochs.mean"] = sum(r[1] for r in rows) / len(rows)
-            out["page.client_reward.mean"] = sum(r[2] for r in rows) / len(rows)
+            rewards = [r[2] for r in rows if r[2] is not None]  # no reward where no agent acted
+            if rewards:
+                out["page.client_reward.mean"] = sum(rewards) / len(rewards)
         if "reward" in server:
             out["page.server_reward"] = float(server["reward"])
+        if "weights" in server:
             out["page.weight.max"] = float(server["weights"].max())
         return out

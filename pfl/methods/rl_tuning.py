@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 
 from pfl.errors import require
-from pfl.optim.ddpg import DDPGAgent, DDPGConfig, client_action_to_hparams
+from pfl.optim.ddpg import ACTION_MAPS, DDPGAgent, DDPGConfig, client_action_to_hparams
+from pfl.seeding import torch_generator
 
 WARMUP_SPACES = ("agent", "hparams")
 REPLAY_ACTIONS = ("agent", "mapped")
@@ -53,16 +54,38 @@ def learn_after_warmup(agent: DDPGAgent) -> None:
         agent.learn()
 
 
+def check_warmup(warmup: int, rounds: int) -> None:
+    """Refuse a warm-up as long as the run: the agents would never act, and the run would be the
+    random-actions control under the method's name."""
+    require(
+        warmup < rounds,
+        "method.warmup",
+        f"{warmup} warm-up rounds of random actions leave no round of the {rounds}-round run to the agents",
+        "lower method.warmup well under trainer.rounds (about a tenth), or set method.actions: random",
+    )
+
+
+def uniform_action(dim: int, *keys: int | str) -> Tensor:
+    """An action uniform in [−1, 1]^dim from a generator keyed by ``keys`` (run seed, who, round, …),
+    so a resumed run draws the same actions."""
+    return 2.0 * torch.rand(dim, generator=torch_generator(*keys)) - 1.0
+
+
 @dataclass
 class HparamRange:
     """Client actions (2 values in [−1, 1]) as a local learning rate and a number of local epochs.
 
-    ``rounding``: "round" or "floor" (the authors' code), see ``client_action_to_hparams``.
-    ``warmup_space``: "agent" — warm-up actions are uniform in the agent's [−1, 1]² (with the
-    clipped mapping lr = lr_max, and independently epochs = epoch_max, with probability 1 − lr_max);
-    "hparams" — the authors' code: uniform in [lr_min, lr_max] for both components, obtained from
-    the same uniform draw u = (a + 1)/2 as u' = lr_min + u (lr_max − lr_min), stored as a' = 2u' − 1
-    (which maps back to the same hyper-parameters).
+    ``action_map``: "linear" (the default: [−1, 1] onto [lr_min, lr_max] and onto 1…epoch_max) or
+    "clip" (the authors' code: clip((a + 1)/2, lr_min, lr_max), which saturates); see
+    ``pfl.optim.ddpg.client_action_to_hparams``.
+    ``rounding``: the clip map's epoch rounding, "round" or "floor" (the authors' code); the linear
+    map has its own equal-width bins, so it takes only the default.
+    ``warmup_space``: "agent" — warm-up actions are uniform in the agent's [−1, 1]² (with the linear
+    map: uniform over the range; with the clip map: lr = lr_max, and independently epochs =
+    epoch_max, with probability 1 − lr_max); "hparams" (clip map only) — the authors' code: uniform
+    in [lr_min, lr_max] for both components, obtained from the same uniform draw u = (a + 1)/2 as
+    u' = lr_min + u (lr_max − lr_min), stored as a' = 2u' − 1 (which maps back to the same
+    hyper-parameters).
     ``replay``: "agent" stores the agent-space action (standard DDPG); "mapped" stores (lr, epochs)
     as the authors' code does.
     """
@@ -73,12 +96,25 @@ class HparamRange:
     rounding: str = "round"
     warmup_space: str = "agent"
     replay: str = "agent"
+    action_map: str = "linear"
 
     def __post_init__(self) -> None:
         require(
             0 < self.lr_min <= self.lr_max, "method.lr_min", f"need 0 < lr_min <= lr_max ({self.lr_min}, {self.lr_max})"
         )
-        require(self.lr_max <= 1, "method.lr_max", f"must be <= 1 (got {self.lr_max})", "(a + 1)/2 never exceeds 1")
+        require(
+            self.action_map in ACTION_MAPS,
+            "method.action_map",
+            f"unknown {self.action_map!r}",
+            f"choose one of {', '.join(ACTION_MAPS)}",
+        )
+        clip = self.action_map == "clip"
+        require(
+            self.lr_max <= 1 or not clip,
+            "method.lr_max",
+            f"must be <= 1 with action_map clip (got {self.lr_max})",
+            "(a + 1)/2 never exceeds 1; action_map linear reaches any lr_max",
+        )
         require(self.epoch_max >= 1, "method.epoch_max", f"must be >= 1 (got {self.epoch_max})")
         require(
             self.rounding in ("round", "floor"), "method.epoch_rounding", f"unknown {self.rounding!r}", "round | floor"
@@ -95,9 +131,23 @@ class HparamRange:
             f"unknown {self.replay!r}",
             f"choose one of {', '.join(REPLAY_ACTIONS)}",
         )
+        require(
+            clip or self.rounding == "round",
+            "method.epoch_rounding",
+            f"{self.rounding!r} is a rounding of action_map clip",
+            "the linear map bins the epochs itself: leave epoch_rounding at round, or set action_map: clip",
+        )
+        require(
+            clip or self.warmup_space == "agent",
+            "method.warmup_space",
+            f"{self.warmup_space!r} is the warm-up of action_map clip",
+            "with action_map linear agent-space warm-up is already uniform over the range: use agent",
+        )
 
     def hparams(self, action: Tensor) -> tuple[float, int]:
-        return client_action_to_hparams(action, self.lr_min, self.lr_max, self.epoch_max, self.rounding)
+        return client_action_to_hparams(
+            action, self.lr_min, self.lr_max, self.epoch_max, self.rounding, self.action_map
+        )
 
     def act(self, agent: DDPGAgent, state: Tensor) -> Tensor:
         """The agent's exploring action, with warm-up draws moved to ``warmup_space``."""

@@ -43,7 +43,10 @@ INIT_SCHEMES = ("fan_in", "code")
 class DDPGConfig:
     """DDPG hyper-parameters; defaults are PAGE's Synthetic settings (appendix C.2 / authors' code).
 
-    ``ou_mu``, ``ou_dt``: OU mean and time step (the authors' code: 0 and 1e-2).
+    ``ou_mu``, ``ou_dt``: OU mean and time step. dt = 1 is Lillicrap et al.'s process
+    x ← x + θ(m − x) + σ·N(0, I): stationary std σ/√(1 − (1 − θ)²) ≈ 0.38 of the box's half-width for
+    θ = 0.15, σ = 0.2, reached within ~10 actions. The authors' code's dt = 1e-2 moves x by σ√dt = 0.02
+    per action (std ≈ 0.1 after 25 actions), too little to leave a corner of the box in a run.
     ``init``: "fan_in" (Lillicrap et al.: hidden weights and biases U(±1/√fan_in), final layer
     U(±final_init)) or "code" (the authors' code: hidden weights U(±1/√fan_out), final weights
     U(±final_init), biases PyTorch's default U(±1/√fan_in)).
@@ -65,7 +68,7 @@ class DDPGConfig:
     ou_sigma: float = 0.2
     eps_decay_steps: int = 500
     ou_mu: float = 0.0
-    ou_dt: float = 1e-2
+    ou_dt: float = 1.0
     init: str = "fan_in"
     final_init: float = 3e-3
 
@@ -240,7 +243,7 @@ class OUNoise:
     As an AR(1) chain: lag-1 autocorrelation 1 − θ·dt, stationary variance σ²·dt / (1 − (1 − θ·dt)²).
     """
 
-    def __init__(self, size: int, theta: float, sigma: float, mu: float = 0.0, dt: float = 1e-2):
+    def __init__(self, size: int, theta: float, sigma: float, mu: float = 0.0, dt: float = 1.0):
         self.size, self.theta, self.sigma, self.mu, self.dt = size, theta, sigma, mu, dt
         self.x = torch.full((size,), float(mu))
 
@@ -443,10 +446,36 @@ def to_unit(a: Tensor) -> Tensor:
     return (a + 1.0) / 2.0
 
 
-def client_action_to_hparams(
+ACTION_MAPS = ("linear", "clip")
+
+
+def _check_range(lr_min: float, lr_max: float, epoch_max: int) -> None:
+    require(0 < lr_min <= lr_max, "page.lr_min", f"need 0 < lr_min <= lr_max (got {lr_min}, {lr_max})")
+    require(epoch_max >= 1, "page.epoch_max", f"must be >= 1 (got {epoch_max})")
+
+
+def linear_action_to_hparams(a: Tensor, lr_min: float, lr_max: float, epoch_max: int) -> tuple[float, int]:
+    """PAGE client action (2 values in [−1, 1]) → (lr, epochs), affine over the whole box (pfl's default).
+
+        u      = (a + 1) / 2                                  ∈ [0, 1]²
+        lr     = lr_min + u₀ · (lr_max − lr_min)              ∈ [lr_min, lr_max]
+        epochs = min(epoch_max, 1 + ⌊u₁ · epoch_max⌋)         ∈ {1, …, epoch_max}
+
+    a = −1 gives (lr_min, 1), a = +1 gives (lr_max, epoch_max), a = 0 the middle of both ranges; each
+    epoch count takes an equal share (2 / epoch_max) of [−1, 1], so a uniform action is a uniform
+    epoch count. Computed in float64.
+    """
+    require(a.numel() == 2, "page.client_action", f"expected 2 values (lr, epochs), got {a.numel()}")
+    _check_range(lr_min, lr_max, epoch_max)
+    u = to_unit(a.detach().reshape(2).to(dtype=torch.float64, device="cpu")).clamp(0.0, 1.0)
+    lr = lr_min + float(u[0]) * (lr_max - lr_min)
+    return lr, min(epoch_max, 1 + math.floor(float(u[1]) * epoch_max))
+
+
+def clip_action_to_hparams(
     a: Tensor, lr_min: float, lr_max: float, epoch_max: int, rounding: str = "round"
 ) -> tuple[float, int]:
-    """PAGE client action (2 values in [−1, 1]) → (local learning rate, local epochs).
+    """PAGE client action (2 values in [−1, 1]) → (lr, epochs) as the authors' code maps it.
 
         u      = clip((a + 1) / 2, lr_min, lr_max)          (both components, as the authors' code)
         lr     = u₀                                          ∈ [lr_min, lr_max]
@@ -455,17 +484,17 @@ def client_action_to_hparams(
     R = round half up ("round", ALGORITHMS.md's reading) or floor ("floor": the authors' code, which
     truncates with int() and also truncates the scale int(epoch_max / lr_max)). Only u₁ ∈
     [lr_min, lr_max] varies the epochs, i.e. a₁ ∈ [2·lr_min − 1, 2·lr_max − 1] ([−0.998, −0.8] for
-    PAGE's Synthetic range); every larger a₁ gives epoch_max. Computed in float64.
+    PAGE's Synthetic range); every larger a₁ gives epoch_max, and likewise lr_max for a₀ (90 % of
+    the box). Computed in float64.
     """
     require(a.numel() == 2, "page.client_action", f"expected 2 values (lr, epochs), got {a.numel()}")
-    require(0 < lr_min <= lr_max, "page.lr_min", f"need 0 < lr_min <= lr_max (got {lr_min}, {lr_max})")
+    _check_range(lr_min, lr_max, epoch_max)
     require(
         lr_max <= 1,
         "page.lr_max",
         f"must be <= 1 (got {lr_max})",
         "(a + 1) / 2 never exceeds 1, so larger is unreachable",
     )
-    require(epoch_max >= 1, "page.epoch_max", f"must be >= 1 (got {epoch_max})")
     require(rounding in ("round", "floor"), "page.epoch_rounding", f"unknown {rounding!r}", "use 'round' or 'floor'")
     u = to_unit(a.detach().reshape(2).to(dtype=torch.float64, device="cpu")).clamp(lr_min, lr_max)
     lr = float(u[0])
@@ -474,6 +503,17 @@ def client_action_to_hparams(
     else:
         epochs = math.floor(float(u[1]) * int(epoch_max / lr_max))
     return lr, max(1, int(epochs))
+
+
+def client_action_to_hparams(
+    a: Tensor, lr_min: float, lr_max: float, epoch_max: int, rounding: str = "round", action_map: str = "linear"
+) -> tuple[float, int]:
+    """PAGE client action → (lr, epochs): ``action_map`` "linear" (``linear_action_to_hparams``, the
+    default) or "clip" (``clip_action_to_hparams``, the authors' code; ``rounding`` applies to it)."""
+    require(action_map in ACTION_MAPS, "page.action_map", f"unknown {action_map!r}", f"use one of {ACTION_MAPS}")
+    if action_map == "clip":
+        return clip_action_to_hparams(a, lr_min, lr_max, epoch_max, rounding)
+    return linear_action_to_hparams(a, lr_min, lr_max, epoch_max)
 
 
 def server_action_to_weights(a: Tensor) -> Tensor:

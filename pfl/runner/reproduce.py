@@ -1,145 +1,357 @@
 """The paper-reproduction suite: the small-scale, embedded-data analogue of each paper's headline
-comparison, run on CPU, written to ``reproduce/REPORT.md`` with tables, plots and a verdict per claim.
+comparison, run on CPU over several seeds, written to ``reproduce/REPORT.md`` with tables (mean ± std
+over seeds), paired per-seed differences, a verdict per claim (held / not held / tie) and plots.
 
-A claim lists its runs (label -> fit arguments on top of a shared base) and a check on their
-summaries. Claims whose methods are not registered are listed as not run.
+Every run of a claim is repeated on each of its seeds, in ``<out>/<claim>/<label>/s<seed>``. A claim
+with an ``lr_grid`` first picks each run's learning rate on validation from short runs on its first
+seed (``<out>/<claim>/_lr/<label>/lr<value>``). Claims whose methods are not registered are listed
+as not run. How verdicts are decided: docs/reproduce.md.
 """
 
 from __future__ import annotations
 
+import csv
 import json
+import math
+import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from pfl.errors import ConfigError
+from pfl.errors import ConfigError, require
 from pfl.methods import methods
 from pfl.metrics.protocols import reference_metrics
 from pfl.metrics.report import build_table, load_config, render
 from pfl.runner.args import parse_fit_args
-from pfl.runner.claims import Summaries, all_claims
+from pfl.runner.claims import (
+    Claim,
+    Contrast,
+    SeedSummaries,
+    all_claims,
+    claim_verdict,
+    verdict_text,
+)
 from pfl.runner.sweep import run_parallel
+
+QUICK_SHARE = 10  # QUICK runs 1/10 of each run's rounds, on the first seed only
+LR_DIR = "_lr"
+RUN_FLAGS = ["--trainer.progress", "false", "--tracking.overwrite", "true"]  # the suite regenerates its runs
+
+
+@dataclass
+class Job:
+    """One run of the suite: a claim's label on one seed (or one lr of its grid)."""
+
+    claim: str
+    label: str
+    seed: int
+    argv: list[str]
+    run_dir: Path
+    name: str  # in the progress lines and seconds.json: the run folder under the suite's
+
+    def done(self) -> bool:
+        return (self.run_dir / "summary.json").exists()
+
+
+def run_dir(out: Path, claim: str, label: str, seed: int) -> Path:
+    return out / claim / label / f"s{seed}"
+
+
+def shortened(argv: list[str], rounds: int) -> list[str]:
+    """``argv`` cut to ``rounds`` rounds, evaluated at the last one."""
+    return [*argv, "--trainer.rounds", str(rounds), "--trainer.eval_every", str(rounds)]
+
+
+def quick_rounds(argv: list[str]) -> int:
+    return max(1, parse_fit_args(argv)[0].trainer.rounds // QUICK_SHARE)
+
+
+def claim_jobs(claim: Claim, out: Path, quick: bool, lrs: dict[str, float] | None = None) -> list[Job]:
+    """The claim's runs, label x seed (QUICK: the first seed, 1/10 of the rounds); ``lrs`` are the
+    learning rates the grid chose (label -> lr). Every configuration is parsed here, before anything runs."""
+    seeds = claim.seeds[:1] if quick else claim.seeds
+    require(bool(seeds), f"{claim.key}.seeds", "a claim needs at least one seed")
+    jobs = []
+    for label, args in claim.runs.items():
+        chosen = [claim.lr_grid.arg, str(lrs[label])] if lrs and label in lrs and claim.lr_grid else []
+        for seed in seeds:
+            where = run_dir(out, claim.key, label, seed)
+            argv = [*claim.base, *args, *chosen, "--seed", str(seed)]
+            argv += ["--tracking.root", str(where.parent), "--tracking.name", where.name, *RUN_FLAGS]
+            if quick:
+                argv = shortened(argv, quick_rounds(argv))
+            parse_fit_args(argv)
+            jobs.append(Job(claim.key, label, seed, ["fit", *argv], where, f"{claim.key}/{label}/s{seed}"))
+    return jobs
+
+
+def grid_jobs(claim: Claim, out: Path) -> list[Job]:
+    """The lr-grid stage's short runs on the claim's first seed (none without a grid)."""
+    grid = claim.lr_grid
+    if grid is None:
+        return []
+    seed, jobs = claim.seeds[0], []
+    for label, args in claim.runs.items():
+        if not grid.applies(label):
+            continue
+        for lr in grid.values:
+            where = out / claim.key / LR_DIR / label / f"lr{lr:g}"
+            argv = [*claim.base, *args, grid.arg, str(lr), "--seed", str(seed)]
+            argv = shortened([*argv, "--tracking.root", str(where.parent), "--tracking.name", where.name, *RUN_FLAGS],
+                             grid.rounds)  # fmt: skip
+            cfg = parse_fit_args(argv)[0]
+            require(
+                cfg.data.val_frac > 0,
+                f"{claim.key}.lr_grid",
+                "the learning rate is chosen on validation, and the base configuration has none",
+                "add --data.val_frac (e.g. 0.1) to the claim's base",
+            )
+            name = f"{claim.key}/{LR_DIR}/{label}/{where.name}"
+            jobs.append(Job(claim.key, label, seed, ["fit", *argv], where, name))
+    return jobs
+
+
+def choose_lrs(claim: Claim, out: Path) -> tuple[dict[str, float], list[str]]:
+    """label -> the grid lr with the highest validation metric (the first of equals), and the report's
+    lines saying what each lr scored. A label none of whose grid runs finished keeps its configured lr."""
+    grid = claim.lr_grid
+    if grid is None:
+        return {}, []
+    chosen: dict[str, float] = {}
+    lines = [f"Learning rate chosen on validation (`{grid.metric}` after {grid.rounds} rounds, seed "
+             f"{claim.seeds[0]}) from {', '.join(f'{v:g}' for v in grid.values)}:", ""]  # fmt: skip
+    for label in claim.runs:
+        if not grid.applies(label):
+            continue
+        scores = {}
+        for lr in grid.values:
+            path = out / claim.key / LR_DIR / label / f"lr{lr:g}" / "summary.json"
+            if path.exists():
+                score = json.loads(path.read_text())["metrics"].get(grid.metric)
+                if score is not None and math.isfinite(score):
+                    scores[lr] = score
+        text = ", ".join(f"{lr:g}: {v:.4f}" for lr, v in scores.items()) or "no grid run finished"
+        if scores:
+            chosen[label] = max(scores, key=scores.__getitem__)
+            lines.append(f"- {label}: **{chosen[label]:g}** ({text})")
+        else:
+            lines.append(f"- {label}: the configured lr ({text})")
+    return chosen, [*lines, ""]
 
 
 def run_claims(
     out: Path, only: list[str] | None = None, quick: bool = False, workers: int = 1, reuse: bool = False
 ) -> Path:
-    """Run the claims (``quick``: 10 % of the rounds, for smoke tests) in ``workers`` processes and
-    write ``out/REPORT.md``. ``reuse`` keeps runs that already have a summary (an interrupted suite
-    continues where it stopped)."""
-
+    """Run the claims over their seeds in ``workers`` processes and write ``out/REPORT.md``. ``quick``:
+    the first seed and 1/10 of the rounds, no lr grid (a smoke test: every verdict is indicative).
+    ``reuse`` keeps runs that already have a summary (an interrupted suite continues where it stopped)."""
+    t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
+    claims = [c for c in all_claims() if not only or c.key in only]
+    ready = [c for c in claims if not c.methods() - set(methods())]
     failures: list[str] = []
-    sections = ["# Reproduction report", "", f"Generated {time.strftime('%Y-%m-%d %H:%M')} on CPU, embedded data.", ""]
-    for claim in all_claims():
-        if only and claim.key not in only:
-            continue
-        missing = claim.methods() - set(methods())
+    seconds: dict[str, float] = {}
+
+    # Every run's configuration is checked before the first one starts (the chosen lrs are grid values).
+    grids = {c.key: [] if quick else grid_jobs(c, out) for c in ready}
+    for c in ready:
+        claim_jobs(c, out, quick)
+    _run([j for c in ready for j in grids[c.key]], workers, reuse, "lr grid", seconds, failures)
+    chosen: dict[str, dict[str, float]] = {}
+    grid_lines: dict[str, list[str]] = {}
+    for c in ready:
+        chosen[c.key], grid_lines[c.key] = ({}, []) if quick else choose_lrs(c, out)
+    jobs = {c.key: claim_jobs(c, out, quick, chosen[c.key]) for c in ready}
+    started = time.time()
+    ran = _run([j for c in ready for j in jobs[c.key]], workers, reuse, "reproduce", seconds, failures)
+    _save_seconds(out, seconds)
+
+    sections: list[str] = []
+    verdicts: dict[str, str] = {}
+    for claim in claims:
         sections += [f"## {claim.paper}: {claim.key}", "", f"Claim: {claim.statement}.", ""]
-        if missing:
-            sections += [f"Not run: methods not available yet: {', '.join(sorted(missing))}.", ""]
+        if claim.key not in jobs:
+            missing = ", ".join(sorted(claim.methods() - set(methods())))
+            sections += [f"Not run: methods not available yet: {missing}.", ""]
             continue
-        jobs = {}
-        for label, args in claim.runs.items():
-            argv = [*claim.base, *args, "--tracking.root", str(out / claim.key), "--tracking.name", label]
-            # The suite regenerates its runs: an earlier one of the same label is moved aside, not refused.
-            argv += ["--trainer.progress", "false", "--tracking.overwrite", "true"]
-            if quick:
-                rounds = parse_fit_args(argv)[0].trainer.rounds // 10 or 1
-                argv += ["--trainer.rounds", str(rounds), "--trainer.eval_every", str(rounds)]
-            parse_fit_args(argv)  # every run's configuration is checked before the first one starts
-            if not (reuse and (out / claim.key / label / "summary.json").exists()):
-                jobs[label] = ["fit", *argv]
-        t0, started = time.perf_counter(), time.time()
-        print(f"{claim.key}: {len(jobs)} runs to do, {len(claim.runs) - len(jobs)} reused", flush=True)
-        try:
-            run_parallel(jobs, workers, what=claim.key)
-        except ConfigError as err:  # the failed runs are named in the report; the others still count
-            failures.append(str(err))
-        minutes = (time.perf_counter() - t0) / 60
-        done = [label for label in claim.runs if _finished(out / claim.key / label, label in jobs, started)]
-        summaries: Summaries = {
-            label: json.loads((out / claim.key / label / "summary.json").read_text()) for label in done
-        }
-        failed = [label for label in claim.runs if label not in summaries]
-        if failed:
-            sections += [f"Failed (left out of the table and the check): {', '.join(failed)}.", ""]
-        if not summaries:
-            continue
-        for label, summary in summaries.items():  # checks may read a run's files (clients.csv)
-            summary.setdefault("run_dir", str(out / claim.key / label))
-        if "local" in summaries:
-            add_gain_over_local(summaries, out / claim.key)
-            sections += [
-                "Gain, R-Acc and PTR are per client against the suite's own `local` run (same split, seed).",
-                "",
-            ]
-        try:
-            held, detail = claim.check(summaries)
-        except KeyError as missing:  # a run the check compares failed
-            held, detail = False, f"not decidable: the run {missing} has no result"
-        # Settings from each run's config.yaml: runs of a claim may differ where a summary does not say
-        # (attack.*), and grouping them as seeds of one setting would average a clean and an attacked run.
-        configs = [load_config(out / claim.key / label) for label in summaries]
-        header, rows, best = build_table(list(summaries.values()), list(summaries), list(claim.metrics), configs)
-        sections += render(header, rows, best).splitlines()
-        title = f"{claim.paper}: {claim.key} (held: {'yes' if held else 'no'})"
-        plot = _bar_plot(summaries, "pm.l_acc.mean", out / f"{claim.key}.png", claim.winner, title)
-        sections += ["", f"![{claim.key}]({plot.name})", "", f"**Held: {'yes' if held else 'no'}** — {detail}."]
-        timing = f"{len(jobs)} run, {minutes:.1f} min with {workers} worker(s)" if jobs else "no new run"
-        sections += ["", f"({len(summaries)} runs: {timing}; {len(summaries) - len(jobs)} reused)", ""]
+        if claim.lr_grid is not None:
+            sections += (
+                ["Learning-rate grid: off in QUICK (the configured learning rates).", ""]
+                if quick
+                else grid_lines[claim.key]
+            )
+        lines, verdicts[claim.key] = claim_section(claim, jobs[claim.key], out, started, ran, seconds)
+        sections += lines
+    total = time.perf_counter() - t0
     report = out / "REPORT.md"
-    report.write_text("\n".join(sections) + "\n")
+    report.write_text("\n".join([*_header(claims, verdicts, quick, workers, total), *sections]) + "\n")
     if failures:
         raise ConfigError("reproduce", f"{'; '.join(failures)} (left out of {report})")
     return report
 
 
-def _finished(run_dir: Path, rerun: bool, started: float) -> bool:
+def _run(
+    jobs: list[Job], workers: int, reuse: bool, what: str, seconds: dict[str, float], failures: list[str]
+) -> set[str]:
+    """Run the jobs (``reuse``: those without a summary yet); the names of the runs started."""
+    todo = {j.name: j.argv for j in jobs if not (reuse and j.done())}
+    if not jobs:
+        return set()
+    print(f"{what}: {len(todo)} runs to do, {len(jobs) - len(todo)} reused, {workers} worker(s)", flush=True)
+    try:
+        run_parallel(todo, workers, what=what, seconds=seconds)
+    except ConfigError as err:  # the failed runs are named in the report; the others still count
+        failures.append(str(err))
+    return set(todo)
+
+
+def _save_seconds(out: Path, seconds: dict[str, float]) -> None:
+    """Each run's wall time, merged with earlier suites' (a reused run keeps its measured time)."""
+    path = out / "seconds.json"
+    known = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps({**known, **seconds}, indent=1, sort_keys=True) + "\n")
+    seconds.update({k: v for k, v in known.items() if k not in seconds})
+
+
+def _header(claims: list[Claim], verdicts: dict[str, str], quick: bool, workers: int, total: float) -> list[str]:
+    mode = (
+        f"QUICK: one seed, 1/{QUICK_SHARE} of the rounds, no lr grid: a smoke test, every verdict indicative"
+        if quick
+        else "full: every claim over its seeds"
+    )
+    lines = [
+        "# Reproduction report",
+        "",
+        f"Generated {time.strftime('%Y-%m-%d %H:%M')} on CPU, embedded data; {mode}.",
+        f"Measured wall time of this suite: {total / 60:.1f} min with {workers} worker(s).",
+        "",
+        "Verdicts (docs/reproduce.md): per seed, the paired difference of a contrast (positive in the paper's "
+        "favour) beyond its margin; **held** when their mean is above their sample std over seeds and every "
+        "seed's is positive, **not held** when the mean is below minus that std, **tie** otherwise. A claim "
+        "holds when all its contrasts hold, fails when any fails.",
+        "",
+        "| claim | verdict |",
+        "|---|---|",
+    ]
+    lines += [f"| {c.key} | {verdicts.get(c.key, 'not run')} |" for c in claims]
+    return [*lines, ""]
+
+
+def claim_section(
+    claim: Claim, jobs: list[Job], out: Path, started: float, ran: set[str], seconds: dict[str, float]
+) -> tuple[list[str], str]:
+    """The claim's report lines (table, contrasts, verdict, causes, plot) and its verdict."""
+    finished = [j for j in jobs if _finished(j.run_dir, started, j.name in ran)]
+    lines = []
+    failed = [j.name for j in jobs if j not in finished]
+    if failed:
+        lines += [f"Failed (left out of the table and the check): {', '.join(failed)}.", ""]
+    s: SeedSummaries = {}
+    for job in finished:
+        summary = json.loads((job.run_dir / "summary.json").read_text())
+        summary.setdefault("run_dir", str(job.run_dir))  # checks may read a run's files (clients.csv)
+        s.setdefault(job.seed, {})[job.label] = summary
+    if not s:
+        return lines, "not run"
+    if any("local" in runs for runs in s.values()):
+        for runs in s.values():
+            if "local" in runs:
+                add_gain_over_local(runs)
+        lines += ["Gain, R-Acc and PTR are per client against the suite's own `local` run (same split, seed).", ""]
+    names = [job.label for job in finished]
+    summaries = [s[job.seed][job.label] for job in finished]
+    configs = [load_config(job.run_dir) for job in finished]
+    header, rows, best = build_table(summaries, names, list(claim.metrics), configs)
+    for row in rows:  # a row is a label over its seeds (column n), not the first run "+k"
+        row[0] = str(row[0]).split(" +")[0]
+    seeds = sorted(s)
+    lines += [f"Mean ± std over {len(seeds)} seed(s) ({', '.join(map(str, seeds))}):", ""]
+    lines += render(header, rows, best).splitlines()
+    if claim.notes is not None:
+        lines += ["", *claim.notes(s)]
+    try:
+        contrasts = claim.contrasts(s)
+    except (KeyError, ValueError) as missing:  # a run every contrast needs failed on every seed
+        contrasts, lines = [], [*lines, "", f"Not decidable: {missing!s} has no result."]
+    result = claim_verdict(contrasts) + (" (indicative, 1 seed)" if len(seeds) < 2 else "")
+    lines += ["", *contrast_table(contrasts, seeds), "", f"**Verdict: {result}**"]
+    if not result.startswith("held") and claim.diagnose is not None:
+        lines += ["", "Measured causes:", "", *(f"- {sentence}" for sentence in claim.diagnose(s))]
+    title = f"{claim.paper}: {claim.key} ({result})"
+    plot = seed_plot(s, claim.plot_metric, out / f"{claim.key}.png", claim.winner, title)
+    took = sum(seconds.get(j.name, 0.0) for j in finished)
+    lines += ["", f"![{claim.key}]({plot.name})", "", f"({len(finished)} runs, {took / 60:.1f} run-minutes)", ""]
+    return lines, result
+
+
+def contrast_table(contrasts: list[Contrast], seeds: list[int]) -> list[str]:
+    """Per contrast: each seed's paired difference, their mean and std, the margin, the verdict."""
+    if not contrasts:
+        return ["No contrast could be computed."]
+    head = ["contrast", *(f"s{seed}" for seed in seeds), "mean", "std", "margin", "verdict"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in contrasts:
+        cells = [f"{c.diffs[seed]:+.4f}" if seed in c.diffs else "-" for seed in seeds]
+        mean = statistics.fmean(c.diffs.values()) if c.diffs else math.nan
+        note = f" ({c.note})" if c.note else ""
+        lines.append(
+            f"| {c.name}{note} | {' | '.join(cells)} | {mean:+.4f} | {c.spread:.4f} | {c.margin:+.4f} "
+            f"| {verdict_text(c)} |"
+        )
+    return lines
+
+
+def _finished(run_dir: Path, started: float, rerun: bool) -> bool:
     """The run has a result of this suite: reused, or written since ``started`` (not a stale one
     left by an earlier suite when this run failed)."""
     path = run_dir / "summary.json"
     return path.exists() and (not rerun or path.stat().st_mtime >= started)
 
 
-def add_gain_over_local(summaries: Summaries, root: Path) -> None:
-    """Add gain.{mean,std}, r_acc.mean and ptr of every run's P-models against the ``local`` run,
-    client by client from the runs' clients.csv (all runs share the split and the seed)."""
-    import csv
+def add_gain_over_local(runs: dict[str, dict]) -> None:
+    """Add gain.{mean,std}, r_acc.mean and ptr of every run's P-models against the ``local`` run of the
+    same seed, client by client from the runs' clients.csv (all runs of a seed share the split)."""
 
-    def per_client(label: str) -> list[float]:
-        with open(root / label / "clients.csv") as fh:
+    def per_client(summary: dict) -> list[float]:
+        with open(Path(summary["run_dir"]) / "clients.csv") as fh:
             return [float(row["pm.l_acc"]) for row in csv.DictReader(fh)]
 
-    reference = per_client("local")
-    for label, summary in summaries.items():
-        comp = reference_metrics(per_client(label), reference)
+    reference = per_client(runs["local"])
+    for summary in runs.values():
+        comp = reference_metrics(per_client(summary), reference)
         summary["metrics"].update(
             {
                 "gain.mean": comp["gain.mean"],
                 "gain.std": comp["gain.std"],
                 "r_acc.mean": comp["r.mean"],
                 "ptr": comp["ptr"],
-            }
+            }  # fmt: skip
         )
 
 
-def _bar_plot(
-    summaries: Summaries, metric: str, path: Path, highlight: str | None = None, title: str | None = None
+def seed_plot(
+    s: SeedSummaries, metric: str, path: Path, highlight: str | None = None, title: str | None = None
 ) -> Path:
-    """Bars of ``metric`` per run with ± std over clients; the axis spans every error bar (an
-    accuracy's mean + std may pass 1.0, which the bar must show, not cut)."""
+    """Bars of ``metric``'s mean over seeds per run, ± its std over seeds, each seed a dot; the axis spans
+    every error bar and dot."""
     from pfl.metrics.plots import plt, save_figure
 
-    labels = list(summaries)
-    means = [summaries[k]["metrics"].get(metric, 0.0) for k in labels]
-    stds = [summaries[k]["metrics"].get(metric.replace(".mean", ".std"), 0.0) for k in labels]
+    labels = list(dict.fromkeys(label for runs in s.values() for label in runs))
+    values = {k: [runs[k]["metrics"][metric] for runs in s.values() if metric in runs.get(k, {}).get("metrics", {})]
+              for k in labels}  # fmt: skip
+    labels = [k for k in labels if values[k]]
+    means = [statistics.fmean(values[k]) for k in labels]
+    stds = [statistics.stdev(values[k]) if len(values[k]) > 1 else 0.0 for k in labels]
     fig, ax = plt.subplots(figsize=(max(5, 0.6 * len(labels)), 3.5))
     colors = ["tab:orange" if k == highlight else "tab:blue" for k in labels]
-    ax.bar(labels, means, yerr=stds, capsize=3, color=colors)
-    low = min(m - s for m, s in zip(means, stds, strict=True))
-    high = max(m + s for m, s in zip(means, stds, strict=True))
+    ax.bar(labels, means, yerr=stds, capsize=3, color=colors, alpha=0.8)
+    for i, k in enumerate(labels):
+        ax.plot([i] * len(values[k]), values[k], "k.", markersize=4)
+    points = [v for k in labels for v in values[k]]
+    low = min([m - sd for m, sd in zip(means, stds, strict=True)] + points, default=0.0)
+    high = max([m + sd for m, sd in zip(means, stds, strict=True)] + points, default=1.0)
     ax.set_ylim(max(0.0, low - 0.05), high + 0.02)
-    ax.set_ylabel(f"{metric} (± std over clients)")
+    ax.set_ylabel(f"{metric} (± std over seeds; dots: seeds)", fontsize=8)
     ax.set_xlabel("run")
     if title:
         ax.set_title(title, fontsize=10)
@@ -157,7 +369,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--only", nargs="*", default=None, help=f"claims to run: {', '.join(c.key for c in all_claims())}"
     )
-    parser.add_argument("--quick", action="store_true", help="10%% of the rounds (smoke test, not a reproduction)")
+    parser.add_argument(
+        "--quick", action="store_true", help="first seed, 1/10 of the rounds, no lr grid (a smoke test)"
+    )
     parser.add_argument("--workers", type=int, default=2, help="runs in parallel (cores are split between them)")
     parser.add_argument("--reuse", action="store_true", help="keep runs that already finished (continue a suite)")
     args = parser.parse_args(argv)

@@ -179,10 +179,13 @@ def plan(path: str | Path, count: int | None = None, root: Path | None = None) -
     return runs, root
 
 
-def run_parallel(jobs: dict[str, list[str]], workers: int = 1, what: str = "sweep") -> None:
+def run_parallel(
+    jobs: dict[str, list[str]], workers: int = 1, what: str = "sweep", seconds: dict[str, float] | None = None
+) -> None:
     """Run ``python -m pfl <argv>`` for every job in ``workers`` processes; the cores are split between
     workers. A line per finished run (with elapsed time and ETA) and, on a terminal, a live bar below
-    them. Raises ConfigError naming every failed job.
+    them; ``seconds`` (when given) receives each finished run's wall time. Raises ConfigError naming
+    every failed job.
 
     Threads: each run sets torch's threads itself (``trainer.threads``, default 1); the split of the
     cores in OMP_NUM_THREADS is what a run with ``trainer.threads: null`` gets, and bounds the other
@@ -204,8 +207,10 @@ def run_parallel(jobs: dict[str, list[str]], workers: int = 1, what: str = "swee
             done, _ = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
             for future in done:
                 name = pending.pop(future)
-                code, err, seconds = future.result()
-                progress.finished(name, run_status(code), seconds)
+                code, err, took = future.result()
+                progress.finished(name, run_status(code), took)
+                if seconds is not None:
+                    seconds[name] = took
                 if code != 0:
                     failed.append(f"{name}: {(err.strip().splitlines() or [''])[-1]}")
             progress.tick()

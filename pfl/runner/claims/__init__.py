@@ -1,19 +1,104 @@
 """Paper claims the reproduction suite checks: one module per paper, each defining ``CLAIMS``.
 
-A claim names the runs (method arguments on a shared base configuration) and a check over their
-summaries that says whether the paper's statement held on pfl's embedded analogue.
+A claim names the runs (method arguments on a shared base configuration), the seeds each run is
+repeated over, and its check: ``contrasts`` turns the runs' summaries into paired per-seed
+differences (positive = in the paper's favour) and ``verdict`` decides each one from its spread
+over the seeds (held / not held / tie; the rule is documented in docs/reproduce.md).
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 import pkgutil
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-Summaries = dict[str, dict[str, Any]]
+Summaries = dict[str, dict[str, Any]]  # label -> a run's summary.json (with "run_dir" set)
+SeedSummaries = dict[int, Summaries]  # seed -> label -> summary
+
+HELD, NOT_HELD, TIE = "held", "not held", "tie"
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """One paired comparison of a claim: ``diffs[seed]`` is the difference on that seed's runs, positive
+    in the paper's favour (winner - baseline, or value - threshold); the claim needs ``diffs > margin``."""
+
+    name: str
+    diffs: dict[int, float]
+    margin: float = 0.0
+    note: str = ""
+
+    @property
+    def excess(self) -> list[float]:
+        """The per-seed differences beyond the margin, in seed order."""
+        return [self.diffs[s] - self.margin for s in sorted(self.diffs)]
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.excess) if self.diffs else math.nan
+
+    @property
+    def spread(self) -> float:
+        """Sample standard deviation of the per-seed differences (0 for one seed)."""
+        return statistics.stdev(self.excess) if len(self.diffs) > 1 else 0.0
+
+    @property
+    def indicative(self) -> bool:
+        """Fewer than two seeds: there is no spread to judge the difference against."""
+        return len(self.diffs) < 2
+
+
+def verdict(contrast: Contrast) -> str:
+    """``held`` when the mean excess over the margin is positive by more than its sample std over seeds
+    and every seed's excess is positive; ``not held`` when the mean excess is below minus that std;
+    ``tie`` otherwise (the difference is within the seed spread), and for a contrast no seed could
+    compute or whose difference is not finite. With one seed the sign decides (marked indicative)."""
+    excess = contrast.excess
+    if not excess or not all(math.isfinite(x) for x in excess):
+        return TIE
+    mean, spread = contrast.mean, contrast.spread
+    if mean > spread and min(excess) > 0:
+        return HELD
+    if mean < -spread:
+        return NOT_HELD
+    return TIE
+
+
+def claim_verdict(contrasts: Iterable[Contrast]) -> str:
+    """Held when every contrast is held, not held when any is not held, else tie (also for none)."""
+    verdicts = [verdict(c) for c in contrasts]
+    if not verdicts:
+        return TIE
+    if NOT_HELD in verdicts:
+        return NOT_HELD
+    return HELD if all(v == HELD for v in verdicts) else TIE
+
+
+def verdict_text(contrast: Contrast) -> str:
+    """The verdict, marked when it rests on one seed."""
+    return verdict(contrast) + (" (indicative, 1 seed)" if contrast.indicative else "")
+
+
+@dataclass(frozen=True)
+class LrGrid:
+    """An optional stage before the claim's runs: each label in ``labels`` (all when empty) is run on the
+    first seed for ``rounds`` rounds with every ``values`` learning rate (``arg``), and its full runs use
+    the one with the highest ``metric`` (a validation metric: the base configuration needs a validation
+    split, data.val_frac > 0)."""
+
+    values: tuple[float, ...]
+    labels: tuple[str, ...] = ()
+    rounds: int = 20
+    metric: str = "pm.val_acc.mean"
+    arg: str = "--client.lr"
+
+    def applies(self, label: str) -> bool:
+        return not self.labels or label in self.labels
 
 
 @dataclass
@@ -23,27 +108,47 @@ class Claim:
     statement: str
     base: list[str]
     runs: dict[str, list[str]]
-    check: Callable[[Summaries], tuple[bool, str]]
+    contrasts: Callable[[SeedSummaries], list[Contrast]]
     winner: str | None = None  # the run the claim is about (highlighted in the plot)
     metrics: tuple[str, ...] = ("pm.l_acc", "pm.l_acc.top5", "pm.l_acc.bottom5", "gain", "r_acc.mean", "ptr")
+    seeds: tuple[int, ...] = (0, 1, 2)
+    diagnose: Callable[[SeedSummaries], list[str]] | None = None  # measured causes under not held / tie
+    lr_grid: LrGrid | None = None
+    plot_metric: str = "pm.l_acc.mean"
+    notes: Callable[[SeedSummaries], list[str]] | None = None  # flags printed under the table (any verdict)
 
     def methods(self) -> set[str]:
         return {args[args.index("--method.name") + 1] for args in self.runs.values() if "--method.name" in args}
 
 
-def best_by(metric: str, winner: str) -> Callable[[Summaries], tuple[bool, str]]:
-    def check(s: Summaries) -> tuple[bool, str]:
-        scores = {label: s[label]["metrics"][metric] for label in s}
-        best = max(scores, key=scores.__getitem__)
-        others = max((v for k, v in scores.items() if k != winner), default=float("-inf"))
-        held = best == winner
-        return held, f"{winner}: {scores[winner]:.4f} vs best other {others:.4f} ({metric}); best is {best}"
-
-    return check
-
-
 def method_args(name: str, *extra: str) -> list[str]:
     return ["--method.name", name, *extra]
+
+
+def value(s: SeedSummaries, seed: int, label: str, key: str) -> float:
+    """A metric of one run: ``key`` itself or its ``.mean``."""
+    metrics = s[seed][label]["metrics"]
+    return float(metrics[key] if key in metrics else metrics[f"{key}.mean"])
+
+
+def paired(s: SeedSummaries, a: str, b: str, key: str) -> dict[int, float]:
+    """``key`` of run ``a`` minus run ``b``, per seed that has both runs."""
+    return {seed: value(s, seed, a, key) - value(s, seed, b, key) for seed in s if a in s[seed] and b in s[seed]}
+
+
+def above(s: SeedSummaries, label: str, key: str, threshold: float) -> dict[int, float]:
+    """``key`` of run ``label`` minus a fixed threshold, per seed that has the run."""
+    return {seed: value(s, seed, label, key) - threshold for seed in s if label in s[seed]}
+
+
+def beats(winner: str, baselines: Iterable[str], key: str, margin: float = 0.0) -> Callable[[SeedSummaries], list]:
+    """Contrasts ``winner - baseline`` on ``key`` for every baseline (the paired per-seed difference)."""
+    baselines = list(baselines)
+
+    def contrasts(s: SeedSummaries) -> list[Contrast]:
+        return [Contrast(f"{winner} - {b} ({key})", paired(s, winner, b, key), margin) for b in baselines]
+
+    return contrasts
 
 
 def all_claims() -> list[Claim]:
