@@ -290,6 +290,18 @@ def test_official_config_is_the_authors_code():
     )
 
 
+def test_the_codes_graph_is_one_option_on_the_paper_config():
+    """``--method.similarity official`` swaps only the graph: the paper's α, λ rule and pull stay."""
+    argv = ["--config", "conf/method/fedora.yaml", "--method.similarity", "official"]
+    m = parse_fit_args(argv)[0].method
+    paper = parse_fit_args(["--config", "conf/method/fedora.yaml"])[0].method
+    assert (m.similarity, m.top_k, m.temperature) == ("official", 2, 10.0)
+    assert {k: v for k, v in vars(m).items() if k != "similarity"} == {
+        k: v for k, v in vars(paper).items() if k != "similarity"
+    }
+    assert (m.alpha, m.kappa, m.lambda_rule, m.pull, m.replace_server_copy) == (1.0, None, "paper", "gradient", False)
+
+
 # -- every new method: seeds, client order ------------------------------------------------------------
 NEW_METHODS = ["fedora", "ifca", "fesem", "fedamp", "fedu"]
 
