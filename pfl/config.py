@@ -69,6 +69,7 @@ class TrainerConfig:
 
 CLIENT_STORES = ("memory", "disk")
 PROTOCOLS = ("local", "sg", "global", "new")
+S_TESTS = ("paper", "mixed")  # FedPG's S-test construction (pfl.metrics.protocols.s_test_indices)
 
 
 @dataclass
@@ -195,7 +196,10 @@ class EvalConfig:
     batch_size: int = 4096
     target: float | None = None  # rounds_to_target: first evaluated round with pm.l_acc.mean >= target
     select: str = "final"  # reported round: final | best_val (needs data.val_frac > 0) | best_test
-    s_acc_others: float = 0.5  # share of the other clients mixed into FedPG's S-test (official: half)
+    # FedPG's S-test: paper = own test + the tests of (m-1)·c other clients, each the own test's size
+    # (ρ = (m-1)·c > 1); mixed = own test + as many samples again spread over c of the others (ρ = 1).
+    s_test: str = "paper"
+    s_acc_others: float = 0.5  # c: share of the other clients mixed into the S-test (authors' code: half)
     new_client_epochs: int = 1  # fine-tuning epochs before held-out new clients are evaluated
     reference: str = "none"  # local: compare with a LOCAL run on the same split and seed (R-Acc, PTR, gain)
     pm_source: str = "method"  # local_update: the model trained this round, before aggregation (FedPG)
@@ -318,6 +322,7 @@ def validate_eval(e: EvalConfig) -> None:
         ("select", e.select, SELECTS),
         ("reference", e.reference, REFERENCES),
         ("pm_source", e.pm_source, PM_SOURCES),
+        ("s_test", e.s_test, S_TESTS),
     ):
         require(value in choices, f"eval.{name}", f"unknown value {value!r}", f"choose one of {', '.join(choices)}")
     require(0 < e.s_acc_others <= 1, "eval.s_acc_others", f"must be in (0, 1] (got {e.s_acc_others})")

@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 import torch
 
+from pfl.errors import ConfigError
 from pfl.metrics.comm import CommCounter, nbytes
 from pfl.metrics.protocols import (
     g_test_indices,
     reference_metrics,
     rounds_to_target,
+    s_test_clients,
     s_test_indices,
     select_index,
     summarize,
@@ -75,10 +77,10 @@ def _others(sizes):
         (4, [20, 20, 20, 20, 20], 0.2, [4]),
     ],
 )
-def test_s_test_composition_sizes(own_size, other_sizes, share, expected):
+def test_mixed_s_test_composition_sizes(own_size, other_sizes, share, expected):
     own = np.arange(own_size)
     others = _others(other_sizes)
-    idx, chosen = s_test_indices(own, others, share, np.random.default_rng(0))
+    idx, chosen = s_test_indices(own, others, share, np.random.default_rng(0), "mixed")
     assert len(idx) == 2 * own_size
     assert np.array_equal(idx[:own_size], own)
     counts = [int(np.isin(idx, others[j]).sum()) for j in chosen]
@@ -90,10 +92,42 @@ def test_s_test_composition_sizes(own_size, other_sizes, share, expected):
 
 def test_s_test_small_other_test_draws_with_replacement_and_single_client_is_own_test():
     own = np.arange(6)
-    idx, chosen = s_test_indices(own, _others([2]), 1.0, np.random.default_rng(0))
+    idx, chosen = s_test_indices(own, _others([2]), 1.0, np.random.default_rng(0), "mixed")
     assert len(idx) == 12 and np.isin(idx[6:], np.arange(1000, 1002)).all()
-    idx, chosen = s_test_indices(own, [], 0.5, np.random.default_rng(0))
-    assert np.array_equal(idx, own) and len(chosen) == 0
+    idx, chosen = s_test_indices(own, _others([2, 3, 20]), 1.0, np.random.default_rng(0))
+    assert len(idx) == 6 * 4 and [int(np.isin(idx, o).sum()) for o in _others([2, 3, 20])] == [6, 6, 6]
+    for mode in ("paper", "mixed"):
+        idx, chosen = s_test_indices(own, [], 0.5, np.random.default_rng(0), mode)
+        assert np.array_equal(idx, own) and len(chosen) == 0
+
+
+@pytest.mark.parametrize(
+    ("m", "c", "k"),
+    [(20, 0.5, 10), (10, 0.5, 5), (100, 0.1, 10), (5, 1.0, 4), (4, 0.5, 2), (11, 0.25, 3)],  # (m-1)c half up
+)
+def test_paper_s_test_is_own_test_plus_m_minus_1_times_c_other_tests_each_own_sized(m, c, k):
+    own = np.arange(7)
+    others = _others([30] * (m - 1))
+    idx, chosen = s_test_indices(own, others, c, np.random.default_rng(m))
+    assert s_test_clients(m, c) == k == len(chosen) == len(set(chosen.tolist()))
+    assert len(idx) == 7 * (1 + k)  # ρ = #others / #own = (m - 1)·c
+    assert np.array_equal(idx[:7], own)
+    for j in range(m - 1):
+        drawn = idx[np.isin(idx, others[j])]
+        assert len(drawn) == (7 if j in chosen else 0) and len(np.unique(drawn)) == len(drawn)
+
+
+@pytest.mark.parametrize(("m", "c"), [(2, 1.0), (3, 0.5), (20, 0.05), (11, 0.149)])
+def test_paper_s_test_refuses_rho_at_most_one(m, c):
+    with pytest.raises(ConfigError, match=r"eval.s_acc_others: .*needs ρ > 1.*eval.s_test: mixed"):
+        s_test_indices(np.arange(4), _others([10] * (m - 1)), c, np.random.default_rng(0))
+    idx, _ = s_test_indices(np.arange(4), _others([10] * (m - 1)), c, np.random.default_rng(0), "mixed")
+    assert len(idx) == 8
+
+
+def test_unknown_s_test_is_refused():
+    with pytest.raises(ConfigError, match="eval.s_test: unknown value 'half'"):
+        s_test_indices(np.arange(4), _others([10] * 5), 0.5, np.random.default_rng(0), "half")
 
 
 def test_g_test_samples_own_size_from_the_union_without_replacement():

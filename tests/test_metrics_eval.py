@@ -57,10 +57,11 @@ def test_every_metric_matches_the_hand_computed_value():
     assert m["pm.l_acc.std"] == pytest.approx(np.std(per_client))
     assert (m["pm.l_acc.top5"], m["pm.l_acc.bottom5"]) == (1.0, 0.0)
     assert m["gm.acc"] == pytest.approx(0.6)
-    # S/G-tests: the accuracy on exactly the drawn samples, and S-test = own test + as many others.
+    # S/G-tests: the accuracy on exactly the drawn samples (hand-computed from per-sample correctness);
+    # the paper's S-test = own test + (m - 1)·c = round(3 × 0.5) = 2 other clients' tests, each own-sized.
     for cid, row in enumerate(rows):
         n = len(worker.data.clients[cid].test)
-        assert len(sets.s[cid]) == 2 * n and len(sets.g[cid]) == n
+        assert len(sets.s[cid]) == 3 * n and len(sets.g[cid]) == n
         assert row["pm.s_acc"] == pytest.approx(float(correct[sets.s[cid]].mean()))
         assert row["pm.g_acc"] == pytest.approx(float(correct[sets.g[cid]].mean()))
     # LOCAL reference: ties (1.0 vs 1.0, 0.2 vs 0.2) pass, 0.0 < 0.25 fails.
@@ -88,6 +89,24 @@ def test_one_model_call_per_distinct_model_not_per_client_or_sample():
     apart, _ = evaluate_federation(FedAvg(), {"global": state}, worker, ctx, sets, personal=own.__getitem__)
     assert len(calls) == worker.data.num_clients + 1  # each P-model once, the global model once
     assert shared == apart  # batching changes the passes, not the numbers
+
+
+def test_a_p_model_scores_each_sample_once_however_many_sets_hold_it():
+    """The paper's S-test repeats samples (a small other test is drawn with replacement) and overlaps
+    the G-test: the model still sees each distinct sample of a client's sets once."""
+    worker, state, correct = known_federation()
+    sets = EvalSets.build(worker, 0, 0.5)
+    seen = []
+    worker.module.net.register_forward_hook(lambda _m, inputs, _o: seen.append(len(inputs[0])))
+    own = {cid: state.clone() for cid in range(worker.data.num_clients)}
+    ctx = lambda cid: ClientContext(cid, 0, worker, {}, state)  # noqa: E731
+    _, rows = evaluate_federation(FedAvg(), {"global": state}, worker, ctx, sets, personal=own.__getitem__)
+    per_model = seen[: worker.data.num_clients]
+    for cid, n in enumerate(per_model):
+        split = worker.data.clients[cid]
+        union = torch.cat([split.test, split.val, sets.s[cid], sets.g[cid]]).unique()
+        assert n == len(union) < len(split.test) + len(split.val) + len(sets.s[cid]) + len(sets.g[cid])
+        assert rows[cid]["pm.s_acc"] == float(correct[sets.s[cid]].sum()) / len(sets.s[cid])
 
 
 # -- communication ------------------------------------------------------------------------------
@@ -271,9 +290,20 @@ def test_fit_writes_curves_and_client_histogram(tmp_path):
 def test_bad_eval_options_name_the_field():
     from pfl.config import validate
 
-    for field, value in (("select", "best"), ("reference", "fedavg"), ("pm_source", "x"), ("s_acc_others", 0.0)):
+    bad = (("select", "best"), ("reference", "fedavg"), ("pm_source", "x"), ("s_acc_others", 0.0), ("s_test", "half"))
+    for field, value in bad:
         with pytest.raises(ConfigError, match=f"eval.{field}"):
             validate(tiny_config("fedavg", eval={field: value}))
+
+
+def test_a_paper_s_test_with_rho_at_most_one_is_refused_before_training(tmp_path):
+    """6 clients, c = 0.2: (m - 1)·c = 1 other client, ρ = 1, which the paper's S-test rejects."""
+    from pfl.runner.experiment import run_experiment
+
+    cfg = tiny_config("fedavg", eval={"protocols": ["local", "sg"], "s_acc_others": 0.2})
+    with pytest.raises(ConfigError, match="eval.s_acc_others: .*ρ = 1; the paper's S-test needs ρ > 1"):
+        run_experiment(cfg, run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
 
 
 def test_resume_keeps_communication_totals_and_round_history(tmp_path):

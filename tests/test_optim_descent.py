@@ -71,12 +71,14 @@ def test_fairness_coefficients_are_orthogonal_to_the_losses_and_zero_for_one_cli
 
 
 CASES = [  # (m, P, fairness, history rows, rescale)
-    (3, 40, False, 0, False),
-    (8, 40, True, 0, False),
-    (8, 40, True, 0, True),
-    (6, 40, True, 4, True),
-    (6, 40, False, 4, False),
-    (25, 10, True, 3, True),  # more rows than dimensions
+    (3, 40, False, 0, "none"),
+    (8, 40, True, 0, "none"),
+    (8, 40, True, 0, "mean"),
+    (6, 40, True, 4, "mean"),
+    (6, 40, True, 4, "median"),
+    (6, 40, False, 4, "none"),
+    (25, 10, True, 3, "mean"),  # more rows than dimensions
+    (25, 10, True, 3, "median"),
 ]
 
 
@@ -113,7 +115,7 @@ def test_two_opposite_gradients_give_zero_direction():
 def test_one_client_gives_minus_its_gradient_with_and_without_fairness():
     g = rand(1, 50, seed=2)
     fairness = fairness_gradient(torch.tensor([0.8], dtype=F64), g)
-    for row, rescale in ((None, False), (fairness, False), (fairness, True)):
+    for row, rescale in ((None, "none"), (fairness, "none"), (fairness, "mean"), (fairness, "median")):
         d, lam, info = common_direction(g, row, None, rescale)
         torch.testing.assert_close(d, -g[0], rtol=0, atol=0)
         assert lam[0] == 1.0
@@ -137,8 +139,8 @@ def test_rescale_brings_auxiliary_rows_to_the_mean_client_norm():
     grads = rand(5, 20, seed=4, shift=1.0)
     fairness = 1e-3 * rand(20, seed=5)
     history = 50.0 * rand(2, 20, seed=6)
-    _, lam_paper, info_paper = common_direction(grads, fairness, history, rescale=False)
-    _, lam_code, info_code = common_direction(grads, fairness, history, rescale=True)
+    _, lam_paper, info_paper = common_direction(grads, fairness, history, rescale="none")
+    _, lam_code, info_code = common_direction(grads, fairness, history, rescale="mean")
     mu = grads.norm(dim=1).mean()
     assert info_paper.scales.tolist() == [1.0] * 8
     torch.testing.assert_close(info_code.scales[5], mu / fairness.norm())
@@ -147,9 +149,47 @@ def test_rescale_brings_auxiliary_rows_to_the_mean_client_norm():
     # already at norm μ: rescaling changes nothing
     fairness_mu = fairness * (mu / fairness.norm())
     history_mu = history * (mu / history.norm(dim=1))[:, None]
-    d1, _, _ = common_direction(grads, fairness_mu, history_mu, rescale=False)
-    d2, _, _ = common_direction(grads, fairness_mu, history_mu, rescale=True)
+    d1, _, _ = common_direction(grads, fairness_mu, history_mu, rescale="none")
+    d2, _, _ = common_direction(grads, fairness_mu, history_mu, rescale="mean")
     torch.testing.assert_close(d1, d2, rtol=1e-9, atol=1e-12)
+
+
+def test_median_rescaling_matches_a_hand_computation():
+    # client norms 3, 4, 12 (odd count: the middle one) and 3, 4, 6, 12 (even: the mean of 4 and 6)
+    fairness = torch.tensor([0.0, 0.5, 0.0], dtype=F64)  # norm 0.5
+    history = torch.tensor([[0.0, 0.0, 2.0], [1.0, 0.0, 0.0]], dtype=F64)  # norms 2, 1
+    for norms, median in (([3.0, 4.0, 12.0], 4.0), ([3.0, 4.0, 6.0, 12.0], 5.0)):
+        grads = torch.tensor([[n, 0.0, 0.0] if k % 2 else [0.0, 0.0, n] for k, n in enumerate(norms)], dtype=F64)
+        _, _, info = common_direction(grads, fairness, history, rescale="median")
+        expected = [1.0] * len(norms) + [median / 0.5, median / 2.0, median / 1.0]
+        torch.testing.assert_close(info.scales, torch.tensor(expected, dtype=F64), rtol=1e-15, atol=0)
+    _, _, info = common_direction(grads, fairness, history, rescale="mean")
+    assert float(info.scales[4]) == pytest.approx(6.25 / 0.5)  # mean of 3, 4, 6, 12
+
+
+def test_one_outlier_upload_leaves_the_median_weight_of_grad_f_and_switches_the_mean_one_off():
+    """Clients g1 = 2e1, g2 = 2e2, g3 = 2(e1 + e2) (norms 2, 2, 2√2; median 2), ∇F ∝ e3. With ∇F at
+    norm μ the min-norm point of the hull of {2e1, 2e2, μe3} is d = −(λ1·2, λ2·2, λ_F·μ) with
+    λ ∝ 1/‖row‖², so λ_F = μ⁻² / (¼ + ¼ + μ⁻²); g3 is inactive (g3·d = −8/3 < −‖d‖² at μ = 2) at any
+    scale k ≥ 1. An attack multiplies g3 by 100: the median stays 2 (λ_F = 1/3 before and after),
+    the mean goes from (4 + 2√2)/3 to (4 + 200√2)/3 and λ_F to ≈ 2·10⁻⁴."""
+    fairness = torch.tensor([0.0, 0.0, 0.01], dtype=F64)
+    expected = lambda mu: mu**-2 / (0.5 + mu**-2)  # noqa: E731
+    for k in (1.0, 100.0):
+        grads = torch.tensor([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0], [2.0 * k, 2.0 * k, 0.0]], dtype=F64)
+        _, lam_median, _ = common_direction(grads, fairness, None, "median")
+        _, lam_mean, _ = common_direction(grads, fairness, None, "mean")
+        assert float(lam_median[3]) == pytest.approx(1 / 3, abs=1e-6)
+        assert float(lam_mean[3]) == pytest.approx(expected((4 + 2 * math.sqrt(2) * k) / 3), abs=1e-6)
+        assert float(lam_median[2]) == pytest.approx(0.0, abs=1e-6)  # the outlier's row is inactive
+    assert float(lam_mean[3]) < 3e-4  # attacked: the mean rule switches ∇F off
+
+
+def test_unknown_rescale_is_refused():
+    with pytest.raises(ConfigError, match="common_direction.rescale: unknown value 'max'"):
+        common_direction(rand(2, 3, seed=41), rescale="max")
+    with pytest.raises(ConfigError, match="common_direction.rescale: unknown value True"):
+        common_direction(rand(2, 3, seed=41), rescale=True)
 
 
 def test_common_direction_bad_input():
@@ -398,11 +438,11 @@ def test_common_direction_info_counts_its_rows():
 def test_rows_enter_as_given_by_default_as_in_the_paper():
     import inspect
 
-    assert inspect.signature(common_direction).parameters["rescale"].default is False
+    assert inspect.signature(common_direction).parameters["rescale"].default == "none"
     grads = rand(4, 10, seed=22, shift=1.0)
     fairness, history = 1e-2 * rand(10, seed=23), 20.0 * rand(2, 10, seed=24)
     d, lam, info = common_direction(grads, fairness, history)
-    d_paper, lam_paper, _ = common_direction(grads, fairness, history, rescale=False)
+    d_paper, lam_paper, _ = common_direction(grads, fairness, history, rescale="none")
     assert info.scales.tolist() == [1.0] * 7
     torch.testing.assert_close(d, d_paper, rtol=0, atol=0)
     torch.testing.assert_close(lam, lam_paper, rtol=0, atol=0)

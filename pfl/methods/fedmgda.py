@@ -14,18 +14,21 @@ from pfl.methods.registry import register
 from pfl.optim.capped_simplex import SOLVERS, box_around, min_norm_capped
 from pfl.optim.minnorm import gram_matrix
 
+CENTERS = ("samples", "uniform")  # FedMGDA+'s λ⁰: FedAvg's sample weights (paper) or 1/m
+
 
 @register
 class FedMGDAPlus(Method):
     """FedMGDA+: each sampled client trains from w and uploads w_i; the server forms the
     pseudo-gradients g_i = w − w_i, normalises them (ĝ_i = g_i/‖g_i‖, ``normalize``), solves
 
-        λ = argmin ‖Σ_i λ_i ĝ_i‖²  s.t.  λ ∈ Δ_m,  |λ_i − 1/m| ≤ ε
+        λ = argmin ‖Σ_i λ_i ĝ_i‖²  s.t.  λ ∈ Δ_m,  ‖λ − λ⁰‖∞ ≤ ε
 
     (a QP in the m×m Gram space, cvxopt; pfl.optim.capped_simplex) and steps w ← w − η_t Σ_i λ_i ĝ_i,
     η_t = ``server_lr`` · ``lr_decay``^t. Float buffers are the sample-weighted mean of the uploads.
     ε ≥ 1 is MGDA's min-norm point (a common descent direction); ε = 0 is FedAvg on normalised
-    updates. The centre is uniform (the paper's λ⁰ is FedAvg's weights; with equal weights they agree).
+    updates. λ⁰ (``center``) is FedAvg's weights, the sampled clients' shares of their samples
+    n_i / Σ_j n_j (the paper's definition), or uniform 1/m (an option; with equal sizes they agree).
 
     FedPG's appendix notes that ε = 0.1, FedMGDA+'s usual value, often fails to give a common descent
     direction: ``fedmgda_plus.conflicts`` counts the sampled clients with g_i·Δ > 0 for the applied
@@ -33,7 +36,8 @@ class FedMGDAPlus(Method):
     least one (``conflict.fraction``, reported for every method, is the per-client share).
 
     Args:
-        epsilon: ε, the half-width of the box around the uniform weights.
+        epsilon: ε, the half-width of the box around λ⁰.
+        center: λ⁰: samples (n_i / Σ n_j, the paper) | uniform (1/m).
         server_lr: η, the global step along the combined normalised update.
         lr_decay: η_t = η · lr_decay^t.
         normalize: normalise each update to unit norm before the solve (the paper); False: raw updates.
@@ -41,7 +45,7 @@ class FedMGDAPlus(Method):
     """
 
     name = "fedmgda_plus"
-    description = "MGDA on normalised client updates, weights within epsilon of uniform (cvxopt QP)"
+    description = "MGDA on normalised client updates, weights within epsilon of FedAvg's (cvxopt QP)"
     has_personal_model = False
     uploads_gradients = True  # attacks in "auto" space perturb the pseudo-gradient w − w_i
 
@@ -52,13 +56,15 @@ class FedMGDAPlus(Method):
         lr_decay: float = 1.0,
         normalize: bool = True,
         solver: str = "auto",
+        center: str = "samples",
     ):
+        require(center in CENTERS, "method.center", f"unknown value {center!r}", f"choose {', '.join(CENTERS)}")
         require(epsilon >= 0, "method.epsilon", f"must be >= 0 (got {epsilon})")
         require(0 < server_lr < math.inf, "method.server_lr", f"must be a finite number > 0 (got {server_lr})")
         require(0 < lr_decay <= 1, "method.lr_decay", f"must be in (0, 1] (got {lr_decay})")
         require(solver in SOLVERS, "method.solver", f"unknown solver {solver!r}", f"choose one of {', '.join(SOLVERS)}")
         self.epsilon, self.server_lr, self.lr_decay = epsilon, server_lr, lr_decay
-        self.normalize, self.solver = normalize, solver
+        self.normalize, self.solver, self.center = normalize, solver, center
 
     def init_server(self, server: ServerContext) -> State:
         return {"global": server.init_state.clone(), "stats": {}, "rounds": 0, "conflict_rounds": 0}
@@ -76,7 +82,12 @@ class FedMGDAPlus(Method):
             norms = grads.to(torch.float64).norm(dim=1)
             rows = grads / torch.where(norms > 0, norms, torch.ones_like(norms)).to(grads.dtype)[:, None]
         m = len(cids)
-        lower, upper = box_around(np.full(m, 1.0 / m), self.epsilon)
+        if self.center == "samples":
+            sizes = np.array([uploads[c].weight for c in cids], dtype=np.float64)
+            center = sizes / sizes.sum()
+        else:
+            center = np.full(m, 1.0 / m)
+        lower, upper = box_around(center, self.epsilon)
         result = min_norm_capped(gram_matrix(rows), lower, upper, solver=self.solver)
         lam = result.weights
         step = -(self.server_lr * self.lr_decay**server.round) * (lam.to(rows.device, rows.dtype) @ rows)

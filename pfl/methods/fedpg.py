@@ -2,8 +2,10 @@
 Algorithm 1). The math is in pfl.optim.descent / pfl.optim.minnorm and docs/fedpg.md; this module is
 the federated method: what clients send, what the server solves, where P-models live.
 
-No public code exists for FedPG; every choice below that the text leaves open is documented in
-docs/fedpg.md ("The federated method").
+The authors have published no complete implementation. The ``*_official`` configs follow their
+partial code where it goes beyond the text (Q's auxiliary rows rescaled to the mean client-gradient
+norm; absent clients' gradients kept as history rows); every other choice the text leaves open is
+documented in docs/fedpg.md ("The federated method").
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pfl.errors import require
 from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload, weighted_mean
 from pfl.methods.registry import register
 from pfl.optim.descent import (
+    RESCALES,
     CommonDirectionInfo,
     armijo_line_search,
     common_direction,
@@ -47,8 +50,10 @@ class FedPG(Method):
        server forms g_i = w − w_i (parameters only): uploading w_i instead of g_i costs the same
        bytes and lets the generic conflict metric and ``eval.pm_source: local_update`` see w_i.
     2. ∇F = Σ_i h_i g_i (``fairness``; h from the losses, docs/fedpg.md). Rows
-       Q = [g_i (i ∈ S), ∇F, stored g_j of absent clients j (``history``)], optionally ``rescale``d
-       (authors' partial code: ∇F and history rows to the mean client-gradient norm).
+       Q = [g_i (i ∈ S), ∇F, stored g_j of absent clients (``history``, at most ``history_max_age``
+       rounds old)], ``rescale``d: ∇F and the history rows to the median client-gradient norm (pfl's
+       default), the mean (authors' partial code) or not at all (``none``: Q as printed, which stalls:
+       at nearly equal losses ∇F ≈ 0 and the min-norm d ≈ 0; docs/fedpg.md).
     3. λ = argmin_{λ∈Δ} ‖Qᵀλ‖² (cvxopt), d = −Qᵀλ: q·d ≤ −‖d‖² ≤ 0 for every row (Lemma 1).
     4. w ← w + η_t d on the parameters, η_t = ``server_lr`` · ``lr_decay``^t (S-FedPG: η_t from the
        line search). Float buffers (BatchNorm statistics) are the sample-weighted mean of the uploads.
@@ -71,7 +76,10 @@ class FedPG(Method):
         lr_decay: η_t = η · lr_decay^t.
         fairness: include ∇F (False: the clients' losses only; ablation).
         history: include the stored gradients of clients absent this round (False: ablation).
-        rescale: rescale ∇F and history rows to the mean client-gradient norm (authors' partial code).
+        history_max_age: drop a stored gradient more than this many rounds old (None: keep it
+            forever, as the paper and the authors' code do).
+        rescale: the norm ∇F and the history rows are rescaled to: median | mean | none
+            (pfl.optim.descent.RESCALES).
         gamma: personalization γ ∈ [0, 1] of the P-models (0: P-model = G-model).
         personal_lr: η_p of the P-models (None: the G-model's step η_t).
         solver: min-norm solver (auto | cvxopt | frank_wolfe | pgd; pfl.optim.minnorm).
@@ -89,16 +97,24 @@ class FedPG(Method):
         lr_decay: float = 1.0,
         fairness: bool = True,
         history: bool = True,
-        rescale: bool = False,
+        rescale: str = "median",
         gamma: float = 0.0,
         personal_lr: float | None = None,
         solver: str = "auto",
+        history_max_age: int | None = None,
     ):
         require(0 < server_lr < math.inf, "method.server_lr", f"must be a finite number > 0 (got {server_lr})")
         require(0 < lr_decay <= 1, "method.lr_decay", f"must be in (0, 1] (got {lr_decay})")
         require(0 <= gamma <= 1, "method.gamma", f"must be in [0, 1] (got {gamma})", "γ > 1 leaves the cone")
         require(personal_lr is None or personal_lr > 0, "method.personal_lr", "must be > 0, or null for the G-step")
         require(solver in SOLVERS, "method.solver", f"unknown solver {solver!r}", f"choose one of {', '.join(SOLVERS)}")
+        require(rescale in RESCALES, "method.rescale", f"unknown value {rescale!r}", f"choose {', '.join(RESCALES)}")
+        require(
+            history_max_age is None or (isinstance(history_max_age, int) and history_max_age >= 1),
+            "method.history_max_age",
+            f"must be an integer >= 1, or null to keep every stored gradient (got {history_max_age!r})",
+        )
+        self.history_max_age = history_max_age
         self.server_lr, self.lr_decay = server_lr, lr_decay
         self.fairness, self.history, self.rescale = fairness, history, rescale
         self.gamma, self.personal_lr, self.solver = gamma, personal_lr, solver
@@ -108,6 +124,7 @@ class FedPG(Method):
     # -- server ---------------------------------------------------------------------------------
     def init_server(self, server: ServerContext) -> State:
         state: State = {"global": server.init_state.clone(), "history": {}, "stats": {}, "comm": [0, 0]}
+        state["history_round"] = {}  # the round each stored gradient was uploaded in
         if self.gamma > 0:
             state["personal"] = {}
         return state
@@ -130,6 +147,8 @@ class FedPG(Method):
         fairness_row = None
         if self.fairness and bool(torch.isfinite(losses).all()) and float(losses.norm()) > 0:
             fairness_row = fairness_gradient(losses, grads)
+        if self.history_max_age is not None:
+            self.forget_stale(server)
         absent = [c for c in sorted(server["history"]) if c not in uploads] if self.history else []
         history = torch.stack([server["history"][c].to(grads) for c in absent]) if absent else None
         d, lam, info = common_direction(grads, fairness_row, history, self.rescale, solver=self.solver)
@@ -159,11 +178,18 @@ class FedPG(Method):
         if self.history:
             for i, cid in enumerate(cids):
                 server["history"][cid] = grads[i].clone()
+                server["history_round"][cid] = server.round
         server["global"] = new
         server["lambda"] = lam  # over [client rows (sorted ids), ∇F, history rows (sorted ids)]
         self._timing["solve"] += solve_seconds + time.perf_counter() - started
         self._timing["rounds"] += 1
         server["stats"] = self.round_stats(lam, info, eta, conflicts, dropped, fairness_row is not None, search)
+
+    def forget_stale(self, server: ServerContext) -> None:
+        """Drop the stored gradients uploaded more than ``history_max_age`` rounds ago."""
+        stale = [c for c, r in server["history_round"].items() if server.round - r > self.history_max_age]
+        for c in stale:
+            del server["history"][c], server["history_round"][c]
 
     def choose_step(
         self,
@@ -279,15 +305,16 @@ class SFedPG(FedPG):
         lr_decay: float = 1.0,
         fairness: bool = True,
         history: bool = True,
-        rescale: bool = False,
+        rescale: str = "median",
         gamma: float = 0.0,
         personal_lr: float | None = None,
         solver: str = "auto",
+        history_max_age: int | None = None,
         s: int = 1,
         beta: float = 1e-4,
         sigma: float = 1.0,
     ):
-        super().__init__(server_lr, lr_decay, fairness, history, rescale, gamma, personal_lr, solver)
+        super().__init__(server_lr, lr_decay, fairness, history, rescale, gamma, personal_lr, solver, history_max_age)
         require(isinstance(s, int) and s >= 0, "method.s", f"must be an integer >= 0 (got {s})")
         require(0 < beta < 1, "method.beta", f"must be in (0, 1) (got {beta})")
         require(0 < sigma < math.inf, "method.sigma", f"must be a finite number > 0 (got {sigma})")

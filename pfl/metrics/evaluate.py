@@ -1,10 +1,11 @@
 """Evaluation of personalized and global models over the federation (means are unweighted over clients).
 
-A client's P-model is run once over the concatenation of every set it is scored on (own test, S-test,
-G-test, validation); the global model is run once over all clients' tests and the server's global
-test set. Scores per segment come from torchmetrics. Per-client P-models are scored a block at a
-time (``BLOCK_BYTES``), so memory does not grow with N; with several processes each scores its share
-of the clients and the rows are gathered (``evaluate_federation``).
+A client's P-model is run once over the union of every set it is scored on (own test, S-test,
+G-test, validation), each sample once: a set's score indexes the per-sample correctness (outputs),
+so a paper S-test of (m − 1)·c others' tests costs no more than one pass over the test pool. The
+global model is run once over all clients' tests and the server's global test set. Per-client
+P-models are scored a block at a time (``BLOCK_BYTES``), so memory does not grow with N; with several
+processes each scores its share of the clients and the rows are gathered (``evaluate_federation``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import numpy as np
 import torch
 from torch import Tensor
 from torchmetrics.functional import mean_absolute_error
-from torchmetrics.functional.classification import multiclass_accuracy
 
 from pfl.engine.worker import Worker
 from pfl.methods.base import ClientContext, Method, ServerContext
@@ -35,19 +35,21 @@ def own_key(task: str) -> str:
 
 @dataclass
 class EvalSets:
-    """FedPG's per-client S-test and G-test index sets, drawn once per run from (seed, client)."""
+    """FedPG's per-client S-test and G-test index sets, drawn once per run from (seed, client);
+    ``mode``: the S-test's construction (``eval.s_test``, :func:`s_test_indices`)."""
 
     s: list[Tensor]
     g: list[Tensor]
 
     @classmethod
-    def build(cls, worker: Worker, seed: int, share_of_others: float) -> EvalSets:
+    def build(cls, worker: Worker, seed: int, share_of_others: float, mode: str = "paper") -> EvalSets:
         tests = [c.test.cpu().numpy() for c in worker.data.clients]
         union = np.concatenate(tests)
         s, g = [], []
         for cid, own in enumerate(tests):
             others = tests[:cid] + tests[cid + 1 :]
-            s_idx, _ = s_test_indices(own, others, share_of_others, numpy_rng(seed, "eval", "s_test", cid))
+            rng = numpy_rng(seed, "eval", "s_test", cid)
+            s_idx, _ = s_test_indices(own, others, share_of_others, rng, mode)
             g_idx = g_test_indices(len(own), union, numpy_rng(seed, "eval", "g_test", cid))
             s.append(torch.as_tensor(s_idx, dtype=torch.long, device=worker.device))
             g.append(torch.as_tensor(g_idx, dtype=torch.long, device=worker.device))
@@ -65,23 +67,22 @@ def predict(worker: Worker, state: Tensor, idx: Tensor) -> Tensor:
 
 
 def score_segments(worker: Worker, state: Tensor, segments: dict[str, Tensor]) -> dict[str, float]:
-    """One forward pass over all segments; returns ``{name: score}`` and ``{name_loss: mean loss}``."""
+    """Returns ``{name: score}`` and ``{name_loss: mean loss}`` per segment from one forward pass over
+    the union of the segments' samples: each sample is scored once, however many segments (or a
+    paper S-test's repeated draws) hold it, and a segment's score indexes the per-sample outputs."""
     segments = {k: v for k, v in segments.items() if len(v)}
     if not segments:
         return {}
-    idx = torch.cat(list(segments.values()))
-    out = predict(worker, state, idx)
-    y = worker.data.y[idx]
+    samples, where = torch.unique(torch.cat(list(segments.values())), return_inverse=True)
+    out = predict(worker, state, samples)
+    y = worker.data.y[samples]
     y = y.float() if y.is_floating_point() else y
+    correct = out.argmax(1) == y if worker.task == "classification" else None
     scores: dict[str, float] = {}
-    start = 0
-    for name, seg in segments.items():
-        o, t = out[start : start + len(seg)], y[start : start + len(seg)]
-        start += len(seg)
-        if worker.task == "classification":
-            acc = multiclass_accuracy(o, t, num_classes=o.shape[1], average="micro", validate_args=False)
-            # Back to the exact ratio correct / n: equal accuracies stay equal (PTR ties are real ties).
-            scores[name] = round(float(acc) * len(t)) / len(t)
+    for name, pos in zip(segments, where.split([len(v) for v in segments.values()]), strict=True):
+        o, t = out[pos], y[pos]
+        if correct is not None:
+            scores[name] = int(correct[pos].sum()) / len(pos)  # the exact ratio: equal accuracies stay equal
         else:
             scores[name] = float(mean_absolute_error(o, t))
         scores[f"{name}_loss"] = float(worker.module.loss(o, t))

@@ -12,6 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from pfl.config import S_TESTS
+from pfl.errors import require
+
 TAIL_FRACTION = 0.05  # PLGU's top-5% / bottom-5% clients
 
 
@@ -71,31 +74,60 @@ def reference_metrics(values: Sequence[float], reference: Sequence[float], highe
 
 
 # -- FedPG's mixed (S) and global (G) test sets ----------------------------------------------------
-def s_test_indices(
-    own: np.ndarray, others: Sequence[np.ndarray], share_of_others: float, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """FedPG's "simulated" test set of one client: its own test plus as many samples again drawn in
-    equal shares from a random subset of the other clients' tests.
+def s_test_clients(num_clients: int, share_of_others: float) -> int:
+    """How many other clients FedPG's paper S-test mixes in: (m − 1)·c rounded half up, with m the
+    federation's clients and c = ``share_of_others``. That is ρ = #others' samples / #own samples,
+    which the paper requires to exceed 1 (SplitGP's ρ ≤ 1 leaves the mixed test mostly in-distribution)."""
+    k = math.floor((num_clients - 1) * share_of_others + 0.5)
+    require(
+        k > 1,
+        "eval.s_acc_others",
+        f"(m - 1)·c = ({num_clients} - 1)·{share_of_others} gives ρ = {k}; the paper's S-test needs ρ > 1",
+        "raise eval.s_acc_others, use more clients, or set eval.s_test: mixed",
+    )
+    return k
 
-    The subset has max(1, round(share_of_others × #others)) clients (official code: a random half).
-    The ``len(own)`` mixed samples are split evenly over them, the first ``len(own) mod m`` chosen
-    clients giving one more; each share is drawn without replacement (with replacement only if that
-    client's test is smaller than its share). Returns (indices, chosen other-client positions).
+
+def _draw(pool: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``size`` samples of ``pool``, without replacement unless the pool is smaller."""
+    return rng.choice(pool, size, replace=size > len(pool))
+
+
+def s_test_indices(
+    own: np.ndarray,
+    others: Sequence[np.ndarray],
+    share_of_others: float,
+    rng: np.random.Generator,
+    mode: str = "paper",
+) -> tuple[np.ndarray, np.ndarray]:
+    """FedPG's "simulated" (S-) test set of one client. Returns (indices, chosen other-client positions).
+
+    ``paper`` (FedPG appendix, "Metrics"): D_i ∪ D_k1 ∪ … ∪ D_k(m−1)c, the client's own test plus the
+    tests of (m − 1)·c randomly chosen other clients (:func:`s_test_clients`, m = ``len(others) + 1``),
+    each subsampled to |D_i| so that no client dominates: ρ = (m − 1)·c.
+
+    ``mixed`` (the former construction): own test plus |D_i| samples in total, split evenly over
+    max(1, round(c × #others)) chosen clients (the first ``len(own) mod k`` giving one more): ρ = 1.
+
+    A share is drawn without replacement (with replacement only if that client's test is smaller).
     """
+    require(mode in S_TESTS, "eval.s_test", f"unknown value {mode!r}", f"choose one of {', '.join(S_TESTS)}")
     n = len(own)
     if not len(others) or n == 0:
         return np.asarray(own), np.zeros(0, dtype=np.int64)
-    m = max(1, int(round(share_of_others * len(others))))
-    m = min(m, len(others))
-    chosen = rng.choice(len(others), m, replace=False)
-    base, extra = divmod(n, m)
+    if mode == "paper":
+        k = s_test_clients(len(others) + 1, share_of_others)
+        shares = [n] * k
+    else:
+        k = min(len(others), max(1, int(round(share_of_others * len(others)))))
+        base, extra = divmod(n, k)
+        shares = [base + (1 if i < extra else 0) for i in range(k)]
+    chosen = rng.choice(len(others), k, replace=False)
     parts = [np.asarray(own)]
-    for i, j in enumerate(chosen.tolist()):
-        share = base + (1 if i < extra else 0)
+    for share, j in zip(shares, chosen.tolist(), strict=True):
         pool = np.asarray(others[j])
-        if share == 0 or len(pool) == 0:
-            continue
-        parts.append(rng.choice(pool, share, replace=share > len(pool)))
+        if share and len(pool):
+            parts.append(_draw(pool, share, rng))
     return np.concatenate(parts), chosen
 
 

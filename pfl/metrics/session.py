@@ -100,7 +100,7 @@ class EvalSession:
         self, method: Method, server: ServerContext, client: Callable[[int], ClientContext], round_idx: int
     ) -> tuple[dict[str, float], list[dict[str, Any]]]:
         if self._sets is None and self.measures("sg"):
-            self._sets = EvalSets.build(self.worker, self.seed, self.cfg.s_acc_others)
+            self._sets = EvalSets.build(self.worker, self.seed, self.cfg.s_acc_others, self.cfg.s_test)
         personal = self._trained_model if self.pm_source(method) == "local_update" else None
         values = self.reference["values"] if self.reference is not None else None
         share = None

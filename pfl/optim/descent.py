@@ -27,6 +27,18 @@ from pfl.optim.minnorm import gram_matrix, min_norm, nnls_gram
 # would force d ≈ 0 (with one client ∇F ≡ 0 because F ≡ −1; see docs/fedpg.md).
 ZERO_ROW_TOL = 1e-12
 
+# The norm the auxiliary rows (∇F, history) are rescaled to before the solve (docs/fedpg.md):
+# none = Q as printed; mean = the mean client-gradient norm (authors' code; one upload with a ×100 norm
+# inflates it and switches the auxiliary rows off); median = the median client-gradient norm (pfl's
+# default: robust to a minority of outlying uploads).
+RESCALES = ("none", "mean", "median")
+
+
+def rescale_target(client_norms: Tensor, rescale: str) -> Tensor:
+    """The common norm μ of the rescaled rows (``rescale`` = mean or median): the mean or the median
+    (for an even count the mean of the two middle values) of the client-gradient norms."""
+    return client_norms.quantile(0.5) if rescale == "median" else client_norms.mean()
+
 
 # ---------------------------------------------------------------------------------------------
 # Fairness objective F(w) = −cos(L(w), 1)
@@ -105,7 +117,7 @@ def common_direction(
     grads: Tensor,
     fairness_row: Tensor | None = None,
     history: Tensor | None = None,
-    rescale: bool = False,
+    rescale: str = "none",
     *,
     solver: str = "auto",
 ) -> tuple[Tensor, Tensor, CommonDirectionInfo]:
@@ -114,9 +126,10 @@ def common_direction(
     grads (m, P): the clients' (pseudo-)gradients this round. fairness_row (P,): ∇F from
     :func:`fairness_gradient`, or None to leave F out (ablation). history (h, P): stored gradients of
     clients absent this round, so that d does not conflict with them either (authors' partial code),
-    or None. rescale: paper = False (Q as is); True = authors' partial code: the fairness row and the
-    history rows are rescaled to μ = mean_i ‖g_i‖ before the solve (each row's sign constraint
-    row·d ≤ 0 is unchanged by a positive scale; only λ's balance between rows changes).
+    or None. rescale (:data:`RESCALES`): ``none`` = Q as printed; ``mean`` (authors' code) or
+    ``median``: the fairness row and the history rows are rescaled to μ = the mean or median of the
+    ‖g_i‖ (:func:`rescale_target`) before the solve (each row's sign constraint row·d ≤ 0 is
+    unchanged by a positive scale; only λ's balance between rows changes).
 
     Returns d (P,) in grads' dtype, λ (K,) float64 over the rows of Q (0 for a dropped row) and a
     :class:`CommonDirectionInfo`. Lemma (FedPG Lemma 1): row·d ≤ −‖d‖² for every kept row, and d = 0
@@ -124,6 +137,9 @@ def common_direction(
     d = −g_1 (∇F ≡ 0), so FedPG is gradient descent.
     """
     require(grads.dim() == 2 and grads.shape[0] >= 1, "common_direction.grads", "an (m, P) matrix with m ≥ 1")
+    require(
+        rescale in RESCALES, "common_direction.rescale", f"unknown value {rescale!r}", f"choose {', '.join(RESCALES)}"
+    )
     m, p = grads.shape
     rows = list(grads)
     if fairness_row is not None:
@@ -147,8 +163,8 @@ def common_direction(
     client_norms = norms[:m]
     zero = ZERO_ROW_TOL * float(client_norms.max())
     dropped = tuple(k for k in range(m, len(rows)) if float(norms[k]) <= zero)
-    if rescale:
-        target = client_norms.mean()
+    if rescale != "none":
+        target = rescale_target(client_norms, rescale)
         aux = torch.arange(m, len(rows), device=gram.device)
         scales[aux] = target / norms[aux].clamp_min(torch.finfo(torch.float64).tiny)
     for k in dropped:

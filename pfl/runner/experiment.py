@@ -21,6 +21,7 @@ from pfl.errors import ConfigError
 from pfl.federation.checkpoint import CHECKPOINT
 from pfl.federation.loop import Callback, FederatedLoop
 from pfl.methods import class_path
+from pfl.metrics.protocols import s_test_clients
 from pfl.runner.args import check_resume_progress
 from pfl.runner.outputs import FileOutputs, RunFiles, run_dir_under
 from pfl.runner.reference import ensure_local_reference
@@ -86,6 +87,8 @@ def _run(cfg: RunConfig, config_text: str | None, resume_dir: Path | None, run_d
     validate(cfg)
     data = build_data(cfg.data, cfg.seed)
     validate_target(cfg.eval, task_of(data))
+    if "sg" in cfg.eval.protocols and cfg.eval.s_test == "paper":
+        s_test_clients(data.num_clients, cfg.eval.s_acc_others)  # ρ = (m - 1)·c > 1, before any training
     fabric = make_fabric(cfg)
     # Several processes (trainer.devices / num_nodes): fabric.launch() starts the other local ranks
     # (or joins the ones torchrun/SLURM started). Only rank 0 touches the run folder and logs.
