@@ -92,6 +92,7 @@ def test_ptr_contrasts_give_the_paired_differences():
     }
     high = by_name["fedora PTR - 0.9"]
     assert high.diffs == pytest.approx({0: 11 / 12 - 0.9, 1: 0.1, 2: -0.4})
+    assert fedora.notes(summaries(ptr, val))[-1] == "fedora: PTR per seed 0.917, 1.000, 0.500 (the claim needs >= 0.9)."
     assert high.margin == pytest.approx(-1 / 24)  # a tie with the threshold or a baseline counts
     assert by_name["fedora PTR - ditto PTR"].diffs == pytest.approx({0: 11 / 12 - 0.75, 1: 0.0, 2: 0.0})
     assert by_name["fedora PTR - ifca PTR"].diffs == pytest.approx({0: 11 / 12 - 0.5, 1: 0.5, 2: 0.0})
