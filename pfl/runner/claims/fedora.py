@@ -104,9 +104,14 @@ def notes(s: SeedSummaries) -> list[str]:
     """Which k the validation picked for IFCA and FeSEM on each seed, and every FedORA row's PTR per seed."""
     lines = chosen_k_notes(s)
     for variant in FEDORA_VARIANTS:
-        ptr = [f"{runs[variant]['metrics']['ptr']:.3f}" for _, runs in sorted(s.items()) if variant in runs]
-        if ptr:
-            lines.append(f"{variant}: PTR per seed {', '.join(ptr)} (the claim needs >= {HIGH_PTR}).")
+        seeds = [(seed, runs) for seed, runs in sorted(s.items()) if variant in runs and "local" in runs]
+        if seeds:
+            ptr = ", ".join(f"{runs[variant]['metrics']['ptr']:.3f}" for _, runs in seeds)
+            ties = ", ".join(str(versus_local(runs[variant], runs["local"])[0]) for _, runs in seeds)
+            lines.append(
+                f"{variant}: PTR per seed {ptr} (the claim needs >= {HIGH_PTR}); clients exactly at LOCAL's test "
+                f"accuracy (a tie counts as a pass) per seed: {ties}."
+            )
     return lines
 
 
@@ -138,6 +143,13 @@ def last_method_metrics(summary: dict, prefix: str) -> dict[str, float]:
     return {k: float(v) for k, v in rows[-1].items() if k.startswith(prefix) and v not in ("", None)}
 
 
+def versus_local(run: dict, local: dict) -> tuple[int, list[float], int]:
+    """A run's clients exactly at LOCAL's test accuracy, the shortfalls of those below it, and the client count."""
+    mine, ref = per_client(run), per_client(local)
+    equal = sum(a == b for a, b in zip(mine, ref, strict=True))
+    return equal, [b - a for a, b in zip(mine, ref, strict=True) if a < b], len(mine)
+
+
 def diagnose(s: SeedSummaries) -> list[str]:
     """Measured, per FedORA variant over the seeds: how many clients end exactly at LOCAL's accuracy
     (what a fallback to the local model gives), how many below and by how much, and the mean of any
@@ -148,11 +160,8 @@ def diagnose(s: SeedSummaries) -> list[str]:
         for runs in s.values():
             if variant not in runs or "local" not in runs:
                 continue
-            mine, ref = per_client(runs[variant]), per_client(runs["local"])
-            clients += len(mine)
-            equal += sum(a == b for a, b in zip(mine, ref, strict=True))
-            lost = [b - a for a, b in zip(mine, ref, strict=True) if a < b]
-            below, drops = below + len(lost), drops + lost
+            tied, lost, n = versus_local(runs[variant], runs["local"])
+            equal, below, drops, clients = equal + tied, below + len(lost), drops + lost, clients + n
             for k, v in last_method_metrics(runs[variant], "fedora.").items():
                 logged.setdefault(k, []).append(v)
         if not clients:
