@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 import pfl.runner.reproduce as rep
 from pfl.errors import ConfigError
@@ -19,6 +20,7 @@ from pfl.runner.claims import (
     beats,
     claim_verdict,
     paired,
+    standing,
     verdict,
     verdict_text,
 )
@@ -248,3 +250,78 @@ def test_paired_and_above_give_per_seed_differences_of_the_runs_present():
     assert above(s, "a", "m", 0.5) == {0: pytest.approx(0.3), 1: pytest.approx(0.1)}
     (c,) = beats("a", ["b"], "m", margin=0.1)(s)
     assert c.diffs == {0: pytest.approx(0.3)} and c.margin == 0.1 and "a - b" in c.name
+
+
+# -- the paper claims' checks on hand-made summaries ----------------------------------------------------
+def _seeds(rows: dict[str, tuple[float, ...]], key: str) -> dict:
+    n = len(next(iter(rows.values())))
+    return {seed: {label: {"metrics": {key: v[seed]}} for label, v in rows.items()} for seed in range(n)}
+
+
+def test_standing_ranks_the_winner_and_names_the_runs_ahead():
+    s = _seeds({"w": (0.8, 0.82), "a": (0.9, 0.88), "b": (0.5, 0.5)}, "m")
+    (sentence,) = standing("w", "m")(s)
+    assert sentence == "m (mean over seeds): w 0.8100 ranks 2 of 3; at or above it: a 0.8900."
+
+
+def test_page_compares_what_table_1_compares_with_both_controls():
+    from pfl.runner.claims import page
+
+    labels = [*page.PAGE_BASELINES, "page", *page.CONTROLS]
+    assert set(page.CLAIMS[0].runs) == set(labels)
+    s = {0: {k: {"metrics": {"pm.l_acc.mean": 0.5, "gm.acc": 0.5}} for k in labels}}
+    names = [c.name for c in page.page_contrasts(s)]
+    assert "page - scaffold (pm.l_acc)" in names and "page - scaffold (gm.acc)" not in names  # higher in the paper
+    assert (
+        "page - feddyn (gm.acc)" not in names and "page - dapfl (gm.acc)" in names and "page - ditto (gm.acc)" in names
+    )
+    assert "page - page_fixed (control, pm.l_acc)" in names and "page - page_random (control, gm.acc)" in names
+    argv = page.CLAIMS[0].runs["page_random"]
+    assert argv[argv.index("--method.actions") + 1] == "random"
+
+
+def test_page_warmup_is_under_a_tenth_of_the_run(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    from pfl.runner.args import parse_fit_args
+    from pfl.runner.claims import page
+
+    claim = page.CLAIMS[0]
+    cfg = parse_fit_args([*claim.base, *claim.runs["page"]])[0]
+    assert cfg.trainer.rounds >= 300 and cfg.method.warmup < cfg.trainer.rounds / 10
+
+
+def test_page_notes_flag_agents_tuned_on_the_test_set(tmp_path):
+    from pfl.runner.claims import page
+
+    runs = {}
+    for label, split in (("page", "validation"), ("page_test", "test"), ("fedavg", None)):
+        (tmp_path / label).mkdir()
+        method = {"name": "page", "reward_split": split} if split else {"name": "fedavg"}
+        (tmp_path / label / "config.yaml").write_text(yaml.safe_dump({"method": method}))
+        runs[label] = {"run_dir": str(tmp_path / label)}
+    (note,) = page.reward_split_notes({0: runs})
+    assert note.startswith("**Warning**: page_test used method.reward_split test")
+    del runs["page_test"]
+    assert "validation" in page.reward_split_notes({0: runs})[0]
+
+
+def test_pgfed_is_contrasted_with_every_baseline_not_with_its_own_variants():
+    from pfl.runner.claims import pgfed
+
+    claim = pgfed.CLAIMS[0]
+    s = _seeds({label: (0.5, 0.6) for label in claim.runs}, "pm.l_acc.mean")
+    names = [c.name for c in claim.contrasts(s)]
+    assert len(names) == len(claim.runs) - 3 and not any("pgfedmo" in n or "pgfed_ce" in n for n in names)
+    assert "pgfed - fedavg (pm.l_acc.mean)" in names
+
+
+def test_make_reproduce_quick_runs_the_smoke_suite_apart_from_the_full_one():
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    quick = subprocess.run(["make", "-n", "reproduce", "QUICK=1"], cwd=ROOT, capture_output=True, text=True).stdout
+    full = subprocess.run(["make", "-n", "reproduce"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert "pfl reproduce --quick --out reproduce_quick" in quick.splitlines()[-1]
+    assert full.splitlines()[-1].endswith("pfl reproduce --out reproduce")

@@ -151,6 +151,26 @@ def beats(winner: str, baselines: Iterable[str], key: str, margin: float = 0.0) 
     return contrasts
 
 
+def standing(winner: str, key: str) -> Callable[[SeedSummaries], list[str]]:
+    """A diagnosis: ``winner``'s rank on ``key`` (mean over seeds) and the runs at or above it."""
+
+    def sentences(s: SeedSummaries) -> list[str]:
+        labels = dict.fromkeys(label for runs in s.values() for label in runs)
+        means = {}
+        for label in labels:
+            values = [value(s, seed, label, key) for seed in s if label in s[seed]]
+            means[label] = statistics.fmean(values)
+        if winner not in means:
+            return [f"{winner} has no finished run."]
+        ahead = sorted((k for k in means if k != winner and means[k] >= means[winner]), key=means.__getitem__)
+        rank = 1 + len(ahead)
+        text = ", ".join(f"{k} {means[k]:.4f}" for k in reversed(ahead)) or "none"
+        where = f"{winner} {means[winner]:.4f} ranks {rank} of {len(means)}"
+        return [f"{key} (mean over seeds): {where}; at or above it: {text}."]
+
+    return sentences
+
+
 def all_claims() -> list[Claim]:
     """Every claim of every paper module, in module order."""
     claims: list[Claim] = []
