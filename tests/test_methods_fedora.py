@@ -98,12 +98,22 @@ def test_lambda_is_eps_when_the_propagated_model_validates_worse(monkeypatch):
     official = FedORA(alpha=None, kappa=0.8, lambda_rule="official")
     assert official.selective_lambda(client, trained, init) == 0.0
     assert official.selective_lambda(client, trained, trained) == 1.0  # exp(0)
-    # the code's Δ sums per-batch mean losses over the validation loader (batches of client.batch_size)
-    val = client.val_idx
-    assert len(val) > client.batch_size
-    batches = val.split(client.batch_size)
-    delta = sum(client.evaluate(init, b).loss - client.evaluate(trained, b).loss for b in batches)
-    assert official.selective_lambda(client, init, trained) == pytest.approx(math.exp(delta / 2), rel=1e-9)
+    delta = client.evaluate(init, "val").loss - client.evaluate(trained, "val").loss
+    assert official.selective_lambda(client, init, trained) == pytest.approx(math.exp(delta / 2), rel=1e-12)
+
+
+def test_official_lambda_does_not_grow_with_the_number_of_validation_batches(monkeypatch):
+    """The code's exp(Δ/2) with Δ from mean validation losses: a client with many validation batches
+    (a big client) gets the λ it would get from one batch, not exp(#batches · Δ/2)."""
+    loop = run(fedora_loop(client={"batch_size": 4}), 2)
+    client, trained, init = loop.client(0), loop.client(0).state["personal"], loop.init_state
+    official = FedORA(alpha=None, kappa=0.8, lambda_rule="official")
+    lams = []
+    for batch in (len(client.val_idx), 4, 1):  # one batch of the whole split, then more and more batches
+        monkeypatch.setattr(client.worker.settings, "batch_size", batch)
+        lams.append(official.selective_lambda(client, init, trained))
+    assert len(client.val_idx) >= 4 and lams[0] > 1.0  # θ_k validates better than θ_0: Δ > 0
+    assert lams == pytest.approx([lams[0]] * 3, rel=1e-12)
 
 
 def test_pull_is_the_papers_lambda_norm_or_the_codes_decoupled_step():
@@ -278,6 +288,18 @@ def test_official_config_is_the_authors_code():
         "decoupled",
         True,
     )
+
+
+def test_the_codes_graph_is_one_option_on_the_paper_config():
+    """``--method.similarity official`` swaps only the graph: the paper's α, λ rule and pull stay."""
+    argv = ["--config", "conf/method/fedora.yaml", "--method.similarity", "official"]
+    m = parse_fit_args(argv)[0].method
+    paper = parse_fit_args(["--config", "conf/method/fedora.yaml"])[0].method
+    assert (m.similarity, m.top_k, m.temperature) == ("official", 2, 10.0)
+    assert {k: v for k, v in vars(m).items() if k != "similarity"} == {
+        k: v for k, v in vars(paper).items() if k != "similarity"
+    }
+    assert (m.alpha, m.kappa, m.lambda_rule, m.pull, m.replace_server_copy) == (1.0, None, "paper", "gradient", False)
 
 
 # -- every new method: seeds, client order ------------------------------------------------------------

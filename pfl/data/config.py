@@ -25,7 +25,7 @@ from pfl.data.partition import (
     split_indices,
 )
 from pfl.data.rotation import rotate_groups
-from pfl.data.settings import PARTITIONS, SYNTHETIC_VARIANTS, DataConfig
+from pfl.data.settings import CLIENT_TESTS, PARTITIONS, SYNTHETIC_VARIANTS, DataConfig
 from pfl.data.sources import NATURAL_SOURCES, ON_DISK, SOURCES, TEXT_SOURCES, Pool, load_pool
 from pfl.errors import ConfigError, require
 from pfl.seeding import numpy_rng
@@ -63,6 +63,17 @@ def validate_data_config(cfg: DataConfig) -> None:
         f"test_frac + val_frac = {cfg.test_frac + cfg.val_frac} leaves no training data",
         "keep their sum below 1",
     )
+    require(cfg.client_test in CLIENT_TESTS, "data.client_test", f"unknown {cfg.client_test!r}", f"use {CLIENT_TESTS}")
+    if cfg.client_test == "pool":
+        require(cfg.test_frac == 0, "data.test_frac", "client_test: pool draws the test sets", "set it to 0")
+        require(
+            cfg.global_test_frac > 0 and cfg.source not in NATURAL_SOURCES,
+            "data.client_test",
+            "pool draws each client's test set from a global test set cut from a centralised source",
+            "set data.global_test_frac > 0 with a source such as mnist5k, or client_test: split",
+        )
+        require(cfg.rotation_groups == 0, "data.client_test", "pool shares test samples across rotated clients",
+                "set data.rotation_groups 0 or client_test: split")  # fmt: skip
     if cfg.max_client_samples is not None:
         require(cfg.max_client_samples >= 2, "data.max_client_samples", f"must be >= 2 (got {cfg.max_client_samples})")
     n_new = round(cfg.new_clients * cfg.num_clients)
@@ -149,7 +160,7 @@ def _client_splits(cfg: DataConfig, pool: Pool, parts: list[np.ndarray], rng: np
             train, test, val = contiguous_split(part, fractions)
         else:
             train, test, val = split_indices(part, fractions, rng)
-        if len(train) == 0 or len(test) == 0:
+        if len(train) == 0 or (len(test) == 0 and cfg.client_test == "split"):
             raise ConfigError(
                 "data.num_clients",
                 f"client {k} got {len(part)} samples, too few for a train and a test split",
@@ -157,6 +168,11 @@ def _client_splits(cfg: DataConfig, pool: Pool, parts: list[np.ndarray], rng: np
             )
         splits.append((train, test, val))
     return splits
+
+
+def label_matched(y: np.ndarray, train: np.ndarray, pool: np.ndarray) -> np.ndarray:
+    """The samples of ``pool`` whose label occurs in ``train`` (a client's test set of its own classes)."""
+    return pool[np.isin(y[pool], np.unique(y[train]))]
 
 
 def build_data(cfg: DataConfig, seed: int) -> FederatedData:
@@ -182,6 +198,8 @@ def build_data(cfg: DataConfig, seed: int) -> FederatedData:
             rest, global_test = split_indices(everything, (1 - cfg.global_test_frac, cfg.global_test_frac), rng)
             parts = _partition(cfg, y, rest, rng)
         splits = _client_splits(cfg, pool, parts, rng)
+        if cfg.client_test == "pool":
+            splits = [(train, label_matched(y, train, global_test), val) for train, _, val in splits]
     if cfg.rotation_groups > 0:
         x = np.array(x, copy=True) if not x.flags.writeable else x
         rotate_groups(x, [np.concatenate(s) for s in splits], cfg.rotation_groups)

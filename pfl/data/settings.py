@@ -8,6 +8,7 @@ from pfl.data.regression import RegressionConfig
 
 PARTITIONS = ("iid", "dirichlet", "pathological")
 SYNTHETIC_VARIANTS = ("fedprox", "page")
+CLIENT_TESTS = ("split", "pool")
 
 
 @dataclass
@@ -46,6 +47,9 @@ class DataConfig:
     big_client_frac: float = 0.0  # share of the pool given to client 0 (FedORA's one big client)
     max_client_samples: int | None = None  # cap per client before its split (FedORA: 192)
     test_frac: float = 0.25
+    # split: each client's test set is test_frac of its samples | pool: every sample of the server's global
+    # test set whose label the client holds in its training split (shared between clients; test_frac 0)
+    client_test: str = "split"
     val_frac: float = 0.0
     global_test_frac: float = 0.1
     official_test: bool = False  # on-disk sources: the official test split is the server's test set (PAGE)

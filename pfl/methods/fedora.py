@@ -86,7 +86,7 @@ class FedORA(Method):
         similarity: subspace | official | random | parameter | gradient | identity | uniform.
         propagation: closed (Eq. 6, one K×K solve when W changes, one matmul per round) | iterative (Eq. 7).
         iters, tol: stopping rule of the iteration (at least one of them).
-        lambda_rule: paper (max(ε, Δ)) | official (exp(Δ/2) if Δ ≥ 0 else 0, losses summed over batches).
+        lambda_rule: paper (max(ε, Δ)) | official (exp(Δ/2) if Δ ≥ 0 else 0); Δ from mean validation losses.
         lam: a constant λ_k for every client (Table 5); None: Eq. (8).
         eps: ε of Eq. (8).
         pull: gradient (Eq. 9: gradient of λ‖θ − θ̂‖²) | decoupled (the code's post-step pull, λ/2 scale).
@@ -289,13 +289,11 @@ class FedORA(Method):
         if self.lam is not None:
             return float(self.lam)
         idx = client.val_idx if len(client.val_idx) else client.train_idx
-        return selective_lambda(self._loss(client, own, idx), self._loss(client, hat, idx), self.eps, self.lambda_rule)
-
-    def _loss(self, client: ClientContext, state: Tensor, idx: Tensor) -> float:
-        """The validation loss L̃_k: the sample mean (paper), or the code's sum of per-batch means."""
-        if self.lambda_rule == "paper":
-            return client.evaluate(state, idx).loss
-        return sum(client.evaluate(state, b).loss for b in idx.split(client.batch_size))
+        # L̃_k is the sample-mean loss for both rules: the code's sum of per-batch means equals it on its
+        # single validation batch of 64, but grows with the number of batches (a big client with 15
+        # batches got an exponentially large λ = exp(Δ/2) and diverged).
+        own_loss, hat_loss = client.evaluate(own, idx).loss, client.evaluate(hat, idx).loss
+        return selective_lambda(own_loss, hat_loss, self.eps, self.lambda_rule)
 
     def client_basis(self, client: ClientContext, labels: bool) -> Tensor:
         """The client's top-p subspace basis (D, p) of its training samples: [x, onehot(y)] with labels

@@ -1,0 +1,136 @@
+"""The PLGU and FedPG claims' contrasts and diagnoses on hand-made summaries."""
+
+from __future__ import annotations
+
+import pytest
+
+from pfl.runner.claims import fedpg, plgu
+
+
+def seeds(per_label: dict[str, dict[str, list[float]]]) -> dict:
+    """seed -> label -> summary from label -> metric -> per-seed values."""
+    n = len(next(iter(next(iter(per_label.values())).values())))
+    return {
+        s: {lab: {"metrics": {k: v[s] for k, v in metrics.items()}} for lab, metrics in per_label.items()}
+        for s in range(n)
+    }
+
+
+def tails(bottom: list[float], top: list[float], model: str = "gm") -> dict[str, list[float]]:
+    return {f"{model}.l_acc.bottom5": bottom, f"{model}.l_acc.top5": top}
+
+
+def test_plgu_contrasts_give_the_paired_differences():
+    s = seeds(
+        {
+            "plgu_lf": tails([0.80, 0.70, 0.75], [0.95, 0.94, 0.96]),
+            "fedavg": tails([0.75, 0.72, 0.70], [0.96, 0.97, 0.95]),
+            "fedsam": tails([0.78, 0.70, 0.74], [0.95, 0.95, 0.95]),
+            "fedsam_matched": tails([0.79, 0.71, 0.73], [0.94, 0.94, 0.94]),
+            "plgu_grep": tails([0.60, 0.62, 0.64], [0.90, 0.90, 0.90], "pm"),
+            "plgu_grep_rho0": tails([0.58, 0.62, 0.60], [0.90, 0.90, 0.90], "pm"),
+            "fedrep": tails([0.55, 0.60, 0.61], [0.93, 0.91, 0.90], "pm"),
+            "plgu_ghn": tails([0.50, 0.50, 0.50], [0.90, 0.90, 0.90], "pm"),
+            "pfedhn": tails([0.50, 0.52, 0.49], [0.90, 0.90, 0.90], "pm"),
+        }
+    )
+    c = {x.name: x for x in plgu.tails_contrasts()(s)}
+    assert len(c) == 11
+    assert c["plgu_lf - fedavg (gm.l_acc.bottom5)"].diffs == pytest.approx({0: 0.05, 1: -0.02, 2: 0.05})
+    assert c["plgu_lf - fedavg (gm.l_acc.bottom5)"].margin == 0
+    top = c["plgu_lf - fedavg (gm.l_acc.top5)"]
+    assert top.diffs == pytest.approx({0: -0.01, 1: -0.03, 2: 0.01}) and top.margin == -0.02
+    assert top.excess == pytest.approx([0.01, -0.01, 0.03])  # a drop of 3 points is beyond the 2 allowed
+    assert c["plgu_lf - fedsam_matched (gm.l_acc.bottom5)"].diffs == pytest.approx({0: 0.01, 1: -0.01, 2: 0.02})
+    assert c["plgu_grep - fedrep (pm.l_acc.top5)"].diffs == pytest.approx({0: -0.03, 1: -0.01, 2: 0.0})
+    assert c["plgu_ghn - pfedhn (pm.l_acc.bottom5)"].diffs == pytest.approx({0: 0.0, 1: -0.02, 2: 0.01})
+    assert c["plgu_grep - plgu_grep_rho0 (pm.l_acc.bottom5)"].diffs == pytest.approx({0: 0.02, 1: 0.0, 2: 0.04})
+
+
+def test_plgu_matches_fedsam_to_the_lwsam_radius():
+    runs = plgu._runs()
+    assert runs["fedsam_matched"][-2:] == ["--method.rho", f"{plgu.RHO / 3:.6g}"]
+    assert runs["plgu_grep_rho0"][-4:] == ["--method.pre_step", "false", "--method.rho", "0"]
+    assert runs["plgu_grep"][-2:] == ["--method.pre_step", "false"] and runs["plgu_grep_pre"][-1] == "true"
+
+
+def test_plgu_diagnose_attributes_the_grep_gain():
+    s = seeds(
+        {
+            lab: tails([v, v], [0.9, 0.9], "pm")
+            for lab, v in {"fedrep": 0.5, "plgu_grep": 0.55, "plgu_grep_rho0": 0.56, "plgu_grep_pre": 0.6}.items()
+        }
+    )
+    assert plgu.diagnose(s)[-1] == (
+        "PLGU-GRep's bottom-5% change over FedRep: +0.0500 with LWSAM, +0.0600 at rho = 0, "
+        "+0.1000 with the extra SGD step per body batch."
+    )
+
+
+def accs(l_acc: list[float], s_acc: list[float], g_acc: list[float]) -> dict[str, list[float]]:
+    return {"pm.l_acc.mean": l_acc, "pm.s_acc.mean": s_acc, "pm.g_acc.mean": g_acc}
+
+
+def test_fedpg_table1_contrasts_give_the_paired_differences():
+    s = seeds(
+        {
+            "fedpg": accs([0.90, 0.80], [0.88, 0.72], [0.87, 0.76]),
+            "fedavg": accs([0.99, 0.99], [0.40, 0.30], [0.35, 0.80]),
+            "ditto": accs([0.99, 0.99], [0.50, 0.50], [0.40, 0.40]),
+        }
+    )
+    c = {x.name: x for x in fedpg.check_table1(s)}
+    assert set(c) == {"fedpg S/L - 0.95", "fedpg G/L - 0.95"} | {
+        f"fedpg - {b} (pm.{t}_acc.mean)" for b in ("fedavg", "ditto") for t in "sg"
+    }
+    assert (
+        c["fedpg S/L - 0.95"].diffs == pytest.approx({0: 0.88 / 0.90, 1: 0.9}) and c["fedpg S/L - 0.95"].margin == 0.95
+    )
+    assert c["fedpg - fedavg (pm.g_acc.mean)"].diffs == pytest.approx({0: 0.52, 1: -0.04})
+    assert c["fedpg - ditto (pm.s_acc.mean)"].diffs == pytest.approx({0: 0.38, 1: 0.22})
+    s[0]["fedpg_paper"] = {"metrics": {"pm.g_acc.mean": 0.1}}
+    s[1]["fedpg_paper"] = {"metrics": {"pm.g_acc.mean": 0.9}}
+    assert fedpg.table1_notes(s)[1] == "fedpg_paper: G-acc minus the best baseline's, per seed: -0.3000, +0.1000."
+
+
+def run_dir(tmp_path, name: str, rows: str, header: str) -> str:
+    d = tmp_path / name
+    d.mkdir()
+    d.joinpath("metrics.csv").write_text(header + "\n" + rows)
+    return str(d)
+
+
+def test_fedpg_diagnose_reports_the_update_norm_and_chance(tmp_path):
+    s = {
+        0: {
+            "fedpg_paper": {
+                "metrics": {"gm.acc": 0.09},
+                "run_dir": run_dir(tmp_path, "p", "25,0.02\n50,0.001\n", "round,fedpg.d_norm"),
+            }
+        }
+    }
+    assert fedpg.diagnose_table1(s) == [
+        "fedpg_paper: G-model accuracy 0.090 (chance 0.100); ||d|| 0.02 at the first evaluation, 0.001 at the last."
+    ]
+
+
+def test_fedpg_table3_contrasts_and_lambda(tmp_path, monkeypatch):
+    monkeypatch.setattr(fedpg, "honest_clean", lambda summary, key: {"pm.s_acc": 0.80, "pm.g_acc": 0.79}[key])
+    lam = "round,fedpg.lambda_fairness"
+
+    def run(name: str, s_acc: float, g_acc: float, gm: float, lam_rows: str = "") -> dict:
+        metrics = {"honest.pm.s_acc.mean": s_acc, "honest.pm.g_acc.mean": g_acc, "gm.acc": gm}
+        return {"metrics": metrics, "run_dir": run_dir(tmp_path, name, lam_rows, lam)}
+
+    s = {
+        0: {
+            "fedpg_clean": run("clean", 0.0, 0.0, 0.78, "1,0.2\n2,0.3\n"),
+            "fedpg_a1": run("a1", 0.79, 0.70, 0.77, "1,0.0\n2,0.1\n"),
+            "fedavg_a1": run("avg1", 0.3, 0.72, 0.3),
+            "fedpg_official_a1": run("off1", 0.3, 0.99, 0.3),  # FedPG's own rows are not baselines
+        }
+    }
+    (drop, best) = fedpg.check_table3(s)
+    assert drop.name == "0.05 - fedpg's largest honest drop under A1" and drop.diffs == pytest.approx({0: 0.05 - 0.09})
+    assert best.diffs == pytest.approx({0: 0.70 - 0.72})
+    assert fedpg.diagnose_table3(s) == ["fedpg: mean λ on ∇F: fedpg_clean 0.250, fedpg_a1 0.050."]
