@@ -454,9 +454,8 @@ def selective_lambda(loss_own: float, loss_prop: float, eps: float = PAPER_EPS, 
 
     - ``paper`` (Eq. 8): λ = max(ε, Δ); ε = 1e−8 in the paper.
     - ``official`` (authors' code): λ = exp(Δ/2) if Δ >= 0 else 0 (so 1 at Δ = 0, e.g. round 0 where
-      θ = θ̂; ``eps`` unused). Their Δ has the same sign (``local_loss − global_loss``). Pass mean
-      losses: the code sums per-batch means over its validation loader, which is the mean on its one
-      batch of 64 but scales Δ, and λ exponentially, with the number of batches.
+      θ = θ̂; ``eps`` unused). Their Δ has the same sign (``local_loss − global_loss``) but sums the
+      per-batch mean losses over the validation batches (one batch of 64 in their setting).
     """
     require(rule in LAMBDA_RULES, "fedora.lambda_rule", f"unknown rule {rule!r}", f"use one of {LAMBDA_RULES}")
     require(eps > 0, "fedora.eps", f"must be > 0 (got {eps})")
