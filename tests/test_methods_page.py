@@ -311,19 +311,6 @@ def test_fedrecon_reconstructs_only_the_local_layers_and_keeps_nothing():
     assert torch.equal(start[head], client.init_state[head])  # from scratch: the initial local layers
 
 
-def test_page_claim_holds_only_when_page_is_best_on_both_accuracies():
-    from pfl.runner.claims.page import best_on_both
-
-    def run(gm, local, rounds):
-        return {"metrics": {"gm.acc": gm, "pm.l_acc.mean": local, "rounds_to_target": rounds}}
-
-    check = best_on_both("page")
-    assert check({"page": run(0.9, 0.9, 10), "fedavg": run(0.8, 0.8, None)})[0]
-    held, detail = check({"page": run(0.9, 0.7, 10), "fedrod": run(0.6, 0.8, 5)})
-    assert not held and "fedrod 5" in detail
-    assert not check({"page": run(0.7, 0.9, 10), "feddyn": run(0.8, 0.8, 5)})[0]
-
-
 # -- mutation-testing survivors: fedrecon --
 # Synthetic data: every input feature varies, so the first weight (input feature 0) has a gradient; on
 # digits feature 0 is a corner pixel, always 0, and freezing it or not shows nowhere.
