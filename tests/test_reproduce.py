@@ -321,7 +321,9 @@ def test_make_reproduce_quick_runs_the_smoke_suite_apart_from_the_full_one():
 
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
-    quick = subprocess.run(["make", "-n", "reproduce", "QUICK=1"], cwd=ROOT, capture_output=True, text=True).stdout
-    full = subprocess.run(["make", "-n", "reproduce"], cwd=ROOT, capture_output=True, text=True).stdout
+    # --no-print-directory: under `make test` this make is nested and would print "Leaving directory" last
+    make = ["make", "-n", "--no-print-directory", "reproduce"]
+    quick = subprocess.run([*make, "QUICK=1"], cwd=ROOT, capture_output=True, text=True).stdout
+    full = subprocess.run(make, cwd=ROOT, capture_output=True, text=True).stdout
     assert "pfl reproduce --quick --out reproduce_quick" in quick.splitlines()[-1]
     assert full.splitlines()[-1].endswith("pfl reproduce --out reproduce")
