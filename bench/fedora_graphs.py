@@ -27,9 +27,9 @@ import sys
 import torch
 
 from pfl.data import build_data
-from pfl.federation.loop import FederatedLoop
 from pfl.optim.propagation import principal_angle_similarity
 from pfl.runner.args import parse_fit_args
+from pfl.runner.assembly import build_loop
 from pfl.runner.reference import ensure_local_reference
 
 DEFAULT = ["--config", "conf/experiment/fedora_rotated_mnist5k.yaml", "--config", "conf/method/fedora.yaml"]
@@ -56,7 +56,7 @@ def main(argv: list[str]) -> dict[str, float]:
     if groups < 2:
         raise SystemExit("bench.fedora_graphs needs data.rotation_groups >= 2")
     data = build_data(cfg.data, cfg.seed)
-    loop = FederatedLoop(cfg, data)
+    loop = build_loop(cfg, data)
     loop.evals.reference = ensure_local_reference(cfg, data, None)
     method, lams = loop.method, {}
     real = method.selective_lambda

@@ -11,8 +11,9 @@ import torch.nn.functional as F
 
 from pfl.config import RunConfig
 from pfl.data import FederatedData
-from pfl.federation.loop import FederatedLoop, clients_per_round, sample_clients
+from pfl.federation.loop import FederatedLoop, sample_clients
 from pfl.models import build_model
+from pfl.runner.assembly import clients_per_round
 from pfl.seeding import seed_everything, torch_generator
 
 

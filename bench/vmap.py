@@ -12,16 +12,16 @@ import torch
 from bench.common import bench_config, make_loop, mnist_like
 from pfl.engine.vectorized import FitRequest, VectorTrainer
 from pfl.engine.worker import FitStats
-from pfl.federation.loop import FederatedLoop, clients_per_round, sample_clients
+from pfl.federation.loop import FederatedLoop, sample_clients
 from pfl.methods import weighted_mean
 
 
 def vmap_fedavg_round(loop: FederatedLoop, round_idx: int) -> torch.Tensor:
     """The parameter part of the global model after FedAvg round ``round_idx`` from the loop's
     current server state, every sampled client trained at once by the engine's VectorTrainer."""
-    cfg, worker = loop.cfg, loop.worker
+    worker = loop.worker
     data = worker.data
-    sampled = sample_clients(cfg.seed, round_idx, data.num_clients, clients_per_round(cfg, data.num_clients)).tolist()
+    sampled = sample_clients(loop.schedule.seed, round_idx, data.num_clients, loop.server.clients_per_round).tolist()
     start = loop.server["global"]
     s = worker.settings
     requests = []

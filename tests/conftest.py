@@ -13,6 +13,7 @@ from pfl.data import DataConfig, build_data
 from pfl.federation.loop import FederatedLoop
 from pfl.methods import method_class
 from pfl.models import ModelConfig
+from pfl.runner.assembly import build_loop
 from pfl.runner.reference import ensure_local_reference
 
 os.environ.setdefault("WANDB_MODE", "disabled")
@@ -39,7 +40,7 @@ def tiny_config(method: str = "fedavg", method_args: dict[str, Any] | None = Non
 def make_loop(cfg: RunConfig, **kwargs: Any) -> FederatedLoop:
     """The loop as ``run_experiment`` assembles it (LOCAL reference included), without files."""
     data = build_data(cfg.data, cfg.seed)
-    loop = FederatedLoop(cfg, data, **kwargs)
+    loop = build_loop(cfg, data, **kwargs)
     if cfg.eval.reference == "local" and cfg.method.name != "local":
         loop.evals.reference = ensure_local_reference(cfg, data, None)
     return loop

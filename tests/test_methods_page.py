@@ -204,7 +204,7 @@ def test_fedala_with_weights_fixed_at_one_downloads_the_global_model():
         assert torch.equal(fedala.server["global"], fedavg.server["global"])
 
 
-def _ala_by_hand(loop, cid, g, own, weights, passes, stop_after):
+def _ala_by_hand(cfg, loop, cid, g, own, weights, passes, stop_after):
     """FedALA's adaptive local aggregation written out: on the top layer, θ̂ = g + (θ − g)(1 − W); per
     used batch W ← clip(W + η ∇θ̂ ⊙ (θ − g), 0, 1); ``passes`` passes, stopping early after ``stop_after``."""
     import math
@@ -215,14 +215,14 @@ def _ala_by_hand(loop, cid, g, own, weights, passes, stop_after):
     from tests.methods_reference import drawn_batches, initial_net
 
     flat, data, m = loop.worker.flat, loop.worker.data, loop.method
-    net = initial_net(loop.cfg, loop)
-    sl, idx, bs = flat.layout.head, data.clients[cid].train, loop.cfg.client.batch_size
+    net = initial_net(cfg, loop)
+    sl, idx, bs = flat.layout.head, data.clients[cid].train, cfg.client.batch_size
     p = flat.num_params
     away, params = own[sl] - g[sl], g[:p].clone()
     params[sl] = g[sl] + away * (1 - weights)
     used, per_pass = max(1, int(m.rand_percent / 100 * (len(idx) // bs))), math.ceil(len(idx) / bs)
     assert used < per_pass
-    batches = iter(drawn_batches(loop.cfg.seed, loop.round, cid, "ala", idx, bs, epochs=passes))
+    batches = iter(drawn_batches(cfg.seed, loop.round, cid, "ala", idx, bs, epochs=passes))
     for _ in range(min(passes, stop_after)):
         for j in range(per_pass):
             b = next(batches)
@@ -248,7 +248,8 @@ def test_fedala_adaptive_local_aggregation_matches_a_hand_written_loop(
     the threshold: after 2 passes for one loss (its std is 0 < 0.01), never at threshold 0 or 1e-9.
     The used batches are whole ones: 99.5% of client 1's 20 full batches is 19 (of 20.19 batches: 20)."""
     args = {"eta": 1.0, "rand_percent": rand_percent, "max_start_epochs": 4, "num_pre_loss": num_pre_loss}
-    loop = make_loop(tiny_config("fedala", {**args, "threshold": threshold}))
+    cfg = tiny_config("fedala", {**args, "threshold": threshold})
+    loop = make_loop(cfg)
     loop.run_round()
     cid = 1
     client, g = loop.client(cid), loop.server["global"].clone()
@@ -258,7 +259,7 @@ def test_fedala_adaptive_local_aggregation_matches_a_hand_written_loop(
     for passes, stop, w0 in ((4, stop_after, ones), (1, 1, None)):
         w0 = w0 if w0 is not None else client.state["ala_weights"].clone()
         start = loop.method.adaptive_local_aggregation(client, g, own)
-        params, weights = _ala_by_hand(loop, cid, g, own, w0, passes, stop)
+        params, weights = _ala_by_hand(cfg, loop, cid, g, own, w0, passes, stop)
         assert not torch.equal(weights, w0)
         torch.testing.assert_close(client.state["ala_weights"], weights, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(start[: len(params)], params, rtol=1e-5, atol=1e-6)

@@ -14,10 +14,11 @@ from torch import nn
 from pfl.data import ClientSplit, FederatedData, build_data
 from pfl.engine.worker import TrainSettings, Worker
 from pfl.errors import ConfigError
-from pfl.federation.loop import FederatedLoop, comparable_metrics
+from pfl.federation.loop import comparable_metrics
 from pfl.methods import ClientContext
 from pfl.methods.fedavg import FedAvg
 from pfl.metrics.evaluate import EvalSets, evaluate_federation
+from pfl.runner.assembly import build_loop
 from pfl.runner.outputs import FileOutputs, RunFiles
 from pfl.runner.reference import ensure_local_reference, reference_key
 from tests.conftest import make_loop, tiny_config
@@ -224,7 +225,7 @@ def _with_new_client(cfg):
 @pytest.mark.parametrize("epochs", [0, 2])
 def test_new_clients_are_scored_after_fine_tuning_the_global_model(epochs):
     cfg = tiny_config("fedavg", trainer={"rounds": 2}, eval={"new_client_epochs": epochs})
-    loop = FederatedLoop(cfg, _with_new_client(cfg))
+    loop = build_loop(cfg, _with_new_client(cfg))
     m = loop.fit()["metrics"]
     w, split = loop.worker, loop.worker.new_clients[0]
     start = loop.server["global"]
@@ -261,7 +262,7 @@ def test_regression_mae_and_reference(tmp_path):
         eval={"reference": "local", "protocols": ["local", "sg", "global", "new"]},
         tracking={"root": str(tmp_path), "wandb": False},
     )
-    loop = FederatedLoop(cfg, data)
+    loop = build_loop(cfg, data)
     loop.evals.reference = ensure_local_reference(cfg, data, None)
     zero = torch.zeros_like(loop.init_state)
     m0, rows0 = evaluate_federation(FedAvg(), {"global": zero}, loop.worker, loop.client)

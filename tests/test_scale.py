@@ -275,22 +275,22 @@ def test_checkpoints_are_written_every_round_or_when_they_cost_under_a_twentieth
     assert loop.checkpoint_due()  # the first one measures what a checkpoint costs
     loop.run_round()
     loop.save()
-    loop._save_cost = 1e6  # expensive: only the cap on rounds lost applies
+    loop.checkpointer.save_cost = 1e6  # expensive: only the cap on rounds lost applies
     due = []
     for _ in range(8):
         loop.run_round()
         due.append(loop.checkpoint_due())
         if due[-1]:
             loop.save()
-            loop._save_cost = 1e6
+            loop.checkpointer.save_cost = 1e6
     assert due == [False, False, False, True] * 2
-    loop._save_cost = 0.0  # cheap: after every round
+    loop.checkpointer.save_cost = 0.0  # cheap: after every round
     loop.run_round()
     assert loop.checkpoint_due()
     every = make_loop(tiny_config("fedavg", trainer={"checkpoint_every": 1}), run_dir=tmp_path / "b")
     every.run_round()
     every.save()
-    every._save_cost = 1e6
+    every.checkpointer.save_cost = 1e6
     every.run_round()
     assert every.checkpoint_due()  # the default: a killed run loses at most one round
 

@@ -9,23 +9,30 @@ from bench.common import make_loop as make_bench_loop
 from bench.overhead import PlainFedAvg
 from bench.scaling import store_bytes
 from bench.vmap import vmap_fedavg_round
+from pfl.config import RunConfig
 from pfl.engine.terms import Proximal
 from pfl.federation.loop import FederatedLoop
 from pfl.methods import methods
 from pfl.models import ModelConfig
+from pfl.runner.assembly import build_loop
 from pfl.seeding import seed_everything
 from tests.conftest import make_loop, tiny_config
 
 
-def _small_bench_loop(method: str = "fedavg", num_clients: int = 6, per_round: int = 3) -> FederatedLoop:
+def _small_bench_config(method: str = "fedavg", num_clients: int = 6, per_round: int = 3) -> RunConfig:
     cfg = bench_config(method, "mlp", num_clients, per_round, epochs=1, batch_size=16)
     cfg.model = ModelConfig(name="mlp", hidden=[16])
-    return FederatedLoop(cfg, mnist_like(num_clients))
+    return cfg
+
+
+def _small_bench_loop(method: str = "fedavg", num_clients: int = 6, per_round: int = 3) -> FederatedLoop:
+    return build_loop(_small_bench_config(method, num_clients, per_round), mnist_like(num_clients))
 
 
 def test_plain_reference_does_the_same_steps_as_the_loop():
-    loop = _small_bench_loop()
-    plain = PlainFedAvg(loop.cfg, loop.worker.data)
+    cfg = _small_bench_config()
+    loop = build_loop(cfg, mnist_like(6))
+    plain = PlainFedAvg(cfg, loop.worker.data)
     for _ in range(2):
         loop.run_round(), plain.run_round()
     torch.testing.assert_close(loop.server["global"][: loop.flat.num_params], plain.flat(), rtol=1e-5, atol=1e-6)

@@ -6,7 +6,7 @@ worker. Its ``fit`` records the request and returns at once; the trained state i
 tensor that ``flush`` fills after training every recorded request together (grouped by epochs,
 learning rate, momentum, purpose and terms). This is exact for local updates that only pass trained
 states on (into the upload or the client's state) without reading them: the loop enables it for
-such methods only (FedAvg, FedProx, Local, Ditto; ``pfl.federation.loop.VECTORIZABLE``).
+such methods only (FedAvg, FedProx, Local, Ditto: ``Method.vectorizable``).
 
 What is supported (anything else is refused before training, ``unsupported``):
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
@@ -158,6 +158,15 @@ class TrainSettings:
     augment: str = "none"  # training-batch augmentation (pfl.data.augment): none | cifar | flip
     drop_last: bool = False  # drop each epoch's last, incomplete batch (unless it is the only one)
     keep_momentum: bool = False  # "train" fits continue the client's SGD momentum from its previous one
+    lr_decay: float = 1.0  # the learning rate of round r is lr · lr_decay^r (see start_round)
+    first_lr: float = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.first_lr = self.lr
+
+    def start_round(self, round_idx: int) -> None:
+        """Set ``lr`` to round ``round_idx``'s learning rate of the schedule (client.lr_decay)."""
+        self.lr = self.first_lr * self.lr_decay**round_idx
 
 
 class StepOptimizer:

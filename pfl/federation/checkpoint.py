@@ -46,14 +46,15 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 from torch.serialization import get_unsafe_globals_in_checkpoint
 
 from pfl.errors import ConfigError
-from pfl.federation.store import detached_copy, tree_bytes, tree_map
+from pfl.federation.distributed import move
+from pfl.federation.store import ClientStore, detached_copy, tree_bytes, tree_map
 from pfl.safe_files import ensure_folder, new_file
 
 CHECKPOINT = "checkpoint.pt"
@@ -63,6 +64,7 @@ CHAIN_DIR = "checkpoint.chain"
 META = "_chain"
 DIGEST = "_sha256"  # the SHA-256 of the rest of the file's content, recorded when it was written
 SEGMENT_BYTES = 64 * 2**20  # map entries beyond this go to separate files, written one at a time
+CHECKPOINT_COST_RATIO = 20.0  # with checkpoint_every > 1: checkpoint once this many times its cost has passed
 MAX_LINKS = 200  # a new base after this many links at the latest (bounds the files resume opens)
 
 
@@ -532,12 +534,169 @@ def load_checkpoint(run_dir: Path) -> dict[str, Any] | None:
     return None if checkpoint is None else checkpoint.materialize()
 
 
+class Federation(Protocol):
+    """What a checkpoint holds of a run (the loop, as the Checkpointer sees it)."""
+
+    round: int
+    history: list[dict[str, Any]]
+    client_rows: list[dict[str, Any]]
+    train_samples: int
+    train_seconds: float
+    server: Any  # pfl.methods.base.ServerContext
+    clients: ClientStore
+    evals: Any  # pfl.metrics.session.EvalSession
+
+    @property
+    def device(self) -> torch.device: ...
+
+
+class Checkpointer:
+    """When a run checkpoints, what each link of its chain holds, and how a run is restored from one.
+
+    A link holds what changed since the last one (server state, counters, the clients trained or
+    removed, new history rows, the client rows after an evaluation), or everything when the chain
+    is due for a base (``CheckpointChain``)."""
+
+    def __init__(self, checkpoint_every: int = 1, run_dir: Path | None = None):
+        self.checkpoint_every = checkpoint_every
+        self.chain: CheckpointChain | None = None
+        self.run_dir = run_dir
+        self.seconds = 0.0  # total time spent checkpointing (time.checkpoint_s)
+        self._history_saved = 0  # history rows already in the chain
+        self._rows_saved = True  # the client rows of the last evaluation are in the chain
+        self._saved_round, self._saved_at, self.save_cost = 0, time.perf_counter(), None
+
+    @property
+    def run_dir(self) -> Path | None:
+        return self._run_dir
+
+    @run_dir.setter
+    def run_dir(self, path: Path | str | None) -> None:
+        """Where checkpoints go (None: nowhere); may be set after construction. A chain already loaded
+        from that folder by ``resume`` is kept."""
+        self._run_dir = None if path is None else Path(path)
+        if self._run_dir is None:
+            self.chain = None
+        elif self.chain is None or self.chain.run_dir != self._run_dir:
+            self.chain = CheckpointChain(self._run_dir)
+
+    def rows_changed(self) -> None:
+        """An evaluation replaced the client rows: the next link carries them."""
+        self._rows_saved = False
+
+    def due(self, round_number: int) -> bool:
+        """After a round: ``trainer.checkpoint_every`` rounds since the last checkpoint (at most that
+        many are lost to a kill), or earlier once the time since it is ``CHECKPOINT_COST_RATIO`` times
+        what it cost, so checkpoints take at most ~1/20 of the run while the rounds allow."""
+        if round_number - self._saved_round >= self.checkpoint_every or self.save_cost is None:
+            return True
+        return time.perf_counter() - self._saved_at >= CHECKPOINT_COST_RATIO * self.save_cost
+
+    @staticmethod
+    def values(fed: Federation) -> dict[str, Any]:
+        return {
+            "round": fed.round,
+            "server": fed.server.state,
+            "train_samples": fed.train_samples,
+            "train_seconds": fed.train_seconds,
+            "evals": fed.evals.state_dict(),
+        }
+
+    def state_dict(self, fed: Federation) -> dict[str, Any]:
+        """The whole federation as one dict (what ``load_checkpoint`` returns for a run)."""
+        return {
+            **self.values(fed),
+            "clients": dict(fed.clients.items()),
+            "trained": dict(fed.evals.trained.items()),
+            "history": fed.history,
+            "client_rows": fed.client_rows,
+            "eval_rows": fed.evals.rows,
+        }
+
+    def save(self, fed: Federation) -> None:
+        """Write one link of the checkpoint chain."""
+        assert self.chain is not None
+        started = time.perf_counter()
+        base = self.chain.due_for_base()
+        maps = {}
+        for name, store in (("clients", fed.clients), ("trained", fed.evals.trained)):
+            changed, removed = store.changes()
+            ids = list(store) if base else changed
+            maps[name] = MapDelta(_entries(store, ids), () if base else removed)
+        start = 0 if base else self._history_saved
+        values = self.values(fed)
+        if base or not self._rows_saved:
+            values["client_rows"], values["eval_rows"] = fed.client_rows, fed.evals.rows
+        self.chain.save(values, maps, {"history": ListDelta(start, fed.history[start:])}, base=base)
+        fed.clients.clear_changes()
+        fed.evals.trained.clear_changes()
+        self._history_saved, self._rows_saved = len(fed.history), True
+        self._saved_at = time.perf_counter()
+        self.save_cost, self._saved_round = self._saved_at - started, fed.round
+        self.seconds += self.save_cost
+
+    def resume(self, fed: Federation, run_dir: Path) -> bool:
+        """Restore the newest readable checkpoint of ``run_dir`` into ``fed`` (False when it has none);
+        later checkpoints extend its chain."""
+        run_dir = Path(run_dir)
+        chain = self.chain if self.chain is not None and self.chain.run_dir == run_dir else CheckpointChain(run_dir)
+        if self.run_dir is None:
+            self.chain = chain  # kept when the run folder is set to run_dir later (see run_dir)
+        checkpoint = chain.load()
+        if checkpoint is None:
+            return False
+        self.restore(fed, checkpoint)
+        return True
+
+    def restore(self, fed: Federation, checkpoint: Checkpoint) -> None:
+        """Restore a resolved checkpoint chain, streaming the client states into the stores."""
+        history = checkpoint.list("history")
+        items = checkpoint.map_items("clients"), checkpoint.map_items("trained")
+        self._restore(fed, checkpoint.values, history, *items)
+
+    def load_state_dict(self, fed: Federation, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()`` (or a checkpoint of an earlier version, whose evaluation state
+        held the trained models and rows)."""
+        self._restore(fed, state, state["history"], state["clients"].items(), state.get("trained", {}).items())
+
+    def _restore(self, fed: Federation, values: dict[str, Any], history: list, clients: Any, trained: Any) -> None:
+        device = fed.device
+        fed.round = values["round"]
+        fed.server.round = fed.round
+        fed.server.state = move(values["server"], device)
+        fed.history = list(history)
+        fed.client_rows = values.get("client_rows", [])
+        fed.train_samples = values["train_samples"]
+        fed.train_seconds = values["train_seconds"]
+        evals = values.get("evals", {})
+        if evals:
+            fed.evals.load_state_dict(evals, device)
+        if "eval_rows" in values:
+            fed.evals.rows = values["eval_rows"]
+        if "trained" in evals:  # a checkpoint of an earlier version: trained models in the evaluation state
+            trained = evals["trained"].items()
+        for store, items in ((fed.clients, clients), (fed.evals.trained, trained)):
+            store.clear()
+            for cid, state in items:  # one at a time: a disk store spills beyond its budget
+                store[cid] = move(state, device)
+            store.clear_changes()
+        self._history_saved, self._rows_saved = len(fed.history), True
+
+
+def _entries(store: ClientStore, ids: list[int]) -> Iterator[tuple[int, Any]]:
+    """(id, state) of the given clients, read one at a time (a disk store never loads them all)."""
+    for cid in ids:
+        yield cid, store.peek(cid)
+
+
 __all__ = [
     "CHAIN_DIR",
     "CHECKPOINT",
     "PREVIOUS",
     "Checkpoint",
     "CheckpointChain",
+    "Checkpointer",
+    "Federation",
     "ListDelta",
     "MapDelta",
     "UnreadableCheckpoint",

@@ -269,6 +269,24 @@ class Method:
     # the method, new clients included) and appear in ``hparams``.
     client_momentum: float | None = None
     keep_momentum: bool | None = None
+    # True for a method whose local update only passes trained states on (into the upload or the
+    # client's state) without reading them during the round: only those can be trained together
+    # (``trainer.vectorize``). Each class states it for itself (never inherited, see
+    # ``__init_subclass__``): a subclass's update may read what its parent's only passed on.
+    vectorizable: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.vectorizable = bool(cls.__dict__.get("vectorizable", False))
+
+    def vectorize_problems(self) -> list[str]:
+        """Why this method's local updates cannot be trained vectorized (empty: they can)."""
+        if self.vectorizable:
+            return []
+        return [
+            f"method {self.name!r} reads trained states during its local update (trainer.vectorize needs one "
+            "that only passes them on, e.g. fedavg, fedprox, local, ditto)"
+        ]
 
     def set_client_optimizer(self, client_momentum: float | None, keep_momentum: bool | None) -> None:
         """Validate and store the method-level optimizer overrides."""
@@ -358,6 +376,7 @@ def train_settings(client: Any, method: Method, augment: str = "none") -> TrainS
         augment=augment,
         drop_last=client.drop_last,
         keep_momentum=bool(keep),
+        lr_decay=client.lr_decay,
     )
 
 

@@ -31,6 +31,7 @@ class Ditto(FedAvg):
     """
 
     name = "ditto"
+    vectorizable = True  # the update passes the trained state on without reading it
     description = "FedAvg global model + personal models regularised towards it by lam/2*||v - w||^2"
     has_personal_model = True
 
@@ -47,6 +48,11 @@ class Ditto(FedAvg):
         require(personal_epochs >= 1, "method.personal_epochs", f"must be >= 1 (got {personal_epochs})")
         require(prox in PROX_MODES, "method.prox", f"unknown mode {prox!r}", f"choose one of {', '.join(PROX_MODES)}")
         self.lam, self.personal_epochs, self.prox = lam, personal_epochs, prox
+
+    def vectorize_problems(self) -> list[str]:
+        if self.prox == "autograd":
+            return ["ditto's prox=autograd objective is a training_step (use exact or gradient)"]
+        return super().vectorize_problems()
 
     def local_update(self, client: ClientContext, payload: State) -> Upload:
         anchor = client.params(payload["global"])

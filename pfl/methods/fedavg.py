@@ -29,6 +29,7 @@ class FedAvg(Method):
     """
 
     name = "fedavg"
+    vectorizable = True  # the update passes the trained state on without reading it
     description = "sample-weighted average of locally trained models (+FT: finetune_epochs > 0)"
     has_personal_model = False
 

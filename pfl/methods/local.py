@@ -14,6 +14,7 @@ class Local(Method):
     """
 
     name = "local"
+    vectorizable = True  # the update passes the trained state on without reading it
     description = "each client trains alone (the reference for gain, R-Acc and PTR)"
     has_global_model = False
 

@@ -19,10 +19,11 @@ from pfl.data.ecosystem import dataset_label
 from pfl.engine.worker import task_of
 from pfl.errors import ConfigError
 from pfl.federation.checkpoint import CHECKPOINT
-from pfl.federation.loop import Callback, FederatedLoop
+from pfl.federation.loop import Callback
 from pfl.methods import class_path
 from pfl.metrics.protocols import s_test_clients
 from pfl.runner.args import check_resume_progress
+from pfl.runner.assembly import build_loop
 from pfl.runner.outputs import FileOutputs, RunFiles, run_dir_under
 from pfl.runner.reference import ensure_local_reference
 from pfl.runner.rundir import RunClaim, check_writable, precheck
@@ -100,7 +101,7 @@ def _run(cfg: RunConfig, config_text: str | None, resume_dir: Path | None, run_d
     run_dir = fabric.broadcast(run_dir or run_dir_under(cfg.tracking.root, run_name(cfg)))  # one name on every rank
     overwrite = cfg.tracking.overwrite and not resume  # a resume never moves anything
     _on_rank_zero(fabric, lambda: precheck(run_dir, resume=resume, overwrite=overwrite, auto_name=auto_name))
-    loop = FederatedLoop(cfg, data, None, fabric)  # builds the model: a bad one fails before any file exists
+    loop = build_loop(cfg, data, None, fabric)  # builds the model: a bad one fails before any file exists
     seen = None
     if resume:
         seen = _checkpoint_identity(run_dir)

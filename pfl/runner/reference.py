@@ -17,8 +17,8 @@ from typing import Any
 import lightning as L
 
 from pfl.config import RunConfig
-from pfl.federation.loop import FederatedLoop
 from pfl.methods.local import Local
+from pfl.runner.assembly import build_loop
 from pfl.runner.outputs import FileOutputs, RunFiles
 from pfl.safe_files import new_file
 
@@ -76,7 +76,7 @@ def ensure_local_reference(cfg: RunConfig, data, fabric: L.Fabric | None) -> dic
     if fabric is not None:
         t = cfg.trainer
         ref_fabric = L.Fabric(accelerator=t.accelerator, devices=t.devices, precision=t.precision)
-    loop = FederatedLoop(ref_cfg, data, path, ref_fabric, [FileOutputs(RunFiles(path))])
+    loop = build_loop(ref_cfg, data, path, ref_fabric, [FileOutputs(RunFiles(path))])
     summary = loop.fit()
     metric = loop.own_key
     record = {

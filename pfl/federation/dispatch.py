@@ -1,0 +1,154 @@
+"""Dispatchers: how a round's local updates run — one after another, vectorized, or split across processes.
+
+A dispatcher takes the sampled clients and their payloads, runs ``method.local_update`` for each (in
+client-id order), checks the results for divergence and returns the uploads (sorted by id) and the
+fits' statistics. Which one a run uses is decided once, when the run is assembled
+(``pfl.runner.experiment``); the loop only calls ``dispatch``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+from pfl.engine.vectorized import DeferredWorker, VectorTrainer, unsupported
+from pfl.engine.worker import FitStats, Worker
+from pfl.federation import divergence
+from pfl.federation.distributed import Cohort
+from pfl.federation.store import ClientStore
+from pfl.methods.base import ClientContext, Method, Upload
+
+
+@dataclass
+class Trained:
+    """One process's local updates of a round."""
+
+    uploads: dict[int, Upload] = field(default_factory=dict)
+    fits: list[FitStats] = field(default_factory=list)
+    client_fits: dict[int, list[FitStats]] = field(default_factory=dict)
+    sums: list[Tensor] | None = None  # per client: the divergence test's sum (None: computed on demand)
+
+    def losses(self) -> dict[int, list[float]]:
+        return {cid: [f.loss for f in fits] for cid, fits in self.client_fits.items()}
+
+
+class Dispatcher(ABC):
+    """Runs a round's local updates on this process's share of the sampled clients."""
+
+    def __init__(self, worker: Worker, clients: ClientStore, init_state: Tensor):
+        self.worker, self.clients, self.init_state = worker, clients, init_state
+
+    @abstractmethod
+    def train(self, method: Method, round_idx: int, cids: Sequence[int], payloads: dict[int, Any]) -> Trained:
+        """``method.local_update`` of each of ``cids``, in order, on this process."""
+
+    def dispatch(
+        self, method: Method, round_idx: int, sampled: Sequence[int], payloads: dict[int, Any]
+    ) -> tuple[dict[int, Upload], list[FitStats]]:
+        """The uploads of every sampled client (by id) and the fits' statistics; a diverged client is
+        named (``pfl.federation.divergence``)."""
+        trained = self.train(method, round_idx, sampled, payloads)
+        divergence.check_round(round_idx + 1, sampled, trained.uploads, self.clients, trained.losses(), trained.sums)
+        return trained.uploads, trained.fits
+
+
+class SequentialDispatcher(Dispatcher):
+    """One client after another on this process's worker."""
+
+    def train(self, method: Method, round_idx: int, cids: Sequence[int], payloads: dict[int, Any]) -> Trained:
+        out = Trained(sums=[])
+        for cid in cids:
+            ctx = ClientContext(cid, round_idx, self.worker, self.clients.setdefault(cid, {}), self.init_state)
+            out.uploads[cid] = method.local_update(ctx, payloads[cid])
+            out.fits += ctx.fits
+            out.client_fits[cid] = ctx.fits
+            # The divergence test's sum, taken while this client's tensors are still in cache.
+            out.sums.append(divergence.finite_sum([out.uploads[cid], ctx.state]))  # type: ignore[union-attr]
+        return out
+
+
+class VectorizedDispatcher(Dispatcher):
+    """The local updates record their fits; one flush trains them all together (``trainer.vectorize``)
+    and fills in the trained states, so those clients' states stay on the device until then."""
+
+    def __init__(self, worker: Worker, clients: ClientStore, init_state: Tensor, trained: ClientStore, compile: bool):
+        super().__init__(worker, clients, init_state)
+        self.trained = trained  # the evaluation's store of trained models, pinned alongside
+        self.trainer = VectorTrainer(worker, compile=compile)
+
+    def train(self, method: Method, round_idx: int, cids: Sequence[int], payloads: dict[int, Any]) -> Trained:
+        out = Trained()
+        deferred = DeferredWorker(self.worker, self.trainer)
+        with self.clients.pin(cids), self.trained.pin(cids):
+            for cid in cids:
+                state = self.clients.setdefault(cid, {})
+                ctx = ClientContext(cid, round_idx, deferred, state, self.init_state)  # type: ignore[arg-type]
+                out.uploads[cid] = method.local_update(ctx, payloads[cid])
+                out.fits += ctx.fits
+                out.client_fits[cid] = ctx.fits
+            deferred.flush()
+        return out
+
+
+class MultiProcessDispatcher(Dispatcher):
+    """Each rank trains its share of the sampled clients (balanced by size) with ``local``; every rank
+    then holds every upload and every trained client's new state (``Cohort.exchange``)."""
+
+    def __init__(self, local: Dispatcher, cohort: Cohort, sizes: Sequence[int]):
+        super().__init__(local.worker, local.clients, local.init_state)
+        self.local, self.cohort, self.sizes = local, cohort, sizes
+
+    def train(self, method: Method, round_idx: int, cids: Sequence[int], payloads: dict[int, Any]) -> Trained:
+        return self.local.train(method, round_idx, self.cohort.share(cids, self.sizes), payloads)
+
+    def dispatch(
+        self, method: Method, round_idx: int, sampled: Sequence[int], payloads: dict[int, Any]
+    ) -> tuple[dict[int, Upload], list[FitStats]]:
+        trained = self.train(method, round_idx, sampled, payloads)
+        states = {cid: self.clients.get(cid, {}) for cid in trained.uploads}
+        uploads, states, fits = self.cohort.exchange(trained.uploads, states, trained.fits, self.worker.device)
+        self.clients.update(states)
+        divergence.check_round(round_idx + 1, sampled, uploads, self.clients, {})  # the same on every rank
+        divergence.check_losses(round_idx + 1, [f.loss for f in fits])
+        return uploads, fits
+
+
+def vectorize_problems(method: Method, worker: Worker, precision: str) -> list[str]:
+    """Why ``trainer.vectorize`` cannot train this run's clients together (empty: it can)."""
+    return method.vectorize_problems() + unsupported(worker, precision)
+
+
+def make_dispatcher(
+    worker: Worker,
+    clients: ClientStore,
+    init_state: Tensor,
+    *,
+    cohort: Cohort,
+    sizes: Sequence[int],
+    vectorize: bool = False,
+    trained: ClientStore | None = None,
+    compile: bool = False,
+) -> Dispatcher:
+    """The dispatcher of a run: vectorized or sequential on each process, split across several ones."""
+    local: Dispatcher
+    if vectorize:
+        assert trained is not None
+        local = VectorizedDispatcher(worker, clients, init_state, trained, compile)
+    else:
+        local = SequentialDispatcher(worker, clients, init_state)
+    return local if cohort.world_size == 1 else MultiProcessDispatcher(local, cohort, sizes)
+
+
+__all__ = [
+    "Dispatcher",
+    "MultiProcessDispatcher",
+    "SequentialDispatcher",
+    "Trained",
+    "VectorizedDispatcher",
+    "make_dispatcher",
+    "vectorize_problems",
+]
