@@ -13,7 +13,7 @@ from torch.func import functional_call
 from pfl.data import DataConfig, build_data
 from pfl.engine.sam import SAMObjective, sam_context
 from pfl.engine.terms import Proximal
-from pfl.engine.worker import TrainSettings, Worker
+from pfl.engine.worker import FitSpec, TrainSettings, Worker
 from pfl.optim.sharpness import layer_scale
 
 RHO = 0.05
@@ -39,7 +39,7 @@ def _grad_at(worker: Worker, params: Tensor, x: Tensor, y: Tensor) -> Tensor:
 
 def _fit(worker: Worker, objective=None, context=None, terms=(), cid: int = 0) -> Tensor:
     start = worker.snapshot()
-    worker.fit(cid, start, 0, objective=objective, context=context, terms=terms)
+    worker.fit(cid, start, 0, FitSpec(terms=terms, objective=objective, context=context))
     trained = worker.snapshot()
     worker.flat.load(start)
     return trained

@@ -17,7 +17,7 @@ from pfl.cli import list_methods
 from pfl.data import DataConfig, build_data
 from pfl.engine.flat import FlatModule
 from pfl.engine.terms import Freeze
-from pfl.engine.worker import TrainSettings, Worker
+from pfl.engine.worker import FitSpec, TrainSettings, Worker
 from pfl.methods import Method, Upload, register, stores
 from pfl.methods.base import ClientContext, ServerContext, train_settings, weighted_mean
 from pfl.methods.registry import _REGISTRY
@@ -62,7 +62,7 @@ def test_freeze_keeps_a_slice_exact_under_momentum_and_weight_decay():
     w = _worker(momentum=0.9, weight_decay=0.1)
     start = w.snapshot()
     head = w.flat.layout.tail(1)
-    w.fit(0, start, 0, epochs=2, terms=[Freeze(start[: w.flat.num_params], head)])
+    w.fit(0, start, 0, FitSpec(epochs=2, terms=[Freeze(start[: w.flat.num_params], head)]))
     out = w.snapshot()
     assert torch.equal(out[head], start[head])
     assert not torch.equal(out[: head.start], start[: head.start])
@@ -71,7 +71,7 @@ def test_freeze_keeps_a_slice_exact_under_momentum_and_weight_decay():
 def test_custom_loss_replaces_the_data_term():
     w = _worker()
     start = w.snapshot()
-    w.fit(0, start, 0, loss_fn=lambda net, x, y: 0.0 * net(x).sum())  # a loss with zero gradient
+    w.fit(0, start, 0, FitSpec(loss_fn=lambda net, x, y: 0.0 * net(x).sum()))  # a loss with zero gradient
     assert torch.equal(w.snapshot(), start)
     w.fit(0, start, 0)  # and the default comes back afterwards
     assert not torch.equal(w.snapshot(), start)

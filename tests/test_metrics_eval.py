@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from pfl.data import ClientSplit, FederatedData, build_data
-from pfl.engine.worker import TrainSettings, Worker
+from pfl.engine.worker import FitSpec, TrainSettings, Worker
 from pfl.errors import ConfigError
 from pfl.federation.loop import comparable_metrics
 from pfl.methods import ClientContext
@@ -230,7 +230,7 @@ def test_new_clients_are_scored_after_fine_tuning_the_global_model(epochs):
     w, split = loop.worker, loop.worker.new_clients[0]
     start = loop.server["global"]
     if epochs:
-        w.fit(w.data.num_clients, start, loop.round, epochs=epochs, purpose="new_client")
+        w.fit(w.data.num_clients, start, loop.round, FitSpec(epochs=epochs, purpose="new_client"))
         start = w.snapshot()
     assert m["new.acc.mean"] == pytest.approx(w.evaluate(start, split.test).acc)
     assert m["new.acc.std"] == 0.0

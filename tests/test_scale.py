@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from pfl.config import validate
+from pfl.engine.worker import FitSpec
 from pfl.errors import ConfigError
 from pfl.federation.checkpoint import (
     CHAIN_DIR,
@@ -464,7 +465,7 @@ def test_a_deferred_fit_refuses_reads_of_untrained_states():
     with pytest.raises(NotVectorizable):
         deferred.gradient(loop.worker.split(0).train[:4])
     with pytest.raises(NotVectorizable):
-        deferred.fit(1, loop.init_state, 0, loss_fn=lambda net, x, y: net(x).sum())
+        deferred.fit(1, loop.init_state, 0, FitSpec(loss_fn=lambda net, x, y: net(x).sum()))
     trained = deferred.snapshot()
     deferred.fit(1, trained, 0)  # starts from an untrained state: the first fit is trained first
     assert not torch.equal(trained[: loop.flat.num_params], loop.init_state[: loop.flat.num_params])

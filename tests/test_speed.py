@@ -11,6 +11,7 @@ from bench.scaling import store_bytes
 from bench.vmap import vmap_fedavg_round
 from pfl.config import RunConfig
 from pfl.engine.terms import Proximal
+from pfl.engine.worker import FitSpec
 from pfl.federation.loop import FederatedLoop
 from pfl.methods import methods
 from pfl.models import ModelConfig
@@ -44,7 +45,7 @@ def test_fit_without_terms_equals_fit_through_the_flat_gradient():
     w, start = loop.worker, loop.init_state
     w.fit(2, start, 0)
     fast = w.snapshot()
-    w.fit(2, start, 0, terms=[Proximal(start[: w.flat.num_params], 0.0)])  # a zero term: the flat path
+    w.fit(2, start, 0, FitSpec(terms=[Proximal(start[: w.flat.num_params], 0.0)]))  # a zero term: the flat path
     torch.testing.assert_close(fast, w.snapshot(), rtol=0, atol=1e-6)
     assert not torch.equal(fast, start)
     # After a fit without terms, backward writes into the flat gradient again.

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from pfl.engine.terms import Proximal, ProximalStep, Term
-from pfl.engine.worker import FitStats, Worker
+from pfl.engine.worker import DEFAULT_FIT, FitSpec, FitStats, Worker
 from pfl.seeding import torch_generator
 
 TERMS = (Proximal, ProximalStep)
@@ -215,26 +215,11 @@ class DeferredWorker:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._worker, name)
 
-    def fit(
-        self,
-        cid: int,
-        start: Tensor,
-        round_idx: int,
-        *,
-        epochs: int | None = None,
-        terms: Sequence[Term] = (),
-        purpose: str = "train",
-        lr: float | None = None,
-        momentum: float | None = None,
-        momentum_buffer: Tensor | None = None,
-        loss_fn: Any = None,
-        objective: Any = None,
-        context: Any = None,
-        indices: Tensor | None = None,
-    ) -> FitStats:
-        if loss_fn is not None or objective is not None or momentum_buffer is not None:
+    def fit(self, cid: int, start: Tensor, round_idx: int, spec: FitSpec = DEFAULT_FIT) -> FitStats:
+        terms = spec.terms
+        if spec.loss_fn is not None or spec.objective is not None or spec.momentum_buffer is not None:
             raise NotVectorizable("custom losses, objectives and kept momentum are trained sequentially")
-        if indices is not None:
+        if spec.indices is not None:
             raise NotVectorizable("fits on a subset of the train split (indices) are trained sequentially")
         if any(type(t) not in TERMS for t in terms) or len(terms) > 1:
             raise NotVectorizable(f"terms {[type(t).__name__ for t in terms]} have no vector form here")
@@ -243,12 +228,13 @@ class DeferredWorker:
             self.flush()  # this fit starts from (or is anchored at) a state not trained yet
         s = self._worker.settings
         n = len(self._worker.split(cid).train)
-        epochs = s.epochs if epochs is None else epochs
+        epochs = s.epochs if spec.epochs is None else spec.epochs
         out = torch.empty_like(start)
         stats = FitStats(n, n * epochs, 0, float("nan"), 0.0)
-        lr = s.lr if lr is None else lr
-        mom = s.momentum if momentum is None else momentum
-        self._requests.append(FitRequest(cid, start, round_idx, epochs, purpose, lr, mom, tuple(terms), out, stats))
+        lr = s.lr if spec.lr is None else spec.lr
+        mom = s.momentum if spec.momentum is None else spec.momentum
+        request = FitRequest(cid, start, round_idx, epochs, spec.purpose, lr, mom, tuple(terms), out, stats)
+        self._requests.append(request)
         self._pending.add(out.untyped_storage().data_ptr())
         self._last = out
         return stats

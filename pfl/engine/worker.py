@@ -169,6 +169,27 @@ class TrainSettings:
         self.lr = self.first_lr * self.lr_decay**round_idx
 
 
+@dataclass(frozen=True)
+class FitSpec:
+    """The options of one local fit (``Worker.fit``; ``ClientContext.fit`` documents each).
+
+    None means the run's setting (``TrainSettings``): epochs, lr, momentum."""
+
+    epochs: int | None = None
+    terms: Sequence[Term] = ()
+    purpose: str = "train"  # keys the fit's random draws, and its kept momentum
+    lr: float | None = None
+    momentum: float | None = None
+    momentum_buffer: Tensor | None = None  # SGD momentum to continue from (``Worker.momentum_buffer``)
+    loss_fn: LossFn | None = None  # ``loss_fn(net, x, y)`` replaces the cross-entropy data term
+    objective: type[ClientModule] | None = None  # a ClientModule whose ``training_step`` is the objective
+    context: dict[str, Any] | None = None  # the objective's ``fit_context``
+    indices: Tensor | None = None  # train on these pool samples instead of the train split
+
+
+DEFAULT_FIT = FitSpec()
+
+
 class StepOptimizer:
     """What a manual-optimisation ``training_step`` gets from ``self.optimizers()``: ``zero_grad`` and
     ``step`` on the flat parameter vector, with the fit's terms applied around the step and the
@@ -282,37 +303,16 @@ class Worker:
         for term in terms:
             term.on_step(self.flat.params, lr)
 
-    def fit(
-        self,
-        cid: int,
-        start: Tensor,
-        round_idx: int,
-        *,
-        epochs: int | None = None,
-        terms: Sequence[Term] = (),
-        purpose: str = "train",
-        lr: float | None = None,
-        momentum: float | None = None,
-        momentum_buffer: Tensor | None = None,
-        loss_fn: LossFn | None = None,
-        objective: type[ClientModule] | None = None,
-        context: dict[str, Any] | None = None,
-        indices: Tensor | None = None,
-    ) -> FitStats:
-        """Train client ``cid`` from ``start`` (a full state vector) on its train split (or on the
-        pool samples ``indices``, e.g. the train split minus a held-out validation part).
+    def fit(self, cid: int, start: Tensor, round_idx: int, spec: FitSpec = DEFAULT_FIT) -> FitStats:
+        """Train client ``cid`` from ``start`` (a full state vector) as ``spec`` says (``FitSpec``).
 
         Every random draw is keyed by (seed, round, client, purpose): the result does not depend on
-        which clients were trained before this one, nor on which process trains it.
-        ``momentum_buffer`` restores SGD momentum saved by ``momentum_buffer()`` after an earlier fit
-        (optimizer state kept per client across rounds); ``loss_fn(net, x, y)`` replaces the
-        cross-entropy data term (custom losses and forwards); ``objective`` is a ClientModule subclass
-        whose ``training_step`` is the local objective, with ``context`` as its ``fit_context``.
-        """
-        self._loss_fn = loss_fn  # every fit sets it, so a custom loss never leaks into the next one
-        module = self._active = self.objective(objective)
+        which clients were trained before this one, nor on which process trains it."""
+        epochs, terms, purpose, lr, indices = spec.epochs, spec.terms, spec.purpose, spec.lr, spec.indices
+        self._loss_fn = spec.loss_fn  # every fit sets it, so a custom loss never leaks into the next one
+        module = self._active = self.objective(spec.objective)
         # A plain attribute: set in __dict__, past nn.Module.__setattr__'s checks (~8 us a fit).
-        module.__dict__["fit_context"] = context or {}
+        module.__dict__["fit_context"] = spec.context or {}
         manual = not module.automatic_optimization
         self.flat.load(start)
         epochs = self.settings.epochs if epochs is None else epochs
@@ -322,10 +322,10 @@ class Worker:
         optimizer = self.optimizer if flat_path else self.tensor_optimizer
         group = optimizer.param_groups[0]
         group["lr"] = lr
-        group["momentum"] = self.settings.momentum if momentum is None else momentum
+        group["momentum"] = self.settings.momentum if spec.momentum is None else spec.momentum
         optimizer.state.clear()  # fresh momentum per local update unless a method restores it
-        if momentum_buffer is not None:
-            self._restore_momentum(optimizer, momentum_buffer)
+        if spec.momentum_buffer is not None:
+            self._restore_momentum(optimizer, spec.momentum_buffer)
         self._last_optimizer = optimizer
         if not all(m.training for m in self._submodules(module)):  # train() sets every flag: skip when set
             module.train()

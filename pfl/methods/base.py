@@ -21,7 +21,7 @@ from torch import Tensor
 
 from pfl.engine.flat import FlatModule, ModelLayout
 from pfl.engine.terms import Term
-from pfl.engine.worker import ClientModule, EvalStats, FitStats, LossFn, TrainSettings, Worker
+from pfl.engine.worker import ClientModule, EvalStats, FitSpec, FitStats, LossFn, TrainSettings, Worker
 from pfl.errors import require
 
 State = dict[str, Tensor]
@@ -210,21 +210,8 @@ class ClientContext:
             keep_momentum = self.keep_momentum and purpose == "train"
         key = "momentum" if purpose == "train" else f"momentum.{purpose}"
         buf = self.state.get(key) if keep_momentum else None
-        stats = self.worker.fit(
-            self.cid,
-            start,
-            self.round,
-            epochs=epochs,
-            terms=terms,
-            purpose=purpose,
-            lr=lr,
-            momentum=momentum,
-            momentum_buffer=buf,
-            loss_fn=loss_fn,
-            objective=objective,
-            context=context,
-            indices=indices,
-        )
+        spec = FitSpec(epochs, terms, purpose, lr, momentum, buf, loss_fn, objective, context, indices)
+        stats = self.worker.fit(self.cid, start, self.round, spec)
         if keep_momentum:
             saved = self.worker.momentum_buffer()
             if saved is not None:
