@@ -221,8 +221,8 @@ def test_fabric_layers_are_skipped_only_where_they_are_the_identity():
     layered = make_loop(cfg, fabric=L.Fabric(accelerator="cpu"))
     layered.worker._direct_backward = layered.worker._direct_forward = False
     calls = []
-    backward = layered.fabric.backward
-    layered.fabric.backward = lambda loss: (calls.append(1), backward(loss))  # type: ignore[method-assign]
+    backward = layered.worker.fabric.backward
+    layered.worker.fabric.backward = lambda loss: (calls.append(1), backward(loss))  # type: ignore[method-assign]
     direct.run_round(), layered.run_round()
     assert calls and torch.equal(direct.server["global"], layered.server["global"])
     assert (direct.worker._direct_backward, direct.worker._direct_forward) == (True, True)
