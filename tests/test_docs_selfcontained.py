@@ -103,6 +103,14 @@ def test_every_relative_link_in_the_docs_exists():
     assert not broken, "links to missing files:\n" + "\n".join(broken)
 
 
+def test_the_docs_index_lists_every_page_and_the_readme_links_it():
+    index = (ROOT / "docs" / "README.md").read_text(encoding="utf-8")
+    listed = {Path(target.split("#", 1)[0]).name for target in LINK.findall(index)}
+    unlisted = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md" and p.name not in listed)
+    assert not unlisted, f"add {unlisted} to docs/README.md"
+    assert "(docs/README.md)" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
 @pytest.mark.parametrize(
     ("line", "what"),
     [
