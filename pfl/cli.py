@@ -42,7 +42,12 @@ def fit(argv: list[str]) -> dict[str, Any]:
     return summary
 
 
-def list_methods() -> None:
+def list_methods(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(
+        prog="python -m pfl methods",
+        description="List every registered method with its one-line description "
+        "(python -m pfl fit --method NAME --help: its options).",
+    ).parse_args(argv or [])
     registry = methods()
     width = max(len(n) for n in registry)
     for name, cls in registry.items():
@@ -89,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         if command == "fit":
             fit(rest)
         elif command == "methods":
-            list_methods()
+            list_methods(rest)
         elif command == "sweep":
             sweep(rest)
         elif command == "reproduce":

@@ -148,7 +148,7 @@ ATTACK_DEFAULT_SCALE = {"gaussian": 1.0, "scale": 100.0}
 
 @dataclass
 class AttackConfig:
-    """Malicious clients (FedPG's robustness study, paper 000 appendix B.3, Table 3); pfl/federation/attacks.py.
+    """Malicious clients (FedPG's robustness study, supplementary appendix B.3, Table 3); pfl/federation/attacks.py.
 
     Args:
         kind: none | gaussian (A1: a zero-mean Gaussian upload) | scale (A2: 100·(w_new − w) + w).

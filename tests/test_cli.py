@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pfl.cli import main
+from pfl.cli import COMMANDS, main
 
 TINY = [
     "--data.num_clients", "5", "--trainer.rounds", "2", "--trainer.eval_every", "1",
@@ -53,6 +53,27 @@ def test_help_shows_the_chosen_methods_options(capsys):
     assert main(["fit", "--method", "ditto", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--method.lam" in out and "--method.personal_epochs" in out
+
+
+# Every command, and the commands of `data`: each --help must print its own usage.
+SUBCOMMANDS = [(), *((c,) for c in COMMANDS), ("data", "export"), ("data", "stats")]
+
+
+def test_every_command_is_among_those_whose_help_is_checked():
+    assert {s[0] for s in SUBCOMMANDS if s} == set(COMMANDS)
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+@pytest.mark.parametrize("command", SUBCOMMANDS, ids=lambda c: " ".join(c) or "pfl")
+def test_each_commands_help_shows_its_own_usage(command, flag, capsys):
+    try:
+        code = main([*command, flag])
+    except SystemExit as stop:  # argparse's help exits by itself
+        code = stop.code
+    out = capsys.readouterr().out
+    first = out.lstrip().splitlines()[0]
+    named = " ".join(command) if command else "<command>"
+    assert code == 0 and first.startswith(f"usage: python -m pfl {named}"), first
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ NOTES = (
     "  export: DIR must be new or empty; --overwrite replaces a non-empty DIR whole (never a mix of two partitions)\n"
     "  --config FILE and --data.KEY VALUE: as for `python -m pfl fit` (see `python -m pfl fit --help`)"
 )
-USAGE = f"usage:\n  {EXPORT_USAGE}\n  {STATS_USAGE}\n{NOTES}\n"
+USAGE = f"usage: python -m pfl data {{export,stats}} [options]\n  {EXPORT_USAGE}\n  {STATS_USAGE}\n{NOTES}\n"
 FORMATS = ("npz",)
 
 

@@ -1,6 +1,6 @@
-"""FedPG ("Preserving Global Performance in Personalized FL", paper 000): Tables 1 and 3 on the embedded
-digits Pat-2 analogue (conf/experiment/fedpg_digits_pat2.yaml: 20 clients, 10 online per round, 100 rounds;
-the paper's S-test, eval.s_acc_others = c)."""
+"""FedPG ("Preserving Global Performance in Personalized FL", ICCV submission, supplementary): Tables 1 and 3
+on the embedded digits Pat-2 analogue (conf/experiment/fedpg_digits_pat2.yaml: 20 clients, 10 online per round,
+100 rounds; the paper's S-test, eval.s_acc_others = c)."""
 
 from __future__ import annotations
 
@@ -175,7 +175,7 @@ TABLE3_RUNS.update({f"{label}_{a}": _runs(label, a) for a in ATTACKS for label i
 CLAIMS = [
     Claim(
         key="fedpg_table1",
-        paper="FedPG (paper 000), Table 1",
+        paper="FedPG (ICCV submission), Table 1",
         statement=f"FedPG's P-models keep their S-acc and G-acc close to their L-acc (>= {RETAIN_FEDPG} of it) and "
         "have a higher S-acc and G-acc than every baseline's P-models (global-only methods scored on the model each "
         "client trained, eval.pm_source local_update; the paper's S-test; Pat-2, 20 clients, 10 online per round)",
@@ -189,7 +189,7 @@ CLAIMS = [
     ),
     Claim(
         key="fedpg_table3",
-        paper="FedPG (paper 000), Table 3",
+        paper="FedPG (ICCV submission), Table 3",
         statement=f"under attacks A1 (Gaussian uploads) and A2 (100x scaled updates) from 10% of the clients, FedPG's "
         f"honest clients keep their clean S-acc, G-acc and G-model accuracy (within {STABLE}) and FedPG has a higher "
         "honest G-acc than every attacked baseline",
