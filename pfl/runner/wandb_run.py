@@ -17,7 +17,8 @@ What W&B keeps must be what pfl reports:
   complete, for ``wandb sync``.
 - Summary: at the end the W&B summary is set to summary.json's metrics (the reported round's under
   ``eval.select``, and run-level ones such as ``rounds_to_target`` and ``new.*``) plus
-  ``selected_round``; per-round keys that pfl does not report (the last round's values under
+  ``selected_round``, written once after every logged row has reached W&B's service (see
+  ``write_summary``); per-round keys that pfl does not report (the last round's values under
   ``eval.select: best_test``) are removed. A sweep therefore optimises the number pfl reports.
 - Console: W&B starts silently; one line at the end says where the run is (and how to upload it).
 """
@@ -192,9 +193,7 @@ class WandbRun(Callback):
             media["clients"] = wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows])
         for plot in sorted(self.run_dir.glob("*.png")):  # written by FileOutputs, which runs first
             media[f"plots/{plot.stem}"] = wandb.Image(str(plot), caption=plot.stem)
-        write_summary(self.run.summary, summary, loop.history)
-        if media:  # end-of-run objects belong to the summary, not to a round
-            self.run.summary.update(media)
+        write_summary(self.run.summary, summary, media, loop.history)
         offline = self.run.offline
         where = self.run.settings.sync_dir if offline else self.run.url
         self.run.finish()
@@ -211,14 +210,20 @@ def reported_summary(summary: dict[str, Any]) -> dict[str, Any]:
     return {**summary["metrics"], "selected_round": summary["selected_round"]}
 
 
-def write_summary(target: Any, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
-    """Set the reported numbers and remove per-round keys pfl does not report (``target`` is a W&B
-    run summary: a mapping with ``update`` and ``del``)."""
-    reported = reported_summary(summary)
-    target.update(reported)
-    logged = {k for row in history for k in row if k != "round"}
-    for key in sorted(logged - set(reported)):
-        del target[key]
+def write_summary(target: Any, summary: dict[str, Any], media: dict[str, Any], history: list[dict[str, Any]]) -> None:
+    """Make the W&B run summary (``target``) exactly the reported numbers and the end-of-run objects.
+
+    W&B's service derives summary entries from each logged history row when it processes that row,
+    which can be after calls made later in this process. Reading the summary is a round trip through
+    the same service queue: once it returns, every logged row has been processed, so nothing derived
+    from the history can land after what is written here."""
+    current = set(target.keys())  # the round trip (empty if W&B timed out: then the logged keys)
+    current |= {k for row in history for k in row if k != "round"}
+    final = {**reported_summary(summary), **media}
+    target.update(final)
+    for key in sorted(current - set(final)):
+        if not key.startswith("_"):  # W&B's own entries (_step, _runtime, _wandb, ...)
+            del target[key]
 
 
 def wandb_callback(cfg: RunConfig, run_dir: Path, config: dict[str, Any], resume: bool) -> WandbRun:
