@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -49,3 +50,13 @@ def make_loop(cfg: RunConfig, **kwargs: Any) -> FederatedLoop:
 @pytest.fixture
 def tiny():
     return tiny_config
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A finished 2-round run through the command line, made once per test module; tests copy it."""
+    from tests.cli_runs import fit
+
+    root = tmp_path_factory.mktemp("finished")
+    assert fit(root, "done") == 0
+    return root / "done"

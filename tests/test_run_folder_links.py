@@ -18,24 +18,10 @@ from pfl.runner.outputs import RunFiles
 from pfl.runner.rundir import LOCK, RunLock
 from pfl.runner.wandb_run import WandbIdentity, WandbRun
 from pfl.safe_files import write_atomic
+from tests.cli_runs import fit
 from tests.conftest import make_loop, tiny_config
 
-TINY = [
-    "--data.num_clients", "4", "--model.hidden", "[16]", "--trainer.rounds", "2", "--trainer.eval_every", "1",
-    "--tracking.wandb", "false", "--trainer.progress", "false",
-]  # fmt: skip
 SECRET = "export PATH=/usr/bin\n"
-
-
-def fit(root: Path, name: str, *extra: str) -> int:
-    return main(["fit", *TINY, "--tracking.root", str(root), "--tracking.name", name, *extra])
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("finished")
-    assert fit(root, "done") == 0
-    return root / "done"
 
 
 @pytest.fixture

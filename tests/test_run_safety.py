@@ -32,18 +32,11 @@ from pfl.runner.experiment import apply_threads
 from pfl.runner.outputs import RunFiles
 from pfl.runner.rundir import LOCK, REPLACED, RunClaim, RunLock, busy_owner
 from pfl.runner.sweep import run_parallel, run_status
+from tests.cli_runs import TINY, fit
 from tests.conftest import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = [
-    "--data.num_clients", "4", "--model.hidden", "[16]", "--trainer.rounds", "2", "--trainer.eval_every", "1",
-    "--tracking.wandb", "false", "--trainer.progress", "false",
-]  # fmt: skip
 SELF = "tests.test_run_safety"
-
-
-def fit(root: Path, name: str, *extra: str) -> int:
-    return main(["fit", *TINY, "--tracking.root", str(root), "--tracking.name", name, *extra])
 
 
 def hashes(folder: Path) -> dict[str, str]:
@@ -60,14 +53,6 @@ def strict_loads(text: str):
         raise ValueError(f"non-standard JSON constant {constant}")
 
     return json.loads(text, parse_constant=refuse)
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """A finished 2-round run, made once; tests copy it."""
-    root = tmp_path_factory.mktemp("finished")
-    assert fit(root, "done") == 0
-    return root / "done"
 
 
 @pytest.fixture
