@@ -50,8 +50,8 @@ def test_trains_end_to_end_and_is_deterministic(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_round_does_not_depend_on_client_order(name):
     forward, backward = (make_loop(_config(name)) for _ in range(2))
-    share = backward.cohort.share
-    backward.cohort.share = lambda clients, sizes: list(reversed(share(clients, sizes)))
+    train = backward.dispatcher.train  # the local updates run in reversed id order
+    backward.dispatcher.train = lambda method, r, cids, payloads: train(method, r, list(reversed(cids)), payloads)
     for _ in range(2):
         forward.run_round(), backward.run_round()
     assert _state_equal(forward.server.state, backward.server.state)

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pfl.metrics.evaluate import evaluate_new_clients
 
-if TYPE_CHECKING:
-    from pfl.federation.loop import FederatedLoop
 
-
-def run_summary(loop: FederatedLoop, metrics: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(summary, the reported round's client rows): the round ``eval.select`` picks (``metrics``
+def run_summary(loop: Any, metrics: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(summary, the reported round's client rows) of a ``FederatedLoop`` (not imported: the loop
+    imports this module): the round ``eval.select`` picks (``metrics``
     when nothing was evaluated), plus run-level metrics: rounds_to_target, and new clients adapted
     from the final server state."""
     evals = loop.evals

@@ -1,0 +1,104 @@
+"""The loop's parts: the loop is the round over parts it receives built (pfl.runner.assembly), local
+updates run through a dispatcher chosen once, vectorizability is declared per class, the learning-rate
+schedule lives in the training settings, and the Checkpointer owns the chain."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from pfl.engine.worker import TrainSettings
+from pfl.errors import ConfigError
+from pfl.federation.checkpoint import Checkpointer
+from pfl.federation.dispatch import (
+    MultiProcessDispatcher,
+    SequentialDispatcher,
+    VectorizedDispatcher,
+    make_dispatcher,
+)
+from pfl.federation.distributed import Cohort
+from pfl.methods import methods
+from pfl.methods.fedavg import FedAvg
+from tests.conftest import make_loop, tiny_config
+
+LOOP = Path(__file__).resolve().parents[1] / "pfl" / "federation" / "loop.py"
+
+
+def test_the_loop_class_is_short_and_names_no_method():
+    tree = ast.parse(LOOP.read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "FederatedLoop"]
+    assert cls.end_lineno - cls.lineno + 1 <= 200
+    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert not strings & set(methods()), strings & set(methods())
+
+
+def test_vectorizable_is_declared_by_fedavg_fedprox_local_ditto_never_inherited():
+    assert sorted(name for name, cls in methods().items() if cls.vectorizable) == [
+        "ditto",
+        "fedavg",
+        "fedprox",
+        "local",
+    ]
+
+    class Child(FedAvg):
+        name = "child"
+
+    class Declared(FedAvg):
+        name = "declared"
+        vectorizable = True
+
+    assert not Child.vectorizable and Child().vectorize_problems()
+    assert Declared.vectorizable and Declared().vectorize_problems() == []
+    assert methods()["ditto"](prox="autograd").vectorize_problems() == [
+        "ditto's prox=autograd objective is a training_step (use exact or gradient)"
+    ]
+
+
+def test_a_method_that_is_not_vectorizable_is_refused_by_name_before_training():
+    with pytest.raises(ConfigError, match=r"trainer.vectorize.*'fedrep' reads trained states"):
+        make_loop(tiny_config("fedrep", trainer={"vectorize": True}))
+
+
+def test_the_dispatcher_is_chosen_once_from_the_settings():
+    sequential = make_loop(tiny_config("fedavg"))
+    assert type(sequential.dispatcher) is SequentialDispatcher
+    vectorized = make_loop(tiny_config("fedavg", trainer={"vectorize": True}))
+    assert type(vectorized.dispatcher) is VectorizedDispatcher
+    loop = sequential
+    two = Cohort(0, 2, gather=lambda obj: [obj, obj])
+    parts = (loop.worker, loop.clients, loop.init_state)
+    several = make_dispatcher(*parts, cohort=two, sizes=[1] * loop.server.num_clients)
+    assert type(several) is MultiProcessDispatcher and type(several.local) is SequentialDispatcher
+
+
+def test_a_dispatch_returns_every_sampled_clients_upload_in_id_order():
+    loop = make_loop(tiny_config("ditto", trainer={"fraction": 0.5}))
+    sampled = loop.sampled_clients().tolist()
+    payloads = {cid: loop.method.payload(loop.server, cid) for cid in sampled}
+    uploads, fits = loop.dispatcher.dispatch(loop.method, 0, sampled, payloads)
+    assert list(uploads) == sorted(sampled) and len(fits) == 2 * len(sampled)  # ditto: personal + global fit
+    assert all("personal" in loop.clients[cid] for cid in sampled)
+
+
+def test_the_learning_rate_schedule_is_the_settings_own():
+    settings = TrainSettings(lr=0.2, lr_decay=0.5)
+    settings.start_round(3)
+    assert settings.lr == 0.2 * 0.5**3 and settings.first_lr == 0.2
+    settings.start_round(0)
+    assert settings.lr == 0.2
+    loop = make_loop(tiny_config("fedavg", client={"lr": 0.2, "lr_decay": 0.5}))
+    loop.run_round(), loop.run_round()
+    assert loop.worker.settings.lr == 0.2 * 0.5  # the lr of the last round run (round 1)
+
+
+def test_the_checkpointer_owns_the_chain_and_its_schedule(tmp_path):
+    checkpointer = Checkpointer(checkpoint_every=3)
+    assert checkpointer.chain is None and checkpointer.due(1)  # nothing measured yet: the first one is due
+    checkpointer.run_dir = tmp_path
+    assert checkpointer.chain is not None and checkpointer.chain.run_dir == tmp_path
+    checkpointer.save_cost = 1e9  # expensive: only the cap on lost rounds applies
+    assert not checkpointer.due(2) and checkpointer.due(3)
+    checkpointer.run_dir = None
+    assert checkpointer.chain is None
