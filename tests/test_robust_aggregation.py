@@ -3,6 +3,8 @@ computation, its wiring into the loop, and the configuration errors."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -63,6 +65,12 @@ def test_krum_scores_sum_the_n_minus_f_minus_2_nearest():
     assert krum_scores(states(POINTS), 0).tolist() == [7.0, 7.0, 11.0, 5.0, 507.0]
 
 
+def test_krum_ties_go_to_the_lowest_row_among_many():
+    same = torch.zeros(40, 3)
+    same[:5] = 1.0  # rows 5..39 tie (score 3·3: the three ones among their 37 nearest)
+    assert krum_select(same, 1, 1) == [5] and krum_select(same, 1, 3) == [5, 6, 7]
+
+
 def test_krum_and_multi_krum_select_the_lowest_scores_ties_to_the_lower_row():
     assert krum_select(states(POINTS), 1, 1) == [1]
     assert krum_select(states(POINTS), 0, 1) == [3]
@@ -76,6 +84,9 @@ def test_clip_factors_scale_to_the_quantile_of_the_norms():
     assert clip_factors(norms, 0.5).tolist() == pytest.approx([1.0, 0.7, 1.0, 0.35])
     assert clip_factors(norms, 0.25).tolist() == pytest.approx([1.0, 0.3, 0.75, 0.15])  # tau = 1.5
     assert clip_factors(norms, 1.0).tolist() == [1.0, 1.0, 1.0, 1.0]
+    # a zero quantile cuts every other update to nothing; the zero updates keep factor 1 (not 0/0)
+    zeros = torch.tensor([0.0, 0.0, 5.0], dtype=torch.float64)
+    assert clip_factors(zeros, 0.5).tolist() == [1.0, 1.0, 0.0]
 
 
 # -- Aggregator.apply: what the method's weighted mean then combines ----------------------------
@@ -241,10 +252,21 @@ def test_a_method_that_does_not_average_its_uploads_is_refused_with_the_ones_tha
 
 
 @pytest.mark.parametrize("kind", ["krum", "multi_krum"])
-def test_krum_needs_more_than_2f_plus_2_clients_per_round(kind):
-    with pytest.raises(ConfigError, match=r"server.krum_f: Krum needs more than 2·krum_f \+ 2 clients per round"):
-        make_loop(tiny_config("fedavg", trainer=HALF, server={"aggregator": kind, "krum_f": 1}))
-    make_loop(tiny_config("fedavg", trainer={"rounds": 3, "fraction": 5 / 6}, server={"aggregator": kind}))
+@pytest.mark.parametrize(("per_round", "f", "hint"), [(3, 1, 0), (4, 1, 0), (5, 2, 1), (6, 2, 1)])
+def test_krum_needs_more_than_2f_plus_2_clients_per_round(kind, per_round, f, hint):
+    trainer = {"rounds": 3, "fraction": per_round / 6}
+    with pytest.raises(ConfigError) as err:
+        make_loop(tiny_config("fedavg", trainer=trainer, server={"aggregator": kind, "krum_f": f}))
+    assert str(err.value) == (
+        f"server.krum_f: Krum needs more than 2·krum_f + 2 clients per round (krum_f = {f}, {per_round} per round) "
+        f"(lower server.krum_f to at most {hint} or sample more clients per round)"
+    )
+    make_loop(tiny_config("fedavg", trainer=trainer, server={"aggregator": kind, "krum_f": hint}))
+
+
+def test_the_aggregator_is_a_value():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Aggregator().kind = "median"  # type: ignore[misc]
 
 
 def test_multi_krum_keeps_at_most_the_clients_of_a_round():

@@ -70,8 +70,8 @@ def krum_scores(states: Tensor, f: int) -> Tensor:
 
 def krum_select(states: Tensor, f: int, m: int) -> list[int]:
     """The rows of the ``m`` lowest Krum scores (ties: the lower row), in row order."""
-    order = torch.argsort(krum_scores(states, f), stable=True)
-    return sorted(order[:m].tolist())
+    scores = krum_scores(states, f).tolist()
+    return sorted(sorted(range(len(scores)), key=scores.__getitem__)[:m])  # sorted is stable: ties keep row order
 
 
 def clip_factors(norms: Tensor, q: float) -> Tensor:
