@@ -279,3 +279,17 @@ def test_the_command_line_sets_the_aggregator():
     argv = ["--config", "conf/default.yaml", "--tracking.wandb", "false", "--server.aggregator", "trimmed_mean"]
     cfg = parse_fit_args([*argv, "--server.trim_beta", "0.2", "--server.krum_m", "3"])[0]
     assert cfg.server == ServerConfig(aggregator="trimmed_mean", trim_beta=0.2, krum_m=3)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in methods().items() if c.averages_uploads))
+def test_every_averaging_method_trains_with_dropped_and_replaced_uploads(name):
+    """Multi-Krum drops an upload whole (extras included), then the median gives every upload one state:
+    each method's aggregation takes both, and the next round trains from what it made."""
+    trainer, server = {"rounds": 3, "fraction": 5 / 6}, {"aggregator": "multi_krum"}
+    cfg = tiny_config(name, trainer=trainer, server=server, data={"val_frac": 0.2})  # PAGE's agent scores on val
+    loop = make_loop(cfg)
+    loop.run_round()
+    loop.aggregator = Aggregator("median")
+    loop.run_round()
+    loop.run_round()
+    assert all(bool(torch.isfinite(v).all()) for v in loop.server.state.values() if isinstance(v, torch.Tensor))
