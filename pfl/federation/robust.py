@@ -111,7 +111,9 @@ class Aggregator:
                 n > 2 * f + 2,
                 "server.krum_f",
                 f"Krum needs more than 2·krum_f + 2 clients per round (krum_f = {f}, {n} per round)",
-                f"lower server.krum_f to at most {max((n - 3) // 2, 0)} or sample more clients per round",
+                f"lower server.krum_f to at most {(n - 3) // 2} or sample more clients per round"
+                if n >= 3
+                else "sample at least 3 clients per round",
             )
         if out.kind == "multi_krum" and out.krum_m is not None:
             require(out.krum_m <= n, "server.krum_m", f"must be at most the {n} clients per round (got {out.krum_m})")
@@ -126,7 +128,7 @@ class Aggregator:
             return self.clipped(uploads, cids, method.upload_reference(server))
         states = torch.stack([uploads[c].state for c in cids])  # type: ignore[misc]
         if self.kind in ("krum", "multi_krum"):
-            m = 1 if self.kind == "krum" else len(cids) - self.krum_f if self.krum_m is None else self.krum_m
+            m = 1 if self.kind == "krum" else (len(cids) - self.krum_f if self.krum_m is None else self.krum_m)
             return {cids[i]: uploads[cids[i]] for i in krum_select(states, self.krum_f, m)}
         robust = coordinate_median(states) if self.kind == "median" else trimmed_mean(states, self.trim_beta)
         return {c: replace(uploads[c], state=robust) for c in cids}
