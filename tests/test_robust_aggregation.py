@@ -158,7 +158,7 @@ def test_layer_sharing_aggregates_its_shared_part_robustly_and_keeps_the_rest():
     assert torch.equal(loop.server["global"][~mask], before[~mask])
 
 
-def test_norm_clip_measures_updates_from_the_shared_part_of_the_global_model():
+def test_norm_clip_measures_layer_sharing_updates_from_the_shared_part_of_the_global_model():
     loop = make_loop(tiny_config("fedper", trainer=HALF, server={"aggregator": "norm_clip", "clip_quantile": 0.5}))
     mask = loop.method.mask(loop.server.layout)
     ref = loop.server["global"][mask].clone()
@@ -169,7 +169,7 @@ def test_norm_clip_measures_updates_from_the_shared_part_of_the_global_model():
     torch.testing.assert_close(loop.server["global"][mask], ref + (1 + 2 + 2) / 3 * direction, rtol=0, atol=1e-5)
 
 
-def test_upload_reference_is_the_global_model_in_the_uploads_coordinates():
+def test_fedavg_upload_reference_is_the_global_model_in_the_uploads_coordinates():
     loop = make_loop(tiny_config("fedavg", trainer=HALF))
     p = loop.server.layout.num_params
     loop.server["global"] = torch.arange(loop.server.layout.size, dtype=torch.float32)
