@@ -104,11 +104,13 @@ class ClientConfig:
 
 
 SERVER_OPTIMIZERS = ("sgd", "adam", "adagrad", "yogi")
+AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "norm_clip")
 
 
 @dataclass
 class ServerConfig:
-    """The server's optimizer on the pseudo-gradient (global − combined) of methods with a global model.
+    """The server's robust aggregation of the uploads (pfl/federation/robust.py) and its optimizer on
+    the pseudo-gradient (global − combined) of methods with a global model (pfl/federation/server_opt.py).
 
     Args:
         optimizer: sgd (FedAvgM with momentum), adam (FedAdam), adagrad (FedAdagrad) or yogi (FedYogi).
@@ -117,6 +119,14 @@ class ServerConfig:
         beta1: first-moment decay of adam/adagrad/yogi.
         beta2: second-moment decay of adam/yogi.
         tau: adaptivity τ added to √v (Reddi et al.: 1e-3).
+        aggregator: mean (the method's own aggregation, untouched), median (coordinate-wise),
+            trimmed_mean, krum, multi_krum or norm_clip, applied to the uploads before the method's
+            weighted mean (methods whose server averages the uploaded models).
+        trim_beta: trimmed_mean's β: ⌊β·n⌋ of the n values of every coordinate are dropped at each end.
+        krum_f: the number f of malicious uploads per round Krum and multi-Krum assume (n > 2f + 2).
+        krum_m: how many uploads multi-Krum keeps (null: n − f).
+        clip_quantile: norm_clip's q: every update (upload − global) longer than the q-quantile of the
+            round's update norms is scaled down to that length.
     """
 
     optimizer: str = "sgd"
@@ -125,6 +135,11 @@ class ServerConfig:
     beta1: float = 0.9
     beta2: float = 0.99
     tau: float = 1e-3
+    aggregator: str = "mean"
+    trim_beta: float = 0.1
+    krum_f: int = 1
+    krum_m: int | None = None
+    clip_quantile: float = 0.5
 
 
 def validate_server(cfg: ServerConfig) -> None:
@@ -139,6 +154,17 @@ def validate_server(cfg: ServerConfig) -> None:
     require(0 <= cfg.beta1 < 1, "server.beta1", f"must be in [0, 1) (got {cfg.beta1})")
     require(0 <= cfg.beta2 < 1, "server.beta2", f"must be in [0, 1) (got {cfg.beta2})")
     require(cfg.tau > 0, "server.tau", f"must be > 0 (got {cfg.tau})")
+    require(
+        cfg.aggregator in AGGREGATORS,
+        "server.aggregator",
+        f"unknown aggregator {cfg.aggregator!r}",
+        f"choose one of {', '.join(AGGREGATORS)}",
+    )
+    require(0 <= cfg.trim_beta < 0.5, "server.trim_beta", f"must be in [0, 0.5) (got {cfg.trim_beta})")
+    require(cfg.krum_f >= 0, "server.krum_f", f"must be >= 0 (got {cfg.krum_f})")
+    if cfg.krum_m is not None:
+        require(cfg.krum_m >= 1, "server.krum_m", f"must be >= 1, or null for n − krum_f (got {cfg.krum_m})")
+    require(0 < cfg.clip_quantile <= 1, "server.clip_quantile", f"must be in (0, 1] (got {cfg.clip_quantile})")
 
 
 ATTACKS = ("none", "gaussian", "scale")

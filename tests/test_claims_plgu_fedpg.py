@@ -134,3 +134,35 @@ def test_fedpg_table3_contrasts_and_lambda(tmp_path, monkeypatch):
     assert drop.name == "0.05 - fedpg's largest honest drop under A1" and drop.diffs == pytest.approx({0: 0.05 - 0.09})
     assert best.diffs == pytest.approx({0: 0.70 - 0.72})
     assert fedpg.diagnose_table3(s) == ["fedpg: mean λ on ∇F: fedpg_clean 0.250, fedpg_a1 0.050."]
+
+
+def test_fedpg_table3_runs_fedavg_with_median_and_krum_under_each_attack():
+    from pfl.runner.args import parse_fit_args
+
+    for a in fedpg.ATTACKS:
+        median = parse_fit_args([*fedpg.FEDPG_BASE, *fedpg.TABLE3_RUNS[f"fedavg_median_{a}"]])[0]
+        krum = parse_fit_args([*fedpg.FEDPG_BASE, *fedpg.TABLE3_RUNS[f"fedavg_krum_{a}"]])[0]
+        plain = parse_fit_args([*fedpg.FEDPG_BASE, *fedpg.TABLE3_RUNS[f"fedavg_{a}"]])[0]
+        assert (median.method.name, median.server.aggregator) == ("fedavg", "median")
+        assert (krum.server.aggregator, krum.server.krum_f) == ("krum", 2)
+        assert median.attack == krum.attack == plain.attack and median.attack.kind != "none"
+        assert plain.server.aggregator == "mean"
+
+
+def test_fedpg_table3_notes_the_robust_rows_without_contrasting_them(monkeypatch):
+    monkeypatch.setattr(fedpg, "honest_clean", lambda summary, key: 0.8)
+    g = "honest.pm.g_acc.mean"
+    s = seeds(
+        {
+            "fedavg_a1": {g: [0.2, 0.4], "honest.pm.s_acc.mean": [0.5, 0.5], "gm.acc": [0.5, 0.5]},
+            "fedavg_median_a1": {g: [0.7, 0.8], "honest.pm.s_acc.mean": [0.5, 0.5], "gm.acc": [0.5, 0.5]},
+            "fedavg_krum_a1": {g: [0.6, 0.6], "honest.pm.s_acc.mean": [0.5, 0.5], "gm.acc": [0.5, 0.5]},
+            "fedpg_a1": {g: [0.5, 0.7], "honest.pm.s_acc.mean": [0.5, 0.5], "gm.acc": [0.5, 0.5]},
+        }
+    )
+    assert fedpg.robust_notes(s) == [
+        "Honest G-acc under A1, mean over seeds: fedavg_a1 0.3000, fedavg_median_a1 0.7500, fedavg_krum_a1 0.6000, "
+        "fedpg_a1 0.6000."
+    ]
+    (best,) = fedpg.check_table3(s)  # the robust rows are no baselines of FedPG's contrast
+    assert best.diffs == pytest.approx({0: 0.5 - 0.2, 1: 0.7 - 0.4})

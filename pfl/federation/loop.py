@@ -2,9 +2,10 @@
 
 The loop receives built parts (``pfl.runner.experiment.build_loop`` assembles them from a config, as
 Lightning Fabric's build-your-own-trainer receives its model and optimizers): the method (local update
-and server hooks), a worker (the engine), the server's context and optimizer, the client store, the
-evaluation session, a dispatcher (how local updates run: ``pfl.federation.dispatch``), a Checkpointer
-(``pfl.federation.checkpoint``) and callbacks that write the outputs.
+and server hooks), a worker (the engine), the server's context, aggregator (``pfl.federation.robust``)
+and optimizer, the client store, the evaluation session, a dispatcher (how local updates run:
+``pfl.federation.dispatch``), a Checkpointer (``pfl.federation.checkpoint``) and callbacks that write
+the outputs.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pfl.federation import divergence
 from pfl.federation.attacks import Attack
 from pfl.federation.checkpoint import Checkpoint, CheckpointChain, Checkpointer
 from pfl.federation.dispatch import Dispatcher
+from pfl.federation.robust import Aggregator
 from pfl.federation.server_opt import ServerOptimizer
 from pfl.federation.store import ClientStore
 from pfl.federation.summary import run_summary
@@ -80,12 +82,14 @@ class FederatedLoop:
         schedule: Schedule,
         checkpointer: Checkpointer,
         attack: Attack | None = None,
+        aggregator: Aggregator | None = None,  # None: mean, the method's own aggregation
         callbacks: Sequence[Callback] = (),
         show_progress: bool = True,  # this process shows the bar (rank 0 of several)
     ):
         self.method, self.worker, self.server, self.server_optimizer = method, worker, server, server_optimizer
         self.clients, self.evals, self.dispatcher, self.schedule = clients, evals, dispatcher, schedule
         self.checkpointer, self.attack, self.callbacks = checkpointer, attack, list(callbacks)
+        self.aggregator = aggregator or Aggregator()
         self.show_progress = show_progress
         self.init_state: Tensor = server.init_state
         self.round = 0  # rounds completed
@@ -145,13 +149,14 @@ class FederatedLoop:
         self.round += 1
 
     def aggregate(self, uploads: dict[int, Upload]) -> None:
-        """The method's aggregation, then the server optimizer's step on the global model."""
+        """The robust aggregator's rewrite of the uploads, the method's aggregation, then the server
+        optimizer's step on the global model."""
         step = not self.server_optimizer.is_identity
         # The conflict share is a pass over every upload: taken only in a round that ends in an evaluation.
         observe = self.evaluates_after(self.round + 1)
         keep = self.method.has_global_model and (step or observe)
         previous = self.server["global"].clone() if keep else None  # the method may update it in place
-        self.method.aggregate(self.server, uploads)
+        self.method.aggregate(self.server, self.aggregator.apply(uploads, self.method, self.server))
         if previous is None:
             return
         if step:

@@ -261,10 +261,17 @@ class Method:
     # (``trainer.vectorize``). Each class states it for itself (never inherited, see
     # ``__init_subclass__``): a subclass's update may read what its parent's only passed on.
     vectorizable: ClassVar[bool] = False
+    # True for a method whose server takes a weighted mean of the uploaded states (``Upload.state``, in
+    # the coordinates of ``upload_reference``) as its model or its shared part: a robust aggregator
+    # (``server.aggregator``, pfl.federation.robust) can then stand in for that mean by rewriting the
+    # uploads. A class that overrides ``aggregate`` states it for itself (False unless it does).
+    averages_uploads: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.vectorizable = bool(cls.__dict__.get("vectorizable", False))
+        if "aggregate" in cls.__dict__:
+            cls.averages_uploads = bool(cls.__dict__.get("averages_uploads", False))
 
     def vectorize_problems(self) -> list[str]:
         """Why this method's local updates cannot be trained vectorized (empty: they can)."""
@@ -296,6 +303,11 @@ class Method:
     def aggregate(self, server: ServerContext, uploads: dict[int, Upload]) -> None:
         """Combine the sampled clients' uploads (keyed by client id) into the server state."""
         server["global"] = weighted_mean_of(uploads)
+
+    def upload_reference(self, server: ServerContext) -> Tensor:
+        """The server's current model in the coordinates of an upload's state: what a client's update
+        (upload − reference) is measured from, before this round's aggregation."""
+        return server["global"]
 
     def global_state(self, server: ServerContext) -> Tensor | None:
         return server.get("global") if self.has_global_model else None

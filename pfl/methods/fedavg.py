@@ -32,6 +32,7 @@ class FedAvg(Method):
     vectorizable = True  # the update passes the trained state on without reading it
     description = "sample-weighted average of locally trained models (+FT: finetune_epochs > 0)"
     has_personal_model = False
+    averages_uploads = True  # the sample-weighted mean of the uploads
 
     def __init__(
         self,
@@ -69,6 +70,9 @@ class FedAvg(Method):
         out = server["global"].clone()  # the buffers stay where they are: each client keeps its own
         out[: server.layout.num_params] = weighted_mean_of(uploads)
         server["global"] = out
+
+    def upload_reference(self, server: ServerContext) -> Tensor:
+        return server["global"] if self.share_buffers else server["global"][: server.layout.num_params]
 
     def local_terms(self, client: ClientContext, payload: State) -> list[Term]:
         """Extra terms of the local objective (none for FedAvg)."""

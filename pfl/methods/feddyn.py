@@ -30,6 +30,7 @@ class FedDyn(FedAvg):
 
     name = "feddyn"
     description = "dynamic regulariser -<g_i, theta> + alpha/2*||theta - w||^2 with server correction h"
+    averages_uploads = True  # the mean and h's correction both come from the uploads given
 
     def __init__(
         self,

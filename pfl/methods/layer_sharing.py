@@ -26,6 +26,7 @@ class LayerSharing(Method):
     """Base: ``shared_mask(layout)`` says which entries of the state vector are shared."""
 
     has_global_model = False  # the shared part alone is no model
+    averages_uploads = True  # of the shared part
     share_buffers: bool = True
     _mask_cache: tuple[ModelLayout, Tensor] | None = None
 
@@ -65,6 +66,9 @@ class LayerSharing(Method):
 
     def aggregate(self, server: ServerContext, uploads: dict[int, Upload]) -> None:
         server["global"][self.mask(server.layout)] = weighted_mean_of(uploads)
+
+    def upload_reference(self, server: ServerContext) -> Tensor:
+        return server["global"][self.mask(server.layout)]
 
     def own(self, client: ClientContext) -> Tensor:
         """The client's last full state (its personal part is what matters)."""

@@ -80,6 +80,7 @@ class PAGE(Method):
 
     name = "page"
     description = "client DDPG agents choose local lr and epochs, a server DDPG agent the aggregation weights"
+    averages_uploads = True  # a weighted mean, with the server agent's weights
     has_personal_model = True
 
     def __init__(

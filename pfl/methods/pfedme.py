@@ -45,6 +45,7 @@ class PFedMe(Method):
 
     name = "pfedme"
     description = "Moreau-envelope personalization: K inner steps on theta, outer step on the local w"
+    averages_uploads = True  # w ← (1 − β)w + β·(the mean of the uploads)
 
     def __init__(
         self,

@@ -69,6 +69,7 @@ class PGFed(Method):
 
     name = "pgfed"
     description = "personalized global objective: auxiliary gradient of other clients' first-order risks"
+    averages_uploads = True  # the global model is the mean; the extras of the uploads given are used
 
     def __init__(
         self,

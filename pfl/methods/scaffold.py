@@ -20,6 +20,7 @@ class Scaffold(Method):
 
     name = "scaffold"
     description = "control variates c, c_i correct client drift; server step size = server.lr"
+    averages_uploads = True  # the model is the mean; c takes the Δc of the uploads given
     has_personal_model = False
 
     def __init__(self, weighting: str = "uniform"):

@@ -18,6 +18,7 @@ from pfl.federation.checkpoint import Checkpointer
 from pfl.federation.dispatch import make_dispatcher, vectorize_problems
 from pfl.federation.distributed import Cohort
 from pfl.federation.loop import Callback, FederatedLoop, Schedule
+from pfl.federation.robust import Aggregator
 from pfl.federation.server_opt import ServerOptimizer
 from pfl.federation.store import make_store
 from pfl.methods.base import ServerContext, train_settings
@@ -40,8 +41,8 @@ def build_loop(
     fabric: L.Fabric | None = None,
     callbacks: Sequence[Callback] = (),
 ) -> FederatedLoop:
-    """The loop of a run, its parts built from ``cfg``: the model and worker, the server's context
-    and optimizer, the client stores, the evaluation session, the attack and the dispatcher."""
+    """The loop of a run, its parts built from ``cfg``: the model and worker, the server's context,
+    aggregator and optimizer, the client stores, the evaluation session, the attack and the dispatcher."""
     method, t = cfg.method, cfg.trainer
     seed_everything(cfg.seed, "init")
     net = build_model(cfg.model, data.input_shape, data.num_classes)
@@ -51,6 +52,7 @@ def build_loop(
     n = data.num_clients
     server = ServerContext(0, n, clients_per_round(cfg, n), worker.flat.layout, init_state)
     server.seed = cfg.seed
+    aggregator = Aggregator.build(cfg.server, method, server.clients_per_round)  # refused before any training
     if len(data.global_test):
         server.evaluator = lambda state: worker.evaluate(state, data.global_test)
     val = torch.cat([worker.split(c).val for c in range(n)])
@@ -97,6 +99,7 @@ def build_loop(
         schedule=Schedule(t.rounds, t.eval_every, cfg.seed, t.progress),
         checkpointer=Checkpointer(t.checkpoint_every, run_dir),
         attack=attack,
+        aggregator=aggregator,
         callbacks=callbacks,
         show_progress=cohort.is_zero,
     )

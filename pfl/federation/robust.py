@@ -1,0 +1,148 @@
+"""Robust aggregation (``server.aggregator``): the uploads are rewritten before the method's own
+aggregation, so that the weighted mean it takes is the robust result.
+
+With the n uploaded states x_1..x_n of a round (in client-id order; ``Upload.state``: the whole state
+vector, or the shared part for methods that share only some layers):
+
+    mean          the uploads as they are: the method's own aggregation, bit for bit.
+    median        every coordinate j: med_i x_ij, the middle value (the mean of the two middle
+                  ones for even n). Every upload then carries that vector (Yin et al., ICML 2018).
+    trimmed_mean  every coordinate: the mean of the n − 2k values left after dropping the k = ⌊βn⌋
+                  smallest and the k largest (β = ``server.trim_beta``; Yin et al., ICML 2018).
+    krum          score(i) = Σ ‖x_i − x_j‖² over the n − f − 2 uploads j ≠ i closest to x_i
+                  (f = ``server.krum_f``, needs n > 2f + 2); only the upload of the lowest score is
+                  kept (Blanchard et al., NeurIPS 2017).
+    multi_krum    the m uploads of the lowest Krum scores are kept (m = ``server.krum_m``, default
+                  n − f) and the method averages them with its own weights (Blanchard et al. take
+                  their plain mean).
+    norm_clip     Δ_i = x_i − r, r the server's current model in the uploads' coordinates
+                  (``Method.upload_reference``); every Δ_i longer than τ, the q-quantile of the
+                  round's ‖Δ_i‖ (q = ``server.clip_quantile``, linear interpolation), is scaled to
+                  length τ: x_i ← r + Δ_i·τ/‖Δ_i‖ (norm bounding, Sun et al. 2019, "Can You Really
+                  Backdoor Federated Learning?", with the bound taken from the round's norms).
+
+Ties in Krum's scores go to the lowest client id. Weights and extras of the uploads that remain are
+kept, so methods that also read extras (SCAFFOLD's Δc, PGFed's gradients) read those of the uploads
+the aggregator kept. Only methods whose server averages the uploaded states (``Method.averages_uploads``)
+accept an aggregator other than mean: for the others the rewritten uploads would not give the robust
+model. The loop still observes the clients' own uploads (bytes, the conflict share).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from pfl.config import ServerConfig
+from pfl.errors import ConfigError, require
+from pfl.methods.base import Method, ServerContext, Upload
+from pfl.methods.registry import methods
+from pfl.methods.stores import row_gram, squared_distances
+
+
+def coordinate_median(states: Tensor) -> Tensor:
+    """The coordinate-wise median of the rows of ``states`` (n, d): the mean of the two middle values for even n."""
+    n = states.shape[0]
+    ordered = states.sort(dim=0).values
+    if n % 2:
+        return ordered[n // 2].clone()
+    return (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
+def trimmed_mean(states: Tensor, beta: float) -> Tensor:
+    """The coordinate-wise mean of the rows of ``states`` (n, d) without the ⌊β·n⌋ smallest and largest values."""
+    n = states.shape[0]
+    k = math.floor(beta * n)
+    return states.sort(dim=0).values[k : n - k].mean(dim=0)
+
+
+def krum_scores(states: Tensor, f: int) -> Tensor:
+    """Krum's score of every row of ``states`` (n, d): the sum of its squared distances to its n − f − 2
+    nearest other rows (float64, on the CPU)."""
+    n = states.shape[0]
+    dist = squared_distances(row_gram(states))
+    others = dist[~torch.eye(n, dtype=torch.bool)].view(n, n - 1)  # each row without its own 0
+    return others.sort(dim=1).values[:, : n - f - 2].sum(dim=1)
+
+
+def krum_select(states: Tensor, f: int, m: int) -> list[int]:
+    """The rows of the ``m`` lowest Krum scores (ties: the lower row), in row order."""
+    scores = krum_scores(states, f).tolist()
+    return sorted(sorted(range(len(scores)), key=scores.__getitem__)[:m])  # sorted is stable: ties keep row order
+
+
+def clip_factors(norms: Tensor, q: float) -> Tensor:
+    """min(1, τ/‖Δ_i‖) for the update ``norms``, τ their q-quantile (float64)."""
+    tau = torch.quantile(norms, q)
+    return torch.where(norms > tau, tau / norms, torch.ones_like(norms))
+
+
+@dataclass(frozen=True)
+class Aggregator:
+    """``server.aggregator`` and its settings (the module doc); ``Aggregator()`` is mean."""
+
+    kind: str = "mean"
+    trim_beta: float = 0.1
+    krum_f: int = 1
+    krum_m: int | None = None
+    clip_quantile: float = 0.5
+
+    @classmethod
+    def build(cls, cfg: ServerConfig, method: Method, clients_per_round: int) -> Aggregator:
+        """The run's aggregator; a ConfigError when it cannot apply to ``method`` or to ``clients_per_round``
+        uploads a round."""
+        out = cls(cfg.aggregator, cfg.trim_beta, cfg.krum_f, cfg.krum_m, cfg.clip_quantile)
+        if out.kind == "mean":
+            return out
+        if not method.averages_uploads:
+            able = ", ".join(name for name, c in methods().items() if c.averages_uploads)
+            raise ConfigError(
+                "server.aggregator",
+                f"{out.kind} cannot apply to method {method.name!r}: its server does not take a weighted mean of "
+                "uploaded models",
+                f"use server.aggregator mean, or one of the methods {able}",
+            )
+        n, f = clients_per_round, out.krum_f
+        if out.kind in ("krum", "multi_krum"):
+            require(
+                n > 2 * f + 2,
+                "server.krum_f",
+                f"Krum needs more than 2·krum_f + 2 clients per round (krum_f = {f}, {n} per round)",
+                f"lower server.krum_f to at most {(n - 3) // 2} or sample more clients per round"
+                if n >= 3
+                else "sample at least 3 clients per round",
+            )
+        if out.kind == "multi_krum" and out.krum_m is not None:
+            require(out.krum_m <= n, "server.krum_m", f"must be at most the {n} clients per round (got {out.krum_m})")
+        return out
+
+    def apply(self, uploads: dict[int, Upload], method: Method, server: ServerContext) -> dict[int, Upload]:
+        """The uploads the method's aggregation combines into the robust result (mean: ``uploads`` itself)."""
+        if self.kind == "mean":
+            return uploads
+        cids = sorted(uploads)
+        if self.kind == "norm_clip":
+            return self.clipped(uploads, cids, method.upload_reference(server))
+        states = torch.stack([uploads[c].state for c in cids])  # type: ignore[misc]
+        if self.kind in ("krum", "multi_krum"):
+            m = 1 if self.kind == "krum" else (len(cids) - self.krum_f if self.krum_m is None else self.krum_m)
+            return {cids[i]: uploads[cids[i]] for i in krum_select(states, self.krum_f, m)}
+        robust = coordinate_median(states) if self.kind == "median" else trimmed_mean(states, self.trim_beta)
+        return {c: replace(uploads[c], state=robust) for c in cids}
+
+    def clipped(self, uploads: dict[int, Upload], cids: list[int], reference: Tensor) -> dict[int, Upload]:
+        """norm_clip: the uploads whose update is longer than the round's quantile, scaled down to it."""
+        deltas = [uploads[c].state - reference for c in cids]  # type: ignore[operator]
+        norms = torch.stack([d.to(torch.float64).norm() for d in deltas]).cpu()
+        factors = clip_factors(norms, self.clip_quantile)
+        out = dict(uploads)
+        for c, delta, factor in zip(cids, deltas, factors.tolist(), strict=True):
+            if factor < 1:
+                out[c] = replace(uploads[c], state=reference + delta * factor)
+        return out
+
+
+__all__ = ["Aggregator", "clip_factors", "coordinate_median", "krum_scores", "krum_select", "trimmed_mean"]
