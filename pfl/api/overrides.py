@@ -30,9 +30,8 @@ def to_argv(config: str | PathLike | Sequence[str | PathLike] | None, overrides:
             raise ConfigError("config", f"expected a path to a YAML file, got {path!r}", 'e.g. "conf/default.yaml"')
         argv += ["--config", str(path)]
     for key, value in _leaves(overrides):
-        if key in NOT_FOR_FIT or key == "config":
-            fix = "pass config files as pfl.fit's first argument" if key == "config" else "use the command line"
-            raise ConfigError(key, "is not an option of pfl.fit", fix)
+        if key in NOT_FOR_FIT:
+            raise ConfigError(key, "is not an option of pfl.fit", f"use the command line: python -m pfl fit --{key}")
         argv += [f"--{key}", value_text(key, value)]
     return argv
 
