@@ -6,12 +6,13 @@ import textwrap
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
 from pfl.cli import main
 from pfl.errors import ConfigError
 from pfl.methods.ditto import Ditto
 from pfl.runner.args import parse_fit_args
-from pfl.runner.class_paths import rewrite_arg
+from pfl.runner.class_paths import rewrite_arg, rewrite_config
 
 TINY = ["--data.num_clients", "5", "--trainer.rounds", "2", "--model.hidden", "[16]", "--tracking.wandb", "false"]
 
@@ -122,3 +123,17 @@ def test_rewrite_arg_leaves_other_options_alone():
     assert rewrite_arg("--model.class_path", "a.B") == ("--model.name", "a.B")
     assert rewrite_arg("--method.init_args.lam", "1") == ("--method.lam", "1")
     assert rewrite_arg("--method.init_args.lam=1", None) == ("--method.lam=1", None)
+
+
+def test_model_class_path_in_a_file_and_on_the_command_line(tmp_path):
+    text = "model:\n  class_path: my_nets.Wide\n  init_args:\n    width: 7\n  hidden: [8]\n"
+    cfg, dumped = parsed(tmp_path, text)
+    assert (cfg.model.name, cfg.model.init_args, cfg.model.hidden) == ("my_nets.Wide", {"width": 7}, [8])
+    assert dumped["model"]["name"] == "my_nets.Wide" and "class_path" not in dumped["model"]
+    cfg, _ = parsed(tmp_path, None, "--model.class_path", "my_nets.Wide", "--model.init_args.width", "3")
+    assert (cfg.model.name, cfg.model.init_args) == ("my_nets.Wide", {"width": 3})
+
+
+def test_a_file_without_the_class_path_form_is_read_as_it_is():
+    assert rewrite_config(OmegaConf.create({"method": {"name": "ditto", "lam": 0.3}, "model": {"name": "mlp"}})) is None
+    assert rewrite_config(OmegaConf.create({"method": "ditto"})) is None
