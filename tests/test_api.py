@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -122,6 +123,8 @@ def test_overrides_are_the_command_lines_arguments():
     assert to_argv(None, {"tracking.root": Path("x/y")}) == ["--tracking.root", "x/y"]
     with pytest.raises(ConfigError, match="not an option name"):
         to_argv(None, {"trainer": {1: 2}})
+    with pytest.raises(ConfigError, match=r"model.hidden: \[nan\] is no config value"):
+        to_argv(None, {"model": {"hidden": [float("nan")]}})  # YAML has no JSON NaN: refused, not mistyped
 
 
 def test_a_users_model_class_with_init_args(tmp_path, monkeypatch):
@@ -150,12 +153,13 @@ def test_a_users_model_class_with_init_args(tmp_path, monkeypatch):
 
 
 # -- load -----------------------------------------------------------------------------------------
-def write_run(path: Path, seed: int, method: str, acc: float) -> Path:
+def write_run(path: Path, seed: int, method: str, acc: float, lr: float = 0.1) -> Path:
     path.mkdir(parents=True)
     metrics = {"pm.l_acc.mean": acc, "pm.l_acc.std": 0.1, "gm.acc": acc / 2}
     summary = {"method": method, "dataset": "digits", "seed": seed, "rounds": 4, "metrics": metrics}
     (path / "summary.json").write_text(json.dumps(summary))
-    (path / "config.yaml").write_text(f"seed: {seed}\nmethod:\n  name: {method}\ntracking:\n  name: {path.name}\n")
+    config = f"seed: {seed}\nmethod:\n  name: {method}\nclient:\n  lr: {lr}\ntracking:\n  name: {path.name}\n"
+    (path / "config.yaml").write_text(config)
     (path / "metrics.csv").write_text("round,pm.l_acc.mean\n2,0.5\n4,0.6\n")
     (path / "clients.csv").write_text("client,acc\n0,0.5\n1,0.7\n2,0.6\n")
     return path
@@ -166,15 +170,17 @@ def test_load_reads_every_file(tmp_path):
     assert run.path == tmp_path / "r" and run.summary["method"] == "ditto"
     assert list(run.metrics["round"]) == [2, 4] and isinstance(run.metrics, pd.DataFrame)
     assert len(run.clients) == 3 and list(run.clients.columns) == ["client", "acc"]
-    assert run.config["method"] == {"name": "ditto"}
+    assert run.config["method"] == {"name": "ditto"} and run.config["client"] == {"lr": 0.1}
     assert "ditto on digits" in repr(run)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.path = tmp_path  # a Run is what its folder held when it was loaded
 
 
 @pytest.mark.parametrize(
     ("broken", "text", "problem"),
     [
         ("summary.json", None, "summary.json: not found"),
-        ("summary.json", "{not json", "summary.json: cannot be read"),
+        ("summary.json", "{not json", "summary.json: cannot be read: Expecting property name"),
         ("summary.json", "[1, 2]", "summary.json: does not hold a JSON object"),
         ("metrics.csv", "", "metrics.csv: cannot be read"),
         ("clients.csv", None, "clients.csv: not found"),
@@ -191,6 +197,7 @@ def test_a_bad_run_folder_is_a_config_error_naming_the_file(tmp_path, broken, te
     with pytest.raises(ConfigError) as err:
         pfl.load(path)
     assert problem in str(err.value) and "\n" not in str(err.value)
+    assert str(err.value).endswith("(pass a folder written by pfl.fit or `python -m pfl fit`)")
 
 
 def test_load_without_config_and_a_missing_folder(tmp_path):
@@ -217,6 +224,8 @@ def test_compare_is_the_reports_table(tmp_path):
     assert len(per_run) == 3 and per_run["seed"].tolist() == [0, 1, 0] and "pm.l_acc" not in per_run
     with pytest.raises(ConfigError, match="runs: is empty"):
         pfl.compare([])
+    lr = pfl.compare([runs[0], write_run(tmp_path / "d2", 2, "ditto", 0.9, lr=0.01)])
+    assert lr["client.lr"].tolist() == [0.1, 0.01]  # told apart by their config.yaml, not only their summary
 
 
 # -- import -----------------------------------------------------------------------------------------
