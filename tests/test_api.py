@@ -77,6 +77,24 @@ def test_fit_leaves_no_global_state_behind(tmp_path):
     assert run.summary["rounds"] == 2
 
 
+def test_resume_from_python(tmp_path):
+    run = tiny_fit(tmp_path, "r")
+    resumed = pfl.fit(resume=run.path, **{"trainer.rounds": 3})  # --resume DIR --trainer.rounds 3
+    assert resumed.path == run.path and list(resumed.metrics["round"]) == [1, 2, 3]
+    with pytest.raises(ConfigError, match="--resume: .* may not change client.lr"):
+        pfl.fit(resume=run.path, client={"lr": 0.5})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA generators exist only on a GPU")
+def test_fit_restores_the_cuda_rng(tmp_path):
+    torch.cuda.init()
+    torch.cuda.manual_seed_all(7)
+    expected = torch.rand(3, device="cuda")
+    torch.cuda.manual_seed_all(7)
+    tiny_fit(tmp_path, "r", **{"trainer.accelerator": "cuda"})  # the run seeds the CUDA generators too
+    assert torch.equal(torch.rand(3, device="cuda"), expected)
+
+
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
