@@ -12,7 +12,7 @@ from pfl.cli import main
 from pfl.errors import ConfigError
 from pfl.methods.ditto import Ditto
 from pfl.runner.args import parse_fit_args
-from pfl.runner.class_paths import rewrite_arg, rewrite_config
+from pfl.runner.class_paths import expand_arg, rewrite_arg, rewrite_config
 
 TINY = ["--data.num_clients", "5", "--trainer.rounds", "2", "--model.hidden", "[16]", "--tracking.wandb", "false"]
 
@@ -41,6 +41,10 @@ def test_yaml_class_path_is_the_short_form(tmp_path):
         ["--method.class_path", "pfl.methods.ditto.Ditto", "--method.init_args.lam", "0.3"],
         ["--method.class_path=pfl.methods.ditto.Ditto", "--method.init_args.lam=0.3"],
         ["method.class_path=pfl.methods.ditto.Ditto", "method.init_args.lam=0.3"],  # Hydra / W&B style
+        ["--method", '{"class_path": "pfl.methods.ditto.Ditto", "init_args": {"lam": 0.3}}'],
+        ["--method={class_path: pfl.methods.ditto.Ditto, init_args: {lam: 0.3}}"],
+        ["--method", "ditto", "--method.init_args", "{lam: 0.3}"],
+        ["--method.init_args={lam: 0.3}", "--method", "{name: ditto}"],
         ["--method", "ditto", "--method.lam", "0.3"],
     ],
 )
@@ -132,8 +136,19 @@ def test_model_class_path_in_a_file_and_on_the_command_line(tmp_path):
     assert dumped["model"]["name"] == "my_nets.Wide" and "class_path" not in dumped["model"]
     cfg, _ = parsed(tmp_path, None, "--model.class_path", "my_nets.Wide", "--model.init_args.width", "3")
     assert (cfg.model.name, cfg.model.init_args) == ("my_nets.Wide", {"width": 3})
+    cfg, _ = parsed(tmp_path, None, "--model", "{class_path: my_nets.Wide, init_args: {width: 5}, hidden: [4]}")
+    assert (cfg.model.name, cfg.model.init_args, cfg.model.hidden) == ("my_nets.Wide", {"width": 5}, [4])
 
 
 def test_a_file_without_the_class_path_form_is_read_as_it_is():
     assert rewrite_config(OmegaConf.create({"method": {"name": "ditto", "lam": 0.3}, "model": {"name": "mlp"}})) is None
     assert rewrite_config(OmegaConf.create({"method": "ditto"})) is None
+
+
+def test_expand_arg_takes_only_a_mapping_given_to_method_or_model():
+    assert expand_arg("--method", "ditto") is None  # the --method NAME shorthand
+    assert expand_arg("--method", None) is None
+    assert expand_arg("--trainer", "{rounds: 3}") is None  # other groups: jsonargparse reads them itself
+    assert expand_arg("--method", "{lam: [0.3") is None  # not YAML: the parser reports the value
+    assert expand_arg("--method", " {name: ditto}") == (["--method.name", "ditto"], 2)
+    assert expand_arg("--model={init_args: {w: 2}}", None) == (["--model.init_args", '{"w": 2}'], 1)

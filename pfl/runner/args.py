@@ -33,7 +33,7 @@ from pfl.data.settings import DataConfig
 from pfl.errors import ConfigError, require
 from pfl.methods import method_class, methods
 from pfl.models import ModelConfig
-from pfl.runner.class_paths import rewrite_arg, rewrite_config
+from pfl.runner.class_paths import expand_arg, rewrite_arg, rewrite_config
 
 DEFAULT_METHOD = "fedavg"
 GROUPS: dict[str, type] = {
@@ -79,6 +79,11 @@ def method_from_argv(argv: list[str]) -> tuple[str, list[str]]:
     while i < len(argv):
         arg = argv[i]
         value = argv[i + 1] if i + 1 < len(argv) else None
+        expanded = expand_arg(arg, value)
+        if expanded is not None:  # its options are read in turn (a class_path among them rewritten)
+            options, used = expanded
+            argv = [*argv[:i], *options, *argv[i + used :]]
+            continue
         rewritten = rewrite_arg(arg, value)
         if rewritten is not None:
             arg, value = rewritten

@@ -4,18 +4,24 @@
 class's registered name when it has one (so a run is grouped and resumed like its short-form twin), else
 its import path. ``model: {class_path: pkg.mod.Net, init_args: {...}}`` is ``model: {name: pkg.mod.Net,
 init_args: {...}}`` (``model.init_args`` are your own model's keyword arguments). On the command line:
-``--method.class_path X --method.init_args.lam 0.3``. The rewrite happens before parsing, so config.yaml
-and ``--print_config`` hold the short form, which ``--resume`` reads back.
+``--method.class_path X --method.init_args.lam 0.3``, or a mapping given whole:
+``--method '{class_path: X, init_args: {lam: 0.3}}'``, ``--method.init_args '{lam: 0.3}'``. The rewrite
+happens before parsing, so config.yaml and ``--print_config`` hold the short form, which ``--resume``
+reads back.
 """
 
 from __future__ import annotations
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from pfl.errors import ConfigError, require
 from pfl.methods import class_path, method_class
+from pfl.runner.options import option_args
 
 CLASS_PATH, INIT_ARGS = "class_path", "init_args"
+# Options that may hold a whole mapping (Lightning: ``--model '{class_path: ..., init_args: ...}'``).
+MAPPING_OPTIONS = ("--method", "--model", f"--method.{INIT_ARGS}")
 
 
 def method_name(path: str) -> str:
@@ -24,6 +30,20 @@ def method_name(path: str) -> str:
         return class_path(method_class(str(path)))
     except ConfigError as err:
         raise ConfigError(f"method.{CLASS_PATH}", err.problem, err.fix) from None
+
+
+def expand_arg(arg: str, value: str | None) -> tuple[list[str], int] | None:
+    """A mapping given whole to ``--method``, ``--model`` or ``--method.init_args`` as one option per key,
+    and how many arguments it replaces; None for anything else (a plain ``--method NAME`` included)."""
+    option, eq, inline = arg.partition("=")
+    text = inline if eq else value
+    if option not in MAPPING_OPTIONS or text is None or not text.lstrip().startswith("{"):
+        return None
+    try:
+        tree = yaml.safe_load(text)  # YAML text that starts with "{" is a flow mapping or an error
+    except yaml.YAMLError:
+        return None  # the parser reports the value
+    return option_args(tree, option[2:] + "."), 1 if eq else 2
 
 
 def rewrite_arg(arg: str, value: str | None) -> tuple[str, str | None] | None:
