@@ -16,18 +16,17 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from pfl.errors import ConfigError, TrainingDiverged
 from pfl.methods import methods
-from pfl.runner.args import build_fit_parser, method_from_argv, parse_fit_args
+from pfl.runner.args import build_fit_parser, method_from_argv
 
 
 def fit(argv: list[str]) -> dict[str, Any]:
-    from pfl.runner.experiment import run_experiment
+    from pfl.runner.experiment import run_argv
 
     if "-h" in argv or "--help" in argv:
         name, _ = method_from_argv([a for a in argv if a not in ("-h", "--help")])
         build_fit_parser(name).print_help()
         return {}
-    cfg, ns, parser, resume_dir = parse_fit_args(argv)
-    summary = run_experiment(cfg, parser.dump(ns), resume_dir=resume_dir)
+    summary = run_argv(argv)
     if rank_zero_only.rank != 0:  # the other ranks of a multi-process run stay quiet
         return summary
     shown = {k: v for k, v in summary["metrics"].items() if k.endswith((".mean", ".std")) or k == "gm.acc"}

@@ -16,12 +16,10 @@ from pfl.metrics.protocols import reference_metrics
 
 @pytest.fixture
 def captured(monkeypatch):
-    """The figures the plot functions build, kept open instead of saved."""
+    """The figures the plot functions build, kept instead of saved."""
     figures = []
     monkeypatch.setattr(plots, "save_figure", lambda fig, path, dpi=100: figures.append(fig))
-    yield figures
-    for fig in figures:
-        plots.plt.close(fig)
+    return figures
 
 
 def history(rounds: int = 5) -> list[dict]:

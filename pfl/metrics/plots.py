@@ -12,16 +12,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")  # files only; never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from pfl.data.federated import FederatedData  # noqa: E402
-from pfl.data.stats import label_histograms  # noqa: E402
-from pfl.safe_files import write_atomic  # noqa: E402
+from pfl.data.federated import FederatedData
+from pfl.data.stats import label_histograms
+from pfl.safe_files import write_atomic
 
 # (panel title, y label, keys in drawing order): one subplot per family present in the history.
 FAMILIES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -67,14 +64,19 @@ LABELS = {
 BANDS = ("pm.l_acc.mean", "pm.mae.mean")  # the headline curve gets its spread over clients
 
 
-def save_figure(fig: plt.Figure, path: Path, dpi: int = 100) -> None:
-    """Lay out, write (creating the folder) and close a figure: the one way pfl saves a plot."""
+def new_figure(figsize: tuple[float, float], rows: int = 1, cols: int = 1, squeeze: bool = True) -> tuple[Figure, Any]:
+    """A figure and its axes outside pyplot: no matplotlib backend is chosen or changed, so a notebook's
+    inline plots keep working after a run, and nothing needs closing."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(rows, cols, squeeze=squeeze)
+
+
+def save_figure(fig: Figure, path: Path, dpi: int = 100) -> None:
+    """Lay out and write a figure (creating the folder): the one way pfl saves a plot."""
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:  # replaced whole, never written through a link planted at ``path``
-        write_atomic(path, lambda fh: fig.savefig(fh, dpi=dpi, format=path.suffix.lstrip(".") or "png"))
-    finally:
-        plt.close(fig)
+    # replaced whole, never written through a link planted at ``path``
+    write_atomic(path, lambda fh: fig.savefig(fh, dpi=dpi, format=path.suffix.lstrip(".") or "png"))
 
 
 def run_title(run_dir: Path) -> str | None:
@@ -127,7 +129,7 @@ def plot_curves(history: list[dict[str, Any]], path: Path, title: str | None = N
     families = curve_families(history)
     cols = min(len(families), 2) or 1
     rows = math.ceil(len(families) / cols) or 1
-    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
+    fig, axes = new_figure((5.2 * cols, 3.6 * rows), rows, cols, squeeze=False)
     drawn: list[str] = []
     for ax, (name, ylabel, keys) in zip(axes.flat, families, strict=False):
         for key in keys:
@@ -180,7 +182,7 @@ def plot_client_histogram(
     present = [k for k in keys if rows and k in rows[0]]
     series = {k: _finite(rows, k) for k in present}
     present = [k for k in present if series[k].size]
-    fig, ax = plt.subplots(figsize=(6.4, 4))
+    fig, ax = new_figure((6.4, 4))
     if present:
         edges = np.histogram_bin_edges(np.concatenate([series[k] for k in present]), bins=min(20, max(5, len(rows))))
         labels = [f"{k} (mean {series[k].mean():.3f})" for k in present]
@@ -225,7 +227,7 @@ def plot_client_scatter(
     lo, hi = float(min(own.min(), ref.min())), float(max(own.max(), ref.max()))
     pad = 0.05 * (hi - lo) or 0.05
     lo, hi = lo - pad, hi + pad
-    fig, ax = plt.subplots(figsize=(5.2, 5.2))
+    fig, ax = new_figure((5.2, 5.2))
     region = "on or above: passes" if higher else "on or below: passes"
     ax.fill_between([lo, hi], [lo, hi], hi if higher else lo, color="tab:green", alpha=0.08, linewidth=0, label=region)
     ax.plot([lo, hi], [lo, hi], color="black", linewidth=1, label="y = x (as good as LOCAL)")
@@ -254,7 +256,7 @@ def plot_client_scatter(
 def plot_heatmap(data: FederatedData, path: Path) -> None:
     """A clients x classes heatmap of sample counts (training clients, then new clients)."""
     hist = label_histograms(data, [*data.clients, *data.new_clients])
-    fig, ax = plt.subplots(figsize=(min(2 + 0.25 * data.num_classes, 20), min(2 + 0.15 * len(hist), 30)))
+    fig, ax = new_figure((min(2 + 0.25 * data.num_classes, 20), min(2 + 0.15 * len(hist), 30)))
     image = ax.imshow(hist, aspect="auto", cmap="viridis", interpolation="nearest")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))

@@ -40,6 +40,12 @@ def check_model_config(cfg: ModelConfig) -> None:
     validate_model_config(cfg)
     name = cfg.name.strip()
     entry = lookup(name)
+    if cfg.init_args and (entry is not None or name.startswith(TIMM_PREFIX)):
+        raise ConfigError(
+            "model.init_args",
+            f"{name} is a built-in model: it reads the model.* fields, not init_args",
+            "init_args are for your own model (an import path in model.name or model.class_path)",
+        )
     if entry is not None:
         check_options(cfg, name, entry.options)
     elif name.startswith(TIMM_PREFIX):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from pfl.errors import require
 
@@ -31,6 +32,8 @@ class ModelConfig:
         depth: wrn28_10 depth, 6n+4 (28: 4 blocks per group).
         widen: wrn28_10 widening factor k (10).
         dropout: wrn28_10 dropout between the two convs of a block (WRN paper: 0.3 on CIFAR; 0 = off).
+        init_args: keyword arguments of your own model class or builder (name an import path), e.g.
+            ``{width: 64}``; Lightning's ``model: {class_path: pkg.mod.Net, init_args: {...}}`` sets them.
     """
 
     name: str = "mlp"
@@ -46,6 +49,7 @@ class ModelConfig:
     depth: int = 28  # wrn28_10: 6n+4
     widen: int = 10  # wrn28_10: widening factor
     dropout: float = 0.0  # wrn28_10: dropout inside each block
+    init_args: dict[str, Any] = field(default_factory=dict)  # your own model's keyword arguments
 
 
 # Fields only some builders read: a builder declares the ones it honours (``register(..., options=...)``)
@@ -76,6 +80,12 @@ def validate_model_config(cfg: ModelConfig) -> None:
     )
     require(cfg.widen >= 1, "model.widen", f"must be >= 1 (got {cfg.widen})")
     require(0 <= cfg.dropout < 1, "model.dropout", f"must be in [0, 1) (got {cfg.dropout})")
+    require(
+        isinstance(cfg.init_args, dict) and all(isinstance(k, str) for k in cfg.init_args),
+        "model.init_args",
+        f"must be a mapping of keyword arguments, got {cfg.init_args!r}",
+        "e.g. init_args: {width: 64}",
+    )
     require(cfg.norm == "group" or cfg.groups == DEFAULTS["groups"], "model.groups", "is only used with norm: group")
 
 

@@ -1,7 +1,8 @@
 """Your own model without editing pfl: ``model.name: mypkg.module:builder`` or ``mypkg.module.builder``.
 
 The object found there is either a builder ``(cfg: ModelConfig, input_shape, num_classes) -> nn.Module``
-or an ``nn.Module`` subclass constructed as ``Class(input_shape, num_classes)``. The module must be
+or an ``nn.Module`` subclass constructed as ``Class(input_shape, num_classes)``; either also receives
+``model.init_args`` as keyword arguments (Lightning's ``model: {class_path: ..., init_args: ...}``). The module must be
 importable (installed, or on ``PYTHONPATH``). For head-based methods make it an ``nn.Sequential`` ending
 in its ``nn.Linear`` classifier (docs/models.md).
 """
@@ -53,17 +54,37 @@ def import_model(name: str, cfg: ModelConfig, input_shape: tuple[int, ...], num_
             )
         obj = getattr(obj, part)
     if inspect.isclass(obj) and issubclass(obj, nn.Module):
-        net = obj(input_shape, num_classes)
+        args: tuple = (input_shape, num_classes)
     elif callable(obj):
-        net = obj(cfg, input_shape, num_classes)
+        args = (cfg, input_shape, num_classes)
     else:
         raise ConfigError(
             "model.name",
             f"{name!r} is a {type(obj).__name__}, not a model builder or nn.Module class",
             "point it at a function (cfg, input_shape, num_classes) -> nn.Module or an nn.Module subclass",
         )
+    _check_init_args(obj, name, args, cfg.init_args)
+    net = obj(*args, **cfg.init_args)
     if not isinstance(net, nn.Module):
         raise ConfigError(
             "model.name", f"{name!r} returned a {type(net).__name__}, not an nn.Module", "return the network"
         )
     return net
+
+
+def _check_init_args(obj: object, name: str, args: tuple, init_args: dict) -> None:
+    """A keyword argument the model does not take is a ConfigError naming it, not a TypeError mid-build."""
+    if not init_args:
+        return
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):  # no introspectable signature (some builtins): let the call decide
+        return
+    try:
+        signature.bind(*args, **init_args)
+    except TypeError as err:
+        raise ConfigError(
+            "model.init_args",
+            f"{name} cannot be called with init_args {init_args}: {err}",
+            f"give only the keyword arguments of {name}{signature}",
+        ) from None

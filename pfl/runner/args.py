@@ -33,6 +33,7 @@ from pfl.data.settings import DataConfig
 from pfl.errors import ConfigError, require
 from pfl.methods import method_class, methods
 from pfl.models import ModelConfig
+from pfl.runner.class_paths import expand_arg, rewrite_arg, rewrite_config
 
 DEFAULT_METHOD = "fedavg"
 GROUPS: dict[str, type] = {
@@ -71,24 +72,39 @@ def build_fit_parser(method_name: str) -> ArgumentParser:
 
 
 def method_from_argv(argv: list[str]) -> tuple[str, list[str]]:
-    """Find the chosen method (argv wins over config files, later over earlier) and rewrite the
-    ``--method NAME`` shorthand to ``--method.name NAME``."""
+    """Find the chosen method (argv wins over config files, later over earlier), rewrite the
+    ``--method NAME`` shorthand to ``--method.name NAME``, and Lightning's class_path / init_args form
+    (options and config files) to pfl's own (``pfl.runner.class_paths``)."""
     name, out, i = None, [], 0
     while i < len(argv):
         arg = argv[i]
-        if arg in ("--method", "--method.name") and i + 1 < len(argv):
-            name = argv[i + 1]
+        value = argv[i + 1] if i + 1 < len(argv) else None
+        expanded = expand_arg(arg, value)
+        if expanded is not None:  # its options are read in turn (a class_path among them rewritten)
+            options, used = expanded
+            argv = [*argv[:i], *options, *argv[i + used :]]
+            continue
+        rewritten = rewrite_arg(arg, value)
+        if rewritten is not None:
+            arg, value = rewritten
+            if arg.startswith("--method.name"):
+                name = value if value is not None else arg.split("=", 1)[1]
+            out += [arg] if value is None else [arg, value]
+            i += 1 if value is None else 2
+            continue
+        if arg in ("--method", "--method.name") and value is not None:
+            name = value
             out += ["--method.name", name]
             i += 2
             continue
         if arg.startswith(("--method=", "--method.name=")):
             name = arg.split("=", 1)[1]
             out.append(f"--method.name={name}")
-        elif arg in ("--config", "--resume") and i + 1 < len(argv):
-            path = Path(argv[i + 1]) / "config.yaml" if arg == "--resume" else Path(argv[i + 1])
-            found = _method_in_file(path)
+        elif arg in ("--config", "--resume") and value is not None:
+            path = Path(value) / "config.yaml" if arg == "--resume" else Path(value)
+            found, text = _method_in_file(path)
             name = found or name
-            out += [arg, argv[i + 1]]
+            out += [arg, value if text is None or arg == "--resume" else text]
             i += 2
             continue
         else:
@@ -97,21 +113,25 @@ def method_from_argv(argv: list[str]) -> tuple[str, list[str]]:
     return name or DEFAULT_METHOD, out
 
 
-def _method_in_file(path: Path) -> str | None:
+def _method_in_file(path: Path) -> tuple[str | None, str | None]:
+    """The method a config file names (None: none), and the file's text in pfl's own form when it
+    uses Lightning's class_path form (else None: the file is read as it is)."""
     if not path.exists():
         raise ConfigError(
             "--config", f"file not found: {path}", "give the path of an existing YAML file, e.g. conf/default.yaml"
         )
     conf = load_yaml(path)
     try:
+        rewritten = rewrite_config(conf)
         method = conf.get("method")
+        text = None if rewritten is None else OmegaConf.to_yaml(rewritten)
         if isinstance(method, str):
-            return method
+            return method, text
         if method is not None and method.get("name") is not None:
-            return str(method.get("name"))
+            return str(method.get("name")), text
     except OmegaConfBaseException as err:
         raise interpolation_error(err, "method") from None
-    return None
+    return None, text
 
 
 def load_yaml(path: Path) -> DictConfig:
@@ -255,7 +275,7 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def resume_changes(run_dir: Path, ns: Namespace) -> dict[str, tuple[Any, Any]]:
     """``{key: (recorded, now)}`` for every setting ``ns`` changes from ``run_dir/config.yaml``."""
     path = run_dir / "config.yaml"
-    recorded_parser = build_fit_parser(_method_in_file(path) or DEFAULT_METHOD)
+    recorded_parser = build_fit_parser(_method_in_file(path)[0] or DEFAULT_METHOD)
     recorded = _flatten(_parse(recorded_parser, ["--config", str(path)], "--resume").as_dict())
     now = _flatten(ns.as_dict())
     keys = list(recorded) + [k for k in now if k not in recorded]

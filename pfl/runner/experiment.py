@@ -22,7 +22,7 @@ from pfl.federation.checkpoint import CHECKPOINT
 from pfl.federation.loop import Callback
 from pfl.methods import class_path
 from pfl.metrics.protocols import s_test_clients
-from pfl.runner.args import check_resume_progress
+from pfl.runner.args import check_resume_progress, parse_fit_args
 from pfl.runner.assembly import build_loop
 from pfl.runner.outputs import FileOutputs, RunFiles, run_dir_under
 from pfl.runner.reference import ensure_local_reference
@@ -62,6 +62,13 @@ def apply_threads(threads: int | None) -> int:
     if threads is not None:
         torch.set_num_threads(threads)
     return previous
+
+
+def run_argv(argv: list[str]) -> dict[str, Any]:
+    """``python -m pfl fit ARGV`` without its printing: parse and validate ``argv``, then run (or resume)
+    the experiment; returns the summary (``run_dir`` its folder)."""
+    cfg, ns, parser, resume_dir = parse_fit_args(argv)
+    return run_experiment(cfg, parser.dump(ns), resume_dir=resume_dir)
 
 
 def run_experiment(

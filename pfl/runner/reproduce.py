@@ -335,7 +335,7 @@ def seed_plot(
 ) -> Path:
     """Bars of ``metric``'s mean over seeds per run, ± its std over seeds, each seed a dot; the axis spans
     every error bar and dot."""
-    from pfl.metrics.plots import plt, save_figure
+    from pfl.metrics.plots import new_figure, save_figure
 
     labels = list(dict.fromkeys(label for runs in s.values() for label in runs))
     values = {k: [runs[k]["metrics"][metric] for runs in s.values() if metric in runs.get(k, {}).get("metrics", {})]
@@ -343,7 +343,7 @@ def seed_plot(
     labels = [k for k in labels if values[k]]
     means = [statistics.fmean(values[k]) for k in labels]
     stds = [statistics.stdev(values[k]) if len(values[k]) > 1 else 0.0 for k in labels]
-    fig, ax = plt.subplots(figsize=(max(5, 0.6 * len(labels)), 3.5))
+    fig, ax = new_figure((max(5, 0.6 * len(labels)), 3.5))
     colors = ["tab:orange" if k == highlight else "tab:blue" for k in labels]
     ax.bar(labels, means, yerr=stds, capsize=3, color=colors, alpha=0.8)
     for i, k in enumerate(labels):
