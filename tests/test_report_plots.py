@@ -15,6 +15,7 @@ from pfl.errors import ConfigError
 from pfl.metrics.compare_plots import clients_figure, curve_figure, curve_points, plot_groups, read_rows
 from pfl.metrics.plots import plt
 from pfl.runner.outputs import RunFiles
+from pfl.runner.reproduce import Job, comparison_plots
 
 # Two seeds of client.lr 0.1 and one of 0.05: per round (1, 2, 3) their P-model and global accuracy.
 CURVES = {
@@ -236,3 +237,32 @@ def test_figures_of_real_runs_draw_what_their_files_hold(tmp_path, capsys):
     out = tmp_path / "cmp.png"
     assert main(["report", *map(str, dirs), "--plot", str(out), "--plot-clients", str(tmp_path / "cl.png")]) == 0
     assert out.exists() and (tmp_path / "cl.png").exists()
+
+
+def test_a_claim_report_draws_its_labels_over_their_seeds_with_the_same_figures(runs, tmp_path, monkeypatch):
+    import pfl.runner.reproduce as rep
+
+    figures = {}
+    monkeypatch.setattr(rep, "save_figure", lambda fig, path: figures.update({path.name: fig}))
+    labels = {"a0": "plain", "a1": "plain", "b0": "slow"}
+    jobs = [Job("c", labels[r.name], SETTING[r.name][0], [], r, f"c/{labels[r.name]}") for r in runs]
+    lines = comparison_plots("c", jobs, tmp_path, "Paper: c (held)")
+    assert lines == [
+        "![c curves](c_curves.png)",
+        "",
+        "![c clients](c_clients.png)",
+        "",
+    ]
+    curves, clients = figures["c_curves.png"], figures["c_clients.png"]
+    legend = [t.get_text() for t in curves.axes[0].get_legend().get_texts()]
+    assert legend == ["plain (2 runs)", "slow (1 run)"]  # labelled as the claim's table rows
+    assert curves.axes[0].get_title().startswith("Paper: c (held)\n")
+    assert [sorted(d.get_ydata()) for d in drawn(clients, "clients")] == [
+        sorted(CLIENTS["a0"] + CLIENTS["a1"]),
+        sorted(CLIENTS["b0"]),
+    ]
+    RunFiles(runs[2]).write_metrics([{"round": 1, "train.loss": 1.0}])  # shares no accuracy with the others
+    figures.clear()
+    lines = comparison_plots("c", jobs, tmp_path, "t")
+    assert lines[0].startswith("No curves plot: none of pm.l_acc.mean") and "missing in b0" in lines[0]
+    assert list(figures) == ["c_clients.png"] and lines[2] == "![c clients](c_clients.png)"

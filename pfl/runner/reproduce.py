@@ -298,7 +298,7 @@ def comparison_plots(key: str, finished: list[Job], out: Path, title: str) -> li
         try:
             save_figure(draw(groups, None, title)[0], path)
         except ConfigError as err:  # e.g. runs without a common metric: the report says so and goes on
-            lines += [f"No {name} plot: {err}", ""]
+            lines += [f"No {name} plot: {err.problem}.", ""]
             continue
         lines += [f"![{key} {name}]({path.name})", ""]
     return lines
