@@ -85,7 +85,9 @@ def test_a_group_is_drawn_as_the_mean_of_its_seeds_with_their_min_max_band(runs)
         "fedavg, client.lr=0.05 (1 run)",
     ]
     assert "band: min–max over seeds" in ax.get_title() and "mean over seeds" in ax.get_title()
-    assert ax.get_xlabel() == "round"
+    assert ax.get_xlabel() == "round" and ax.get_ylabel() == "P-models, own test (L-acc) (pm.l_acc.mean)"
+    fig.canvas.draw()
+    assert all(float(t).is_integer() for t in ax.get_xticks())  # rounds are whole numbers
     plt.close(fig)
 
 
@@ -95,9 +97,15 @@ def test_plot_metric_chooses_the_curve_and_a_name_without_mean_reads_its_mean(ru
     assert list(drawn(fig, "mean")[0].get_ydata()) == pytest.approx([0.15, 0.25, 0.4])
     plt.close(fig)
     files = RunFiles(tmp_path / "a0")
-    files.write_metrics([{"round": 1, "pm.l_loss.mean": 2.0}, {"round": 2, "pm.l_loss.mean": 1.0}])
+    files.write_metrics(
+        [{"round": 1, "pm.l_loss.mean": 2.0, "comm.up_bytes.total": 9.0}, {"round": 2, "pm.l_loss.mean": 1.0}]
+    )
     fig, key = curve_figure(plot_groups(runs[:1]), "pm.l_loss")
     assert key == "pm.l_loss.mean" and list(drawn(fig, "mean")[0].get_ydata()) == [2.0, 1.0]
+    assert fig.axes[0].get_ylabel() == "P-models, own test (pm.l_loss.mean)"
+    plt.close(fig)
+    fig, key = curve_figure(plot_groups(runs[:1]), "comm.up_bytes.total")
+    assert list(drawn(fig, "mean")[0].get_xdata()) == [1] and fig.axes[0].get_ylabel() == "comm.up_bytes.total"
     plt.close(fig)
 
 
@@ -133,12 +141,32 @@ def test_clients_are_one_box_per_group_with_the_clients_of_its_seeds_pooled(runs
         assert ends == pytest.approx(sorted([*np.percentile(values, [25, 75]), min(values), max(values)]))
     dots = drawn(fig, "clients")
     assert [sorted(d.get_ydata()) for d in dots] == [sorted(v) for v in pooled]
-    assert all(abs(x - (i + 1)) < 0.5 for i, d in enumerate(dots) for x in d.get_xdata())  # over their own box
+    spans = [(min(b.get_xdata()), max(b.get_xdata())) for b in drawn(fig, "boxes")]
+    assert spans[0][1] < spans[1][0]  # boxes side by side, not overlapping
+    for (left, right), d in zip(spans, dots, strict=True):  # every client inside its own box, apart
+        assert all(left < x < right for x in d.get_xdata()) and len(set(d.get_xdata())) == len(d.get_xdata())
+        assert np.mean(d.get_xdata()) == pytest.approx((left + right) / 2)  # centred on it
+    assert fig.get_figwidth() == plt.rcParams["figure.figsize"][0]  # two groups fit the default width
     ax = fig.axes[0]
     ticks = [t.get_text() for t in ax.get_xticklabels()]
     assert ticks == ["fedavg, client.lr=0.1\n6 clients, 2 runs", "fedavg, client.lr=0.05\n3 clients, 1 run"]
     assert "seeds pooled" in ax.get_title() and "whiskers: min–max" in ax.get_title()
     plt.close(fig)
+
+
+def test_many_groups_widen_the_client_figure_to_keep_their_labels_apart(tmp_path):
+    runs = [write_run(tmp_path, f"r{i}", 0, 0.01 * (i + 1), {"pm.l_acc.mean": [0.1]}, [0.5, 0.6]) for i in range(8)]
+    fig, _ = clients_figure(plot_groups(runs))
+    assert len(drawn(fig, "boxes")) == 8 and fig.get_figwidth() == pytest.approx(8 * 1.6)
+    plt.close(fig)
+
+
+def test_a_folder_without_write_permission_is_refused(runs, tmp_path, monkeypatch, capsys):
+    import pfl.metrics.compare_plots as cp
+
+    monkeypatch.setattr(cp.os, "access", lambda path, mode: not mode & cp.os.W_OK)  # as for a read-only folder
+    assert main(["report", *map(str, runs), "--plot", str(tmp_path / "c.png")]) == 2
+    assert f"--plot: cannot write {tmp_path}/c.png: {tmp_path} is not a writable folder" in capsys.readouterr().err
 
 
 def test_per_run_groups_draw_every_run_labelled_with_its_seed(runs):

@@ -32,6 +32,8 @@ CLIENTS_FILE = "clients.csv"  # one row per client of the reported round
 CURVE_KEYS = ("pm.l_acc.mean", "gm.acc", "pm.mae.mean", "gm.mae")
 CLIENT_KEYS = ("pm.l_acc", "pm.mae")
 BAND = "band: min–max over seeds"
+BOX_INCHES = 1.6  # figure width per group of the client figure, beyond the default width
+BOX_WIDTH = 0.5  # of a box, in units of the distance between boxes
 INDEX = ("round", "client")  # columns that say where a row belongs, never drawn
 
 
@@ -143,22 +145,23 @@ def curve_figure(groups: list[PlotGroup], key: str | None = None, title: str | N
     a min–max band where it has several. Returns the figure and the key drawn."""
     histories = {d: read_rows(d / HISTORY_FILE) for g in groups for d in g.run_dirs}
     key = pick_key(histories, key, CURVE_KEYS, "--plot-metric", HISTORY_FILE)
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots()
     for g in groups:
         x, mean, low, high = curve_points([histories[d] for d in g.run_dirs], key)
-        runs = len(g.run_dirs)
-        (line,) = ax.plot(
-            x, mean, marker="o", markersize=3, gid="mean", label=f"{g.label} ({runs} run{'s' * (runs > 1)})"
-        )
-        if runs > 1:
-            ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2, linewidth=0, gid="band")
+        (line,) = ax.plot(x, mean, marker=".", gid="mean", label=f"{g.label} ({_runs(g)})")
+        if len(g.run_dirs) > 1:
+            ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2, gid="band")
     ax.set_xlabel("round")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel(f"{LABELS[key]} ({key})" if key in LABELS else key, fontsize=9)
-    ax.set_title(f"{title + chr(10) if title else ''}{key}: mean over seeds, {BAND}", fontsize=10)
+    ax.set_ylabel(f"{LABELS[key]} ({key})" if key in LABELS else key)
+    ax.set_title(f"{title + chr(10) if title else ''}{key}: mean over seeds, {BAND}", fontsize="medium")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize="small")
     return fig, key
+
+
+def _runs(group: PlotGroup) -> str:
+    return f"{len(group.run_dirs)} run{'s' * (len(group.run_dirs) > 1)}"
 
 
 def clients_figure(groups: list[PlotGroup], key: str | None = None, title: str | None = None) -> tuple[plt.Figure, str]:
@@ -167,20 +170,19 @@ def clients_figure(groups: list[PlotGroup], key: str | None = None, title: str |
     tables = {d: read_rows(d / CLIENTS_FILE) for g in groups for d in g.run_dirs}
     key = pick_key(tables, key, CLIENT_KEYS, "--plot-clients", CLIENTS_FILE)
     pooled = [[row[key] for d in g.run_dirs for row in tables[d] if key in row] for g in groups]
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(groups) + 1.5), 4.2))
-    parts = ax.boxplot(pooled, whis=(0, 100), showmeans=True, widths=0.5)
-    for name in ("medians", "whiskers", "caps", "means"):
+    width, height = plt.rcParams["figure.figsize"]
+    fig, ax = plt.subplots(figsize=(max(width, BOX_INCHES * len(groups)), height))  # labels side by side
+    parts = ax.boxplot(pooled, whis=(0, 100), showmeans=True, widths=BOX_WIDTH)
+    for name in ("boxes", "medians", "whiskers", "means"):
         for artist in parts[name]:
             artist.set_gid(name)
-    for i, values in enumerate(pooled, start=1):  # the clients themselves, spread sideways to be seen
-        ax.plot(i + np.linspace(-0.12, 0.12, len(values)), values, ".", color="black", alpha=0.4, gid="clients")
-    ticks = [
-        f"{g.label}\n{len(v)} clients, {len(g.run_dirs)} run{'s' * (len(g.run_dirs) > 1)}"
-        for g, v in zip(groups, pooled, strict=True)
-    ]
-    ax.set_xticks(range(1, len(groups) + 1), ticks, fontsize=7, rotation=15 if len(groups) > 3 else 0)
-    ax.set_ylabel(f"{key} per client", fontsize=9)
+    for i, values in enumerate(pooled, start=1):  # the clients themselves, spread inside their box
+        spread = np.linspace(-BOX_WIDTH / 4, BOX_WIDTH / 4, len(values))
+        ax.plot(i + spread, values, ".", color="black", alpha=0.4, gid="clients")
+    ticks = [f"{g.label}\n{len(v)} clients, {_runs(g)}" for g, v in zip(groups, pooled, strict=True)]
+    ax.set_xticks(range(1, len(groups) + 1), ticks, fontsize="small")
+    ax.set_ylabel(f"{key} per client")
     heading = f"{key} per client of the reported round, seeds pooled\nbox: quartiles, whiskers: min–max, ▲ mean"
-    ax.set_title(f"{title}\n{heading}" if title else heading, fontsize=10)
+    ax.set_title(f"{title}\n{heading}" if title else heading, fontsize="medium")
     ax.grid(axis="y", alpha=0.3)
     return fig, key
