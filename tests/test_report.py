@@ -241,3 +241,14 @@ def test_seeds_that_never_reach_the_target_are_counted_and_the_cell_cannot_win(t
     assert lines[3] == "| ditto0 +2 | ditto | 3 | 28.0 ± 2.0 |"  # the only complete cell: no best among one
     rows = list(csv.DictReader(io.StringIO(report(runs, ["rounds_to_target"], "csv"))))
     assert [r["rounds_to_target_n"] for r in rows] == ["2", "3"]
+
+
+def test_the_command_passes_its_options_to_the_table(tmp_path, capsys):
+    runs = [str(r) for r in two_methods_three_seeds(tmp_path)]
+    assert main(["report", *runs, "--metrics", " rounds_to_target, ,"]) == 0
+    assert capsys.readouterr().out == report(runs, ["rounds_to_target"], digits=4)  # not every measured key
+    assert main(["report", *runs, "--per-run", "--format", "csv", "--digits", "2"]) == 0
+    assert capsys.readouterr().out == report(runs, None, "csv", group=False, digits=2)
+    assert main(["report", *runs, "--per-run"]) == 0
+    out = capsys.readouterr().out
+    assert out == report(runs, group=False) and "| 0.7000 (0.0500) |" in out  # four decimals by default

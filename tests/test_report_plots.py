@@ -207,6 +207,29 @@ def test_report_writes_both_figures_and_prints_the_same_table(runs, tmp_path, ca
     assert f"wrote {curves}" in out.err and f"wrote {clients}" in out.err
 
 
+def test_the_command_groups_the_figures_as_it_groups_the_table(runs, tmp_path, monkeypatch, capsys):
+    import pfl.commands.report as command
+
+    figures = {}
+    monkeypatch.setattr(command, "save_figure", lambda fig, path: figures.update({path.name: fig}))
+    for per_run, rows in (([], 2), (["--per-run"], 3)):
+        plot = ["--plot", str(tmp_path / "c.png"), "--plot-clients", str(tmp_path / "k.png")]
+        assert main(["report", *map(str, runs), *per_run, *plot]) == 0
+        assert len(capsys.readouterr().out.splitlines()) == 2 + rows
+        assert len(drawn(figures["c.png"], "mean")) == rows and len(drawn(figures["k.png"], "boxes")) == rows
+        plt.close(figures["c.png"])
+        plt.close(figures["k.png"])
+    assert main(["report", *map(str, runs), "--plot-clients", str(tmp_path / "only.png")]) == 0
+    assert list(figures) == ["c.png", "k.png", "only.png"]  # each figure only when asked for
+
+
+def test_a_bad_option_prints_the_usage_with_the_figure_options(capsys):
+    assert main(["report", "--plot"]) == 2
+    err = capsys.readouterr().err
+    assert "--plot: expected one argument" in err
+    assert "usage: python -m pfl report RUN_DIR [RUN_DIR ...]" in err and "[--plot FILE.png [--plot-metric KEY]]" in err
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
