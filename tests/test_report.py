@@ -282,6 +282,13 @@ def test_a_missing_setting_differs_from_a_null_one_and_key_order_does_not_count(
     md = report(runs, ["gm.acc"]).splitlines()
     assert md[0] == "| run | method | method.mu | n | gm.acc |"
     assert md[2:] == ["| a +1 | fedavg | null | 2 | **0.5000 ± 0.0000** |", "| b | fedavg | - | 1 | **0.5000** |"]
+    for name, opts in (("d", {"x": 1, "y": 2}), ("e", {"y": 2, "x": 1})):  # summaries keep their key order
+        (tmp_path / name).mkdir()
+        summary = {"method": "fedavg", "hparams": {"opts": opts}, "metrics": {"gm.acc": 0.5}}
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+    assert report([tmp_path / "d", tmp_path / "e"], ["gm.acc"]).splitlines()[2:] == [
+        "| d +1 | fedavg | 2 | 0.5000 ± 0.0000 |"
+    ]
 
 
 def test_numbers_from_1000_up_are_significant_digits_and_tiny_spreads_negative_powers(tmp_path):
