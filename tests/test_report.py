@@ -241,3 +241,78 @@ def test_seeds_that_never_reach_the_target_are_counted_and_the_cell_cannot_win(t
     assert lines[3] == "| ditto0 +2 | ditto | 3 | 28.0 ± 2.0 |"  # the only complete cell: no best among one
     rows = list(csv.DictReader(io.StringIO(report(runs, ["rounds_to_target"], "csv"))))
     assert [r["rounds_to_target_n"] for r in rows] == ["2", "3"]
+
+
+def test_the_command_passes_its_options_to_the_table(tmp_path, capsys):
+    runs = [str(r) for r in two_methods_three_seeds(tmp_path)]
+    assert main(["report", *runs, "--metrics", " rounds_to_target, ,"]) == 0
+    assert capsys.readouterr().out == report(runs, ["rounds_to_target"], digits=4)  # not every measured key
+    assert main(["report", *runs, "--per-run", "--format", "csv", "--digits", "2"]) == 0
+    assert capsys.readouterr().out == report(runs, None, "csv", group=False, digits=2)
+    assert main(["report", *runs, "--per-run"]) == 0
+    out = capsys.readouterr().out
+    assert out == report(runs, group=False) and "| 0.7000 (0.0500) |" in out  # four decimals by default
+
+
+def test_table_runs_tell_repeats_apart_only_by_the_seed_unless_asked(tmp_path):
+    from pfl.metrics.report import build_table, run_settings, table_runs
+
+    summaries = [{"method": "fedavg", "seed": s, "metrics": {"gm.acc": 0.5 + 0.1 * s}} for s in (0, 1)]
+    configs = [config("fedavg", s, tmp_path, f"r{s}") for s in (0, 1)]
+    runs = table_runs(summaries, ["r0", "r1"], configs)  # grouped by default
+    assert runs[0].settings == runs[1].settings and "seed" not in runs[0].settings
+    assert runs[0].settings["client.lr"] == 0.1  # from the config
+    assert [r.settings["seed"] for r in table_runs(summaries, ["r0", "r1"], configs, group=False)] == [0, 1]
+    assert table_runs(summaries, ["r0", "r1"])[0].settings == {"method": "fedavg"}  # no configs: the summaries
+    assert "seed" not in run_settings(summaries[0], None)
+    assert run_settings({"method": "x"}, {"seed": 3, "method": {"name": "x"}}, keep_seed=True)["seed"] == 3
+    with pytest.raises(ValueError):  # a name or config per summary, never silently cut
+        table_runs(summaries, ["r0"], configs)
+    header, rows, _ = build_table(summaries, ["r0", "r1"], ["gm.acc"])
+    assert len(rows) == 1 and rows[0][2] == "2"  # grouped by default
+
+
+def test_a_missing_setting_differs_from_a_null_one_and_key_order_does_not_count(tmp_path):
+    a = config("fedavg", 0, tmp_path, "a", mu=None, opts=[{"x": 1, "y": 2}])
+    b = config("fedavg", 1, tmp_path, "b", opts=[{"y": 2, "x": 1}])
+    c = config("fedavg", 2, tmp_path, "c", mu=None, opts=[{"y": 2, "x": 1}])
+    runs = [
+        write_run(tmp_path, n, "fedavg", {"gm.acc": 0.5}, config=cfg) for n, cfg in zip("abc", (a, b, c), strict=True)
+    ]
+    md = report(runs, ["gm.acc"]).splitlines()
+    assert md[0] == "| run | method | method.mu | n | gm.acc |"
+    assert md[2:] == ["| a +1 | fedavg | null | 2 | **0.5000 ± 0.0000** |", "| b | fedavg | - | 1 | **0.5000** |"]
+    for name, opts in (("d", {"x": 1, "y": 2}), ("e", {"y": 2, "x": 1})):  # summaries keep their key order
+        (tmp_path / name).mkdir()
+        summary = {"method": "fedavg", "hparams": {"opts": opts}, "metrics": {"gm.acc": 0.5}}
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+    assert report([tmp_path / "d", tmp_path / "e"], ["gm.acc"]).splitlines()[2:] == [
+        "| d +1 | fedavg | 2 | 0.5000 ± 0.0000 |"
+    ]
+
+
+def test_numbers_from_1000_up_are_significant_digits_and_tiny_spreads_negative_powers(tmp_path):
+    runs = [write_run(tmp_path, f"r{i}", "fedavg", {"x": v}) for i, v in enumerate([1000.0, 1000.00001])]
+    assert report(runs[:1], ["x"]).splitlines()[2] == "| r0 | fedavg | 1 | 1000 |"
+    tex = latex_rows(report(runs, ["x"], "latex"))[0]
+    assert tex == "fedavg & 2 & 1000 $\\pm$ $7.071\\times10^{-6}$ \\\\"  # the spread in the style of its mean
+    small = write_run(tmp_path, "s", "fedavg", {"x": 0.25})
+    assert report([small], ["x"], digits=0).splitlines()[2] == "| s | fedavg | 1 | 0 |"
+
+
+def test_render_and_cells_default_to_four_decimals_and_every_column_gets_its_best(tmp_path):
+    from pfl.metrics.report import Cell, build_table, render
+
+    assert Cell(1, [0.123456]).text() == "0.1235"
+    a = write_run(tmp_path, "a", "fedavg", {"only_a": 1.0, "x": 0.2})
+    b = write_run(tmp_path, "b", "ditto", {"x": 0.3})
+    header, rows, best = build_table([json.loads((r / "summary.json").read_text()) for r in (a, b)], ["a", "b"],
+                                     ["only_a", "x"])  # fmt: skip
+    assert best == [[False, False], [False, True]]  # a column with one value has no best; the next still does
+    assert render(header, rows, best).splitlines()[3] == "| b | ditto | 1 | - | **0.3000** |"
+    assert "\\begin{tabular}{lrrr}" in render(header, rows, best, "latex")  # method left; n and numbers right
+
+
+def test_measured_but_never_reached_reads_never_in_a_cell_of_several_runs(tmp_path):
+    runs = [write_run(tmp_path, f"r{i}", "fedavg", {"rounds_to_target": None}) for i in range(2)]
+    assert report(runs, ["rounds_to_target"]).splitlines()[2] == "| r0 +1 | fedavg | 2 | never |"

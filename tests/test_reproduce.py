@@ -53,6 +53,8 @@ def test_report_has_seed_table_paired_diffs_verdict_plot_and_time(tmp_path, monk
     assert ("- 2 seeds measured" in report) != ("**Verdict: held**" in report)  # causes only when not held
     assert "Measured wall time of this suite: " in report and "| tiny |" in report and "| absent | not run |" in report
     assert (tmp_path / "tiny.png").exists() and "Not run: methods not available yet: nope" in report
+    for name in ("curves", "clients"):  # the runs as `pfl report --plot/--plot-clients` draws them
+        assert (tmp_path / f"tiny_{name}.png").exists() and f"![tiny {name}](tiny_{name}.png)" in report
     assert "against the suite's own `local` run" in report
     seconds = json.loads((tmp_path / "seconds.json").read_text())
     assert set(seconds) == {f"tiny/{label}/s{seed}" for label in ("local", "ditto") for seed in (0, 1)}

@@ -1,15 +1,21 @@
 """``python -m pfl report RUN_DIR [RUN_DIR ...] [--metrics k1,k2] [--format markdown|csv|latex]
-[--digits N] [--per-run]``."""
+[--digits N] [--per-run] [--plot FILE [--plot-metric KEY]] [--plot-clients FILE]``."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from pfl.errors import ConfigError
+from pfl.metrics.compare_plots import check_output, clients_figure, curve_figure, plot_groups
+from pfl.metrics.plots import plt, save_figure
 from pfl.metrics.report import FORMATS, report
 
-USAGE = "usage: python -m pfl report RUN_DIR [RUN_DIR ...] [--metrics k1,k2] [--format markdown|csv|latex]"
+USAGE = (
+    "usage: python -m pfl report RUN_DIR [RUN_DIR ...] [--metrics k1,k2] [--format markdown|csv|latex] "
+    "[--plot FILE.png [--plot-metric KEY]] [--plot-clients FILE.png]"
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,11 +47,65 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--per-run", action="store_true", help="one row per run instead of one per group of seeds (seed a column)"
     )
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also draw the rows' curves over rounds into FILE (.png): mean over seeds, min–max band",
+    )
+    parser.add_argument(
+        "--plot-metric",
+        default=None,
+        metavar="KEY",
+        help="the metrics.csv key --plot draws (default: pm.l_acc.mean, else gm.acc, pm.mae.mean, gm.mae)",
+    )
+    parser.add_argument(
+        "--plot-clients",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also draw each row's per-client own-test scores of the reported round into FILE, seeds pooled",
+    )
     return parser
+
+
+def check_plots(args: argparse.Namespace) -> None:
+    """The figure options make sense together and their files can be written (before anything is read)."""
+    if args.plot_metric is not None and args.plot is None:
+        raise ConfigError("--plot-metric", "chooses what --plot draws", "add --plot FILE.png")
+    for flag, path in (("--plot", args.plot), ("--plot-clients", args.plot_clients)):
+        if path is not None:
+            check_output(path, flag)
+    if args.plot is not None and args.plot_clients is not None and args.plot.resolve() == args.plot_clients.resolve():
+        raise ConfigError("--plot-clients", f"{args.plot} is also the --plot file", "give each figure its own file")
+
+
+def draw_plots(args: argparse.Namespace) -> dict[Path, plt.Figure]:
+    """The requested figures by file, drawn in memory (nothing is written if one of them fails)."""
+    if args.plot is None and args.plot_clients is None:
+        return {}
+    groups = plot_groups(args.run_dirs, group=not args.per_run)
+    figures: dict[Path, plt.Figure] = {}
+    try:
+        if args.plot is not None:
+            figures[args.plot] = curve_figure(groups, args.plot_metric)[0]
+        if args.plot_clients is not None:
+            figures[args.plot_clients] = clients_figure(groups)[0]
+    except ConfigError:
+        for fig in figures.values():
+            plt.close(fig)
+        raise
+    return figures
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    check_plots(args)
     metrics = [k.strip() for k in args.metrics.split(",") if k.strip()] if args.metrics else None
-    print(report(args.run_dirs, metrics, args.format, group=not args.per_run, digits=args.digits), end="")
+    table = report(args.run_dirs, metrics, args.format, group=not args.per_run, digits=args.digits)
+    for path, fig in draw_plots(args).items():
+        save_figure(fig, path)
+        print(f"wrote {path}", file=sys.stderr)  # stdout stays the table (csv pipes)
+    print(table, end="")
     return 0

@@ -282,6 +282,23 @@ def best_flags(keys: list[str], cells: list[list[Cell]]) -> list[list[bool]]:
 
 
 # -- the table ------------------------------------------------------------------------------------
+def table_runs(
+    summaries: list[dict[str, Any]],
+    names: list[str],
+    configs: list[dict[str, Any] | None] | None = None,
+    group: bool = True,
+) -> list[Run]:
+    """The runs as the table tells them apart: settings from the configs when every run has one, else
+    from the summaries for all; ``group=False`` keeps the seed (one group per run)."""
+    configs = list(configs) if configs is not None else [None] * len(summaries)
+    if any(c is None for c in configs):  # compare like with like: summary descriptions for all
+        configs = [None] * len(summaries)
+    return [
+        Run(name, s, run_settings(s, c, keep_seed=not group))
+        for name, s, c in zip(names, summaries, configs, strict=True)
+    ]
+
+
 def build_table(
     summaries: list[dict[str, Any]],
     names: list[str],
@@ -294,14 +311,7 @@ def build_table(
     summary, None where a run has no config.yaml) tell settings apart; settings come from the
     summaries unless every run has a config. ``group=False``: one row per run (the seed a setting).
     Without ``metrics``, the default keys no run has are dropped."""
-    configs = list(configs) if configs is not None else [None] * len(summaries)
-    if any(c is None for c in configs):  # compare like with like: summary descriptions for all
-        configs = [None] * len(summaries)
-    runs = [
-        Run(name, s, run_settings(s, c, keep_seed=not group))
-        for name, s, c in zip(names, summaries, configs, strict=True)
-    ]
-    groups = group_runs(runs)
+    groups = group_runs(table_runs(summaries, names, configs, group))
     keys = list(metrics) if metrics else list(DEFAULT_METRICS)
     cells = [group_cells(g, keys) for g in groups]
     if metrics is None:  # the default list shows only what was measured

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from pfl.errors import ConfigError, require
 from pfl.methods import methods
+from pfl.metrics.compare_plots import clients_figure, curve_figure, plot_groups
+from pfl.metrics.plots import save_figure
 from pfl.metrics.protocols import reference_metrics
 from pfl.metrics.report import build_table, load_config, render
 from pfl.runner.args import parse_fit_args
@@ -281,8 +283,25 @@ def claim_section(
     title = f"{claim.paper}: {claim.key} ({result})"
     plot = seed_plot(s, claim.plot_metric, out / f"{claim.key}.png", claim.winner, title)
     took = sum(seconds.get(j.name, 0.0) for j in finished)
-    lines += ["", f"![{claim.key}]({plot.name})", "", f"({len(finished)} runs, {took / 60:.1f} run-minutes)", ""]
+    lines += ["", f"![{claim.key}]({plot.name})", "", *comparison_plots(claim.key, finished, out, title)]
+    lines += [f"({len(finished)} runs, {took / 60:.1f} run-minutes)", ""]
     return lines, result
+
+
+def comparison_plots(key: str, finished: list[Job], out: Path, title: str) -> list[str]:
+    """The claim's runs as ``pfl report --plot/--plot-clients`` draws them, a row per label: the curves
+    over rounds (``<key>_curves.png``) and the per-client scores (``<key>_clients.png``); the report's lines."""
+    groups = plot_groups([j.run_dir for j in finished], [j.label for j in finished], label_by_name=True)
+    lines = []
+    for name, draw in (("curves", curve_figure), ("clients", clients_figure)):
+        path = out / f"{key}_{name}.png"
+        try:
+            save_figure(draw(groups, None, title)[0], path)
+        except ConfigError as err:  # e.g. runs without a common metric: the report says so and goes on
+            lines += [f"No {name} plot: {err.problem}.", ""]
+            continue
+        lines += [f"![{key} {name}]({path.name})", ""]
+    return lines
 
 
 def contrast_table(contrasts: list[Contrast], seeds: list[int]) -> list[str]:
