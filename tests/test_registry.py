@@ -31,7 +31,9 @@ def test_register_returns_the_class_and_makes_it_known_by_its_name(scratch_name)
     assert register(Mine) is Mine
     assert register(Mine) is Mine  # registering the same class again is harmless
     assert method_class(scratch_name) is Mine and methods()[scratch_name] is Mine
-    assert class_path(Mine) == scratch_name
+    # a class registered outside pfl.methods is still recorded by its import path: another process
+    # (a resume, a sweep run) finds it only by importing its module
+    assert class_path(Mine) == f"{__name__}.{Mine.__qualname__}"
 
 
 def test_register_refuses_a_nameless_class_and_a_second_class_under_a_taken_name(scratch_name):

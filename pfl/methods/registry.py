@@ -72,7 +72,9 @@ def method_class(name: str) -> type[Method]:
 
 
 def class_path(cls: type[Method]) -> str:
-    """How a config names ``cls``: its registered name, else its import path."""
-    if _REGISTRY.get(cls.name) is cls:
+    """How a config names ``cls``: a built-in's registered name, else its import path. A class that is
+    registered from outside ``pfl.methods`` is named by its path too: another process (a resume, a
+    sweep run) finds it only by importing its module."""
+    if _REGISTRY.get(cls.name) is cls and cls.__module__.startswith(f"{__package__}."):
         return cls.name
     return f"{cls.__module__}.{cls.__qualname__}"
