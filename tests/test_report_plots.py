@@ -9,11 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from matplotlib import colors, rcParams
+from matplotlib.figure import Figure
 
 from pfl.cli import main
 from pfl.errors import ConfigError
 from pfl.metrics.compare_plots import clients_figure, curve_figure, curve_points, plot_groups, read_rows
-from pfl.metrics.plots import plt
 from pfl.runner.outputs import RunFiles
 from pfl.runner.reproduce import Job, comparison_plots
 
@@ -51,7 +52,7 @@ def runs(tmp_path) -> list[Path]:
     return [write_run(tmp_path, name, *SETTING[name], CURVES[name], CLIENTS[name]) for name in CURVES]
 
 
-def drawn(fig: plt.Figure, gid: str) -> list:
+def drawn(fig: Figure, gid: str) -> list:
     (ax,) = fig.axes
     return [a for a in [*ax.lines, *ax.collections] if a.get_gid() == gid]
 
@@ -78,7 +79,7 @@ def test_a_group_is_drawn_as_the_mean_of_its_seeds_with_their_min_max_band(runs)
         float(r + 1): {round(min(x, y), 9), round(max(x, y), 9)} for r, (x, y) in enumerate(zip(a, b, strict=True))
     }
     assert band_edges(band) == expected
-    assert tuple(band.get_facecolor()[0][:3]) == pytest.approx(plt.matplotlib.colors.to_rgb(means[0].get_color()))
+    assert tuple(band.get_facecolor()[0][:3]) == pytest.approx(colors.to_rgb(means[0].get_color()))
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
         "fedavg, client.lr=0.1 (2 runs)",
@@ -88,14 +89,12 @@ def test_a_group_is_drawn_as_the_mean_of_its_seeds_with_their_min_max_band(runs)
     assert ax.get_xlabel() == "round" and ax.get_ylabel() == "P-models, own test (L-acc) (pm.l_acc.mean)"
     fig.canvas.draw()
     assert all(float(t).is_integer() for t in ax.get_xticks())  # rounds are whole numbers
-    plt.close(fig)
 
 
 def test_plot_metric_chooses_the_curve_and_a_name_without_mean_reads_its_mean(runs, tmp_path):
     fig, key = curve_figure(plot_groups(runs), "gm.acc")
     assert key == "gm.acc"
     assert list(drawn(fig, "mean")[0].get_ydata()) == pytest.approx([0.15, 0.25, 0.4])
-    plt.close(fig)
     files = RunFiles(tmp_path / "a0")
     files.write_metrics(
         [{"round": 1, "pm.l_loss.mean": 2.0, "comm.up_bytes.total": 9.0}, {"round": 2, "pm.l_loss.mean": 1.0}]
@@ -103,10 +102,8 @@ def test_plot_metric_chooses_the_curve_and_a_name_without_mean_reads_its_mean(ru
     fig, key = curve_figure(plot_groups(runs[:1]), "pm.l_loss")
     assert key == "pm.l_loss.mean" and list(drawn(fig, "mean")[0].get_ydata()) == [2.0, 1.0]
     assert fig.axes[0].get_ylabel() == "P-models, own test (pm.l_loss.mean)"
-    plt.close(fig)
     fig, key = curve_figure(plot_groups(runs[:1]), "comm.up_bytes.total")
     assert list(drawn(fig, "mean")[0].get_xdata()) == [1] and fig.axes[0].get_ylabel() == "comm.up_bytes.total"
-    plt.close(fig)
 
 
 def test_the_default_curve_is_the_first_main_metric_every_run_logged(tmp_path):
@@ -114,7 +111,6 @@ def test_the_default_curve_is_the_first_main_metric_every_run_logged(tmp_path):
     b = write_run(tmp_path, "b", 0, 0.2, {"pm.l_acc.mean": [0.3, 0.4], "gm.acc": [0.5, 0.6]}, [0.5])
     fig, key = curve_figure(plot_groups([a, b]))
     assert key == "gm.acc"  # pm.l_acc.mean comes first but only b logged it
-    plt.close(fig)
 
 
 def test_each_round_averages_the_runs_that_evaluated_it_and_blank_cells_are_skipped(tmp_path):
@@ -146,19 +142,17 @@ def test_clients_are_one_box_per_group_with_the_clients_of_its_seeds_pooled(runs
     for (left, right), d in zip(spans, dots, strict=True):  # every client inside its own box, apart
         assert all(left < x < right for x in d.get_xdata()) and len(set(d.get_xdata())) == len(d.get_xdata())
         assert np.mean(d.get_xdata()) == pytest.approx((left + right) / 2)  # centred on it
-    assert fig.get_figwidth() == plt.rcParams["figure.figsize"][0]  # two groups fit the default width
+    assert fig.get_figwidth() == rcParams["figure.figsize"][0]  # two groups fit the default width
     ax = fig.axes[0]
     ticks = [t.get_text() for t in ax.get_xticklabels()]
     assert ticks == ["fedavg, client.lr=0.1\n6 clients, 2 runs", "fedavg, client.lr=0.05\n3 clients, 1 run"]
     assert "seeds pooled" in ax.get_title() and "whiskers: min–max" in ax.get_title()
-    plt.close(fig)
 
 
 def test_many_groups_widen_the_client_figure_to_keep_their_labels_apart(tmp_path):
     runs = [write_run(tmp_path, f"r{i}", 0, 0.01 * (i + 1), {"pm.l_acc.mean": [0.1]}, [0.5, 0.6]) for i in range(8)]
     fig, _ = clients_figure(plot_groups(runs))
     assert len(drawn(fig, "boxes")) == 8 and fig.get_figwidth() == pytest.approx(8 * 1.6)
-    plt.close(fig)
 
 
 def test_a_folder_without_write_permission_is_refused(runs, tmp_path, monkeypatch, capsys):
@@ -179,7 +173,6 @@ def test_per_run_groups_draw_every_run_labelled_with_its_seed(runs):
     assert [g.run_dirs for g in groups] == [[r] for r in runs]
     fig, _ = curve_figure(groups)
     assert len(drawn(fig, "mean")) == 3 and not drawn(fig, "band")
-    plt.close(fig)
 
 
 def test_a_metric_the_runs_lack_is_one_line_naming_it_and_the_available_ones(runs, tmp_path, capsys):
@@ -217,8 +210,6 @@ def test_the_command_groups_the_figures_as_it_groups_the_table(runs, tmp_path, m
         assert main(["report", *map(str, runs), *per_run, *plot]) == 0
         assert len(capsys.readouterr().out.splitlines()) == 2 + rows
         assert len(drawn(figures["c.png"], "mean")) == rows and len(drawn(figures["k.png"], "boxes")) == rows
-        plt.close(figures["c.png"])
-        plt.close(figures["k.png"])
     assert main(["report", *map(str, runs), "--plot-clients", str(tmp_path / "only.png")]) == 0
     assert list(figures) == ["c.png", "k.png", "only.png"]  # each figure only when asked for
 
@@ -278,12 +269,10 @@ def test_figures_of_real_runs_draw_what_their_files_hold(tmp_path, capsys):
         with open(run / "metrics.csv") as fh:
             rows = list(csv.DictReader(fh))
         assert list(line.get_xdata()) == [1, 2] and list(line.get_ydata()) == [float(r[key]) for r in rows]
-    plt.close(fig)
     fig, _ = clients_figure(groups)
     for dots, run in zip(drawn(fig, "clients"), dirs, strict=True):
         with open(run / "clients.csv") as fh:
             assert sorted(dots.get_ydata()) == sorted(float(r["pm.l_acc"]) for r in csv.DictReader(fh))
-    plt.close(fig)
     capsys.readouterr()
     out = tmp_path / "cmp.png"
     assert main(["report", *map(str, dirs), "--plot", str(out), "--plot-clients", str(tmp_path / "cl.png")]) == 0

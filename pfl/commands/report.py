@@ -7,9 +7,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from matplotlib.figure import Figure
+
 from pfl.errors import ConfigError
 from pfl.metrics.compare_plots import check_output, clients_figure, curve_figure, plot_groups
-from pfl.metrics.plots import plt, save_figure
+from pfl.metrics.plots import save_figure
 from pfl.metrics.report import FORMATS, report
 
 USAGE = (
@@ -81,21 +83,16 @@ def check_plots(args: argparse.Namespace) -> None:
         raise ConfigError("--plot-clients", f"{args.plot} is also the --plot file", "give each figure its own file")
 
 
-def draw_plots(args: argparse.Namespace) -> dict[Path, plt.Figure]:
+def draw_plots(args: argparse.Namespace) -> dict[Path, Figure]:
     """The requested figures by file, drawn in memory (nothing is written if one of them fails)."""
     if args.plot is None and args.plot_clients is None:
         return {}
     groups = plot_groups(args.run_dirs, group=not args.per_run)
-    figures: dict[Path, plt.Figure] = {}
-    try:
-        if args.plot is not None:
-            figures[args.plot] = curve_figure(groups, args.plot_metric)[0]
-        if args.plot_clients is not None:
-            figures[args.plot_clients] = clients_figure(groups)[0]
-    except ConfigError:
-        for fig in figures.values():
-            plt.close(fig)
-        raise
+    figures: dict[Path, Figure] = {}  # outside pyplot: nothing to close when one of them fails
+    if args.plot is not None:
+        figures[args.plot] = curve_figure(groups, args.plot_metric)[0]
+    if args.plot_clients is not None:
+        figures[args.plot_clients] = clients_figure(groups)[0]
     return figures
 
 

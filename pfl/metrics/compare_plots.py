@@ -19,11 +19,13 @@ from pathlib import Path
 from statistics import fmean
 
 import numpy as np
+from matplotlib import rcParams
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from pfl.errors import ConfigError
-from pfl.metrics.plots import LABELS, plt
+from pfl.metrics.plots import LABELS, new_figure
 from pfl.metrics.report import group_runs, load_config, load_summary, setting_text, swept_settings, table_runs
 
 HISTORY_FILE = "metrics.csv"  # one row per evaluated round (pfl.runner.outputs)
@@ -140,12 +142,12 @@ def curve_points(histories: list[list[dict[str, float]]], key: str) -> tuple[np.
     )
 
 
-def curve_figure(groups: list[PlotGroup], key: str | None = None, title: str | None = None) -> tuple[plt.Figure, str]:
+def curve_figure(groups: list[PlotGroup], key: str | None = None, title: str | None = None) -> tuple[Figure, str]:
     """Each group's ``key`` (default: the runs' main accuracy) against the round: the mean over its runs,
     a min–max band where it has several. Returns the figure and the key drawn."""
     histories = {d: read_rows(d / HISTORY_FILE) for g in groups for d in g.run_dirs}
     key = pick_key(histories, key, CURVE_KEYS, "--plot-metric", HISTORY_FILE)
-    fig, ax = plt.subplots()
+    fig, ax = new_figure(tuple(rcParams["figure.figsize"]))
     for g in groups:
         x, mean, low, high = curve_points([histories[d] for d in g.run_dirs], key)
         (line,) = ax.plot(x, mean, marker=".", gid="mean", label=f"{g.label} ({_runs(g)})")
@@ -164,14 +166,14 @@ def _runs(group: PlotGroup) -> str:
     return f"{len(group.run_dirs)} run{'s' * (len(group.run_dirs) > 1)}"
 
 
-def clients_figure(groups: list[PlotGroup], key: str | None = None, title: str | None = None) -> tuple[plt.Figure, str]:
+def clients_figure(groups: list[PlotGroup], key: str | None = None, title: str | None = None) -> tuple[Figure, str]:
     """The reported round's per-client ``key`` (default: own-test accuracy, MAE for regression), one box
     per group over the clients of all its runs (whiskers at min and max), every client a dot."""
     tables = {d: read_rows(d / CLIENTS_FILE) for g in groups for d in g.run_dirs}
     key = pick_key(tables, key, CLIENT_KEYS, "--plot-clients", CLIENTS_FILE)
     pooled = [[row[key] for d in g.run_dirs for row in tables[d] if key in row] for g in groups]
-    width, height = plt.rcParams["figure.figsize"]
-    fig, ax = plt.subplots(figsize=(max(width, BOX_INCHES * len(groups)), height))  # labels side by side
+    width, height = rcParams["figure.figsize"]
+    fig, ax = new_figure((max(width, BOX_INCHES * len(groups)), height))  # labels side by side
     parts = ax.boxplot(pooled, whis=(0, 100), showmeans=True, widths=BOX_WIDTH)
     for name in ("boxes", "medians", "whiskers", "means"):
         for artist in parts[name]:
