@@ -28,7 +28,6 @@ KNOWN = {
     ("pfl/optim/ddpg.py", "ALGORITHMS.md"),
     ("pfl/methods/page.py", "ALGORITHMS.md"),
     ("pfl/methods/fedpg.py", "a paper by file number"),
-    ("pfl/federation/attacks.py", "a paper by file number"),
 }
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")

@@ -1,5 +1,6 @@
-"""Malicious clients (FedPG's robustness study, paper 000 appendix B.3): after the local updates of a
-round, the uploads of the malicious clients are replaced, before the server sees them.
+"""Malicious clients (the robustness study of FedPG, "Preserving Global Performance in Personalized FL",
+appendix B.3): after the local updates of a round, the uploads of the malicious clients are replaced,
+before the server sees them.
 
 - A1 (``attack.kind: gaussian``): a zero-mean Gaussian upload. In parameter space the uploaded
   model becomes z ~ N(0, σ²I); in update space it becomes r + z, i.e. the pseudo-gradient r − state
