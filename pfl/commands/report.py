@@ -13,10 +13,11 @@ from pfl.errors import ConfigError
 from pfl.metrics.compare_plots import check_output, clients_figure, curve_figure, plot_groups
 from pfl.metrics.plots import save_figure
 from pfl.metrics.report import FORMATS, report
+from pfl.runner.wandb_report import log_report, report_identity
 
 USAGE = (
     "usage: python -m pfl report RUN_DIR [RUN_DIR ...] [--metrics k1,k2] [--format markdown|csv|latex] "
-    "[--plot FILE.png [--plot-metric KEY]] [--plot-clients FILE.png]"
+    "[--plot FILE.png [--plot-metric KEY]] [--plot-clients FILE.png] [--wandb]"
 )
 
 
@@ -69,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="also draw each row's per-client own-test scores of the reported round into FILE, seeds pooled",
     )
+    parser.add_argument(
+        "--wandb",
+        action="store_true",
+        help="also log the figures to a new W&B run (job type report) in the runs' project and group",
+    )
     return parser
 
 
@@ -76,6 +82,8 @@ def check_plots(args: argparse.Namespace) -> None:
     """The figure options make sense together and their files can be written (before anything is read)."""
     if args.plot_metric is not None and args.plot is None:
         raise ConfigError("--plot-metric", "chooses what --plot draws", "add --plot FILE.png")
+    if args.wandb and args.plot is None and args.plot_clients is None:
+        raise ConfigError("--wandb", "logs the figures", "add --plot FILE.png and/or --plot-clients FILE.png")
     for flag, path in (("--plot", args.plot), ("--plot-clients", args.plot_clients)):
         if path is not None:
             check_output(path, flag)
@@ -99,10 +107,17 @@ def draw_plots(args: argparse.Namespace) -> dict[Path, Figure]:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     check_plots(args)
+    to_wandb = report_identity(args.run_dirs) if args.wandb else None  # refused before anything is drawn
     metrics = [k.strip() for k in args.metrics.split(",") if k.strip()] if args.metrics else None
     table = report(args.run_dirs, metrics, args.format, group=not args.per_run, digits=args.digits)
-    for path, fig in draw_plots(args).items():
+    figures = draw_plots(args)
+    for path, fig in figures.items():
         save_figure(fig, path)
         print(f"wrote {path}", file=sys.stderr)  # stdout stays the table (csv pipes)
+    if to_wandb is not None:
+        identity, runs = to_wandb
+        keys = {args.plot: "curves", args.plot_clients: "clients"}
+        where = log_report(identity, runs, {keys[path]: path for path in figures}, next(iter(figures)).parent)
+        print(where, file=sys.stderr)
     print(table, end="")
     return 0

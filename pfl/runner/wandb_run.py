@@ -93,15 +93,23 @@ class WandbIdentity:
         write_atomic(run_dir / IDENTITY_FILE, json.dumps(asdict(self), indent=2) + "\n")
 
 
-def stored_id(run_dir: Path) -> str | None:
-    """The W&B id recorded in ``run_dir`` (None when the run never logged to W&B)."""
+def stored_identity(run_dir: Path) -> WandbIdentity | None:
+    """The W&B identity recorded in ``run_dir`` (None when the run never logged to W&B, or the file
+    is not one pfl wrote)."""
     path = run_dir / IDENTITY_FILE
-    if not path.exists():
+    if not path.is_file():
         return None
     try:
-        return str(json.loads(path.read_text())["id"])
+        fields = json.loads(path.read_text())
+        return WandbIdentity(**{k: fields[k] for k in ("id", "name", "project", "group", "tags", "job_type")})
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def stored_id(run_dir: Path) -> str | None:
+    """The W&B id recorded in ``run_dir`` (None when the run never logged to W&B)."""
+    identity = stored_identity(run_dir)
+    return None if identity is None else str(identity.id)
 
 
 def run_identity(cfg: RunConfig, run_dir: Path, resume: bool) -> WandbIdentity:
