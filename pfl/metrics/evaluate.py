@@ -67,20 +67,29 @@ def predict(worker: Worker, state: Tensor, idx: Tensor) -> Tensor:
     return torch.cat(outs) if outs else torch.zeros(0, device=worker.device)
 
 
+def union_of(segments: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    """(the distinct samples of the non-empty segments, each segment's positions among them): one
+    forward pass over the samples scores every segment, each sample once however many hold it."""
+    segments = {k: v for k, v in segments.items() if len(v)}
+    if not segments:
+        return torch.zeros(0, dtype=torch.long), {}
+    samples, where = torch.unique(torch.cat(list(segments.values())), return_inverse=True)
+    return samples, dict(zip(segments, where.split([len(v) for v in segments.values()]), strict=True))
+
+
 def score_segments(worker: Worker, state: Tensor, segments: dict[str, Tensor]) -> dict[str, float]:
     """Returns ``{name: score}`` and ``{name_loss: mean loss}`` per segment from one forward pass over
     the union of the segments' samples: each sample is scored once, however many segments (or a
     paper S-test's repeated draws) hold it, and a segment's score indexes the per-sample outputs."""
-    segments = {k: v for k, v in segments.items() if len(v)}
-    if not segments:
+    samples, positions = union_of(segments)
+    if not positions:
         return {}
-    samples, where = torch.unique(torch.cat(list(segments.values())), return_inverse=True)
     out = predict(worker, state, samples)
     y = worker.data.y[samples]
     y = y.float() if y.is_floating_point() else y
     correct = out.argmax(1) == y if worker.task == "classification" else None
     scores: dict[str, float] = {}
-    for name, pos in zip(segments, where.split([len(v) for v in segments.values()]), strict=True):
+    for name, pos in positions.items():
         o, t = out[pos], y[pos]
         if correct is not None:
             scores[name] = int(correct[pos].sum()) / len(pos)  # the exact ratio: equal accuracies stay equal
@@ -98,14 +107,13 @@ def routed_row(worker: Worker, routing: tuple[Tensor, Tensor, float], segments: 
     inference rule (``Method.routing``: client-side model, full model, threshold) on each non-empty
     set, from one pass of each model over the sets' union (pfl.metrics.routing)."""
     client_state, server_state, threshold = routing
-    segments = {k: v for k, v in segments.items() if len(v)}
-    if not segments:
+    samples, positions = union_of(segments)
+    if not positions:
         return {}
-    samples, where = torch.unique(torch.cat(list(segments.values())), return_inverse=True)
     out_client, out_server = predict(worker, client_state, samples), predict(worker, server_state, samples)
     y = worker.data.y[samples]
     row: dict[str, float] = {}
-    for name, pos in zip(segments, where.split([len(v) for v in segments.values()]), strict=True):
+    for name, pos in positions.items():
         acc, share = routed_scores(out_client[pos], out_server[pos], y[pos], threshold)
         row[f"{ROUTE_PREFIX}{name}_acc"], row[f"{ROUTE_PREFIX}{name}_server"] = acc, share
     return row
