@@ -8,7 +8,14 @@ import torch
 
 from pfl.methods import ClientContext
 from pfl.methods.fedavg import FedAvg
-from pfl.metrics.evaluate import evaluate_new_clients, predict, score_clients, summarize_rows
+from pfl.metrics.evaluate import (
+    evaluate_new_clients,
+    honest_metrics,
+    predict,
+    score_clients,
+    summarize_rows,
+    union_of,
+)
 from tests.test_metrics_eval import known_federation
 
 
@@ -59,3 +66,11 @@ def test_new_clients_get_ids_after_the_federations():
     evaluate_new_clients(Recording(), {"global": state}, worker, 0, 0, state)
     n = worker.data.num_clients
     assert seen == [n, n + 1]
+
+
+def test_honest_rows_have_tails_for_classification_and_an_empty_union_scores_nothing():
+    rows = [{"client": c, "pm.l_acc": a} for c, a in enumerate([1.0, 0.5, 0.25])]
+    out = honest_metrics(rows, {2}, "classification")
+    assert (out["honest.pm.l_acc.top5"], out["honest.pm.l_acc.bottom5"]) == (1.0, 0.5)
+    samples, positions = union_of({"l": torch.zeros(0, dtype=torch.long)})
+    assert len(samples) == 0 and positions == {}
