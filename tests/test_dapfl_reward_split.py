@@ -44,8 +44,9 @@ def test_states_and_rewards_read_the_chosen_split(reward_split, on):
 
 def test_validation_needs_a_validation_split_before_training():
     cfg = tiny_config("dapfl", FAST)
-    with pytest.raises(ConfigError, match=r"data.val_frac: Dap-FL's agents score on validation splits"):
+    with pytest.raises(ConfigError, match=r"data.val_frac: Dap-FL's agents score on validation splits") as err:
         cfg.method.check_run(cfg)
+    assert "set data.val_frac > 0 (e.g. 0.1), or method.reward_split: test" in str(err.value)  # the fix
     cfg.method.check_run(tiny_config("dapfl", FAST, data=VAL))
     test_cfg = tiny_config("dapfl", {**FAST, "reward_split": "test"})
     test_cfg.method.check_run(test_cfg)  # the test split needs no validation split
