@@ -63,7 +63,6 @@ from pfl.methods.rl_tuning import (
     agent_score,
     check_reward_split,
     check_warmup,
-    client_split,
     learn_after_warmup,
     uniform_action,
 )
@@ -180,11 +179,6 @@ class PAGE(Method):
     def check_run(self, cfg: Any) -> None:
         if self.actions == "agent" and (self.tunes_client or self.tunes_server):
             check_warmup(self.warmup, cfg.trainer.rounds)
-
-    @property
-    def client_split(self) -> str:
-        """The client split the agents' states and rewards are scored on."""
-        return client_split(self.reward_split)
 
     def _client_score(self, client: ClientContext, state: Tensor) -> Any:
         return agent_score(client, state, self.reward_split, "PAGE")
