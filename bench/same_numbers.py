@@ -34,7 +34,8 @@ COMMON = ["--trainer.rounds", "4", "--trainer.eval_every", "2", "--trainer.progr
 # Methods whose warm-up is sized for paper-length runs use their short configs (as tests/test_defaults_learn.py).
 SHORT_RUN = {"page": ["--config", str(CONF / "method" / "page_short.yaml"), "--data.val_frac", "0.1",
                       "--method.warmup", "2"],
-             "dapfl": ["--config", str(CONF / "method" / "dapfl_short.yaml"), "--method.warmup", "2"]}  # fmt: skip
+             "dapfl": ["--config", str(CONF / "method" / "dapfl_short.yaml"), "--data.val_frac", "0.1",
+                       "--method.warmup", "2"]}  # fmt: skip
 # Settings that take other paths through the round: (name, method, extra arguments).
 PATHS = [
     ("fedavg+vectorize", "fedavg", ["--trainer.vectorize", "true"]),

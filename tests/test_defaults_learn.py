@@ -39,7 +39,7 @@ ROUNDS = 20
 META_INITIALIZATION = ("perfedavg",)  # global model = an initialization to adapt, not a model to use
 # Methods whose warm-up is sized for paper-length runs (35 rounds) use their configs for short runs.
 SHORT_RUN = {"page": ["--config", str(CONF / "method" / "page_short.yaml"), "--data.val_frac", "0.1"],
-             "dapfl": ["--config", str(CONF / "method" / "dapfl_short.yaml")]}  # fmt: skip
+             "dapfl": ["--config", str(CONF / "method" / "dapfl_short.yaml"), "--data.val_frac", "0.1"]}  # fmt: skip
 
 
 def run_defaults(name: str) -> tuple[dict[str, float], int]:

@@ -167,9 +167,9 @@ def test_page_reports_its_overhead_like_table_5():
 
 @pytest.mark.parametrize("weighting", ["samples", "uniform"])
 def test_dapfl_with_fixed_actions_is_weighted_fedavg(weighting):
-    cfg = tiny_config("dapfl", FAST_AGENTS)
+    cfg = tiny_config("dapfl", FAST_AGENTS, data=VAL)
     cfg.method = FixedDapFL(weighting=weighting, **FAST_AGENTS)
-    loop, ref = make_loop(cfg), make_loop(tiny_config("fedavg"))
+    loop, ref = make_loop(cfg), make_loop(tiny_config("fedavg", data=VAL))
     n = loop.server.num_clients
     hparams = [client_action_to_hparams(fixed_client_action(c), **RANGE) for c in range(n)]
     sizes = [len(loop.worker.split(c).train) for c in range(n)]
@@ -182,7 +182,7 @@ def test_dapfl_with_fixed_actions_is_weighted_fedavg(weighting):
 
 
 def test_dapfl_reward_is_the_change_of_accuracy_minus_loss():
-    loop = make_loop(tiny_config("dapfl", FAST_AGENTS))
+    loop = make_loop(tiny_config("dapfl", FAST_AGENTS, data=VAL))
     loop.run_round()
     first = {cid: float(s["score"]) for cid, s in loop.clients.items()}
     loop.run_round()
@@ -388,7 +388,7 @@ def test_dapfl_states_and_score_add_the_penalty_to_the_losses():
     from tests.methods_helpers import exchanged_round
 
     penalty = 0.5
-    loop = make_loop(tiny_config("dapfl", {**FAST_AGENTS, "penalty": penalty}))
+    loop = make_loop(tiny_config("dapfl", {**FAST_AGENTS, "penalty": penalty, "reward_split": "test"}))
     payloads, uploads = exchanged_round(loop)
     for cid, upload in uploads.items():
         ctx, state = loop.client(cid), loop.clients[cid]
@@ -616,7 +616,7 @@ def test_dapfl_refuses_a_warmup_as_long_as_the_run():
     cfg = tiny_config("dapfl", {"warmup": 3}, trainer={"rounds": 3})
     with pytest.raises(ConfigError, match="method.warmup"):
         cfg.method.check_run(cfg)
-    cfg = tiny_config("dapfl", {"warmup": 2}, trainer={"rounds": 3})
+    cfg = tiny_config("dapfl", {"warmup": 2}, trainer={"rounds": 3}, data=VAL)
     cfg.method.check_run(cfg)
 
 

@@ -19,8 +19,8 @@ NAMES = sorted(methods())
 TINY = {"rounds": 3, "fraction": 0.5}
 # Per-FedAvg's outer step (the paper's β = 0.005) barely moves a 3-round run; a larger one shows it trains.
 ARGS = {"perfedavg": {"outer_lr": 0.05}}
-# PAGE's agents score on validation splits (method.reward_split: validation).
-DATA = {"page": {"val_frac": 0.2}}
+# PAGE's and Dap-FL's agents score on validation splits (method.reward_split: validation).
+DATA = {"page": {"val_frac": 0.2}, "dapfl": {"val_frac": 0.2}}
 
 
 def _config(name: str, args: dict | None = None):

@@ -135,7 +135,7 @@ def test_states_change_only_while_their_client_trains():
     """The contract that incremental checkpoints, the disk store and multi-process rounds rely on:
     a round changes only the sampled clients' states, and evaluation changes none."""
     for name in methods():
-        data = {"num_clients": 4, "val_frac": 0.2 if name == "page" else 0.0}  # PAGE's agents score on validation
+        data = {"num_clients": 4, "val_frac": 0.2 if name in ("page", "dapfl") else 0.0}  # agents score on validation
         loop = make_loop(tiny_config(name, trainer={"rounds": 2, "clients_per_round": 2}, data=data))
         for _ in range(2):
             before = {cid: _clone(s) for cid, s in loop.clients.items()}

@@ -11,6 +11,8 @@ As PAGE's authors run it as a baseline (their ``Dap`` code), client i in round t
               (q^{−1} = 0: the code's ``last_reward`` starts at 0)
 
 Round 0's state uses the received model's own local-test loss where the code puts a constant 3.0.
+"local test" is the client's validation split by default (``reward_split: validation``, as PAGE's
+agents); ``reward_split: test`` scores the agents on the local test split reported, as the code does.
 Actions map to (η_i, E_i) as PAGE's do (``action_map``: linear by default, the code's clip as an
 option) and explore with the same OU noise (``ou_dt`` 1; the code's 0.01 as an option), so that
 with PAGE's ranges both methods spend the same local compute in expectation.
@@ -33,7 +35,15 @@ from pfl.errors import require
 from pfl.methods.base import ClientContext, Method, State, Upload
 from pfl.methods.page import ddpg_config
 from pfl.methods.registry import register
-from pfl.methods.rl_tuning import AgentPool, HparamRange, check_warmup, learn_after_warmup
+from pfl.methods.rl_tuning import (
+    VAL_FIX,
+    AgentPool,
+    HparamRange,
+    agent_score,
+    check_reward_split,
+    check_warmup,
+    learn_after_warmup,
+)
 from pfl.optim.ddpg import INIT_SCHEMES, DDPGAgent
 from pfl.seeding import derive_seed
 
@@ -72,7 +82,9 @@ class DapFL(Method):
         replay_actions: str = "agent",
         action_map: str = "linear",
         ou_dt: float = 1.0,
+        reward_split: str = "validation",
     ):
+        check_reward_split(reward_split)
         require(penalty > 0, "method.penalty", f"must be > 0 (got {penalty})")
         require(weighting in WEIGHTINGS, "method.weighting", f"got {weighting!r}", f"choose one of {WEIGHTINGS}")
         require(init in INIT_SCHEMES, "method.init", f"unknown scheme {init!r}", f"use one of {INIT_SCHEMES}")
@@ -88,7 +100,7 @@ class DapFL(Method):
         self.buffer_size, self.ddpg_batch_size, self.warmup = buffer_size, ddpg_batch_size, warmup
         self.ou_theta, self.ou_sigma, self.eps_decay_steps, self.init = ou_theta, ou_sigma, eps_decay_steps, init
         self.epoch_rounding, self.warmup_space, self.replay_actions = epoch_rounding, warmup_space, replay_actions
-        self.action_map, self.ou_dt = action_map, ou_dt
+        self.action_map, self.ou_dt, self.reward_split = action_map, ou_dt, reward_split
         self.range = HparamRange(lr_min, lr_max, epoch_max, epoch_rounding, warmup_space, replay_actions, action_map)
         self.config = ddpg_config(
             2,
@@ -113,6 +125,12 @@ class DapFL(Method):
 
     def check_run(self, cfg: Any) -> None:
         check_warmup(self.warmup, cfg.trainer.rounds)
+        require(
+            self.reward_split == "test" or cfg.data.val_frac > 0,
+            "data.val_frac",
+            "Dap-FL's agents score on validation splits (method.reward_split: validation), and there are none",
+            VAL_FIX,
+        )
 
     def client_action(self, agent: DDPGAgent, state: Tensor, client: ClientContext) -> Tensor:
         """Client ``client``'s action in [−1, 1]² for ``state`` (a test may fix it)."""
@@ -120,7 +138,7 @@ class DapFL(Method):
 
     def local_update(self, client: ClientContext, payload: State) -> Upload:
         g = payload["global"]
-        received = client.evaluate(g, "test")
+        received = agent_score(client, g, self.reward_split, "Dap-FL")
         if "agent" in client.state:
             agent = self._pool.load(self.config, client.state["agent"])
         else:
@@ -129,7 +147,7 @@ class DapFL(Method):
         action = self.client_action(agent, observed, client)
         lr, epochs = self.range.hparams(action)
         trained = client.fit(g, lr=lr, epochs=epochs)
-        loss = client.evaluate(trained, "test").loss + self.penalty
+        loss = agent_score(client, trained, self.reward_split, "Dap-FL").loss + self.penalty
         following = torch.tensor([received.acc, loss])
         score = received.acc - loss
         reward = score - float(client.state.get("score", torch.tensor(0.0)))

@@ -55,13 +55,22 @@ from torch import Tensor
 from pfl.errors import ConfigError, require
 from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload, weighted_mean
 from pfl.methods.registry import register
-from pfl.methods.rl_tuning import AgentPool, HparamRange, Timers, check_warmup, learn_after_warmup, uniform_action
+from pfl.methods.rl_tuning import (
+    VAL_FIX,
+    AgentPool,
+    HparamRange,
+    Timers,
+    agent_score,
+    check_reward_split,
+    check_warmup,
+    learn_after_warmup,
+    uniform_action,
+)
 from pfl.optim.ddpg import INIT_SCHEMES, DDPGAgent, DDPGConfig, server_action_to_weights
 from pfl.seeding import derive_seed
 
 TUNABLE = ("lr", "epochs", "weights")
 ACTIONS = ("agent", "fixed", "random")
-REWARD_SPLITS = ("validation", "test")
 
 
 def ddpg_config(state_dim: int, action_dim: int, names: dict[str, str] | None = None, **kwargs: Any) -> DDPGConfig:
@@ -117,12 +126,7 @@ class PAGE(Method):
         reward_split: str = "validation",
     ):
         require(actions in ACTIONS, "method.actions", f"unknown {actions!r}", f"choose one of {', '.join(ACTIONS)}")
-        require(
-            reward_split in REWARD_SPLITS,
-            "method.reward_split",
-            f"unknown {reward_split!r}",
-            f"choose one of {', '.join(REWARD_SPLITS)}",
-        )
+        check_reward_split(reward_split)
         require(client_reward_weight > 0, "method.client_reward_weight", f"must be > 0 (got {client_reward_weight})")
         require(server_reward_weight > 0, "method.server_reward_weight", f"must be > 0 (got {server_reward_weight})")
         require(penalty > 0, "method.penalty", f"must be > 0 (got {penalty})", "it keeps 1/(loss + penalty) finite")
@@ -177,21 +181,8 @@ class PAGE(Method):
         if self.actions == "agent" and (self.tunes_client or self.tunes_server):
             check_warmup(self.warmup, cfg.trainer.rounds)
 
-    @property
-    def client_split(self) -> str:
-        """The client split the agents' states and rewards are scored on."""
-        return "val" if self.reward_split == "validation" else "test"
-
     def _client_score(self, client: ClientContext, state: Tensor) -> Any:
-        if self.reward_split == "validation":
-            require(
-                len(client.val_idx) > 0,
-                "data.val_frac",
-                f"PAGE's agents score on validation splits (method.reward_split: validation); "
-                f"client {client.cid} has none",
-                "set data.val_frac > 0 (e.g. 0.1), or method.reward_split: test (the paper: tunes on the test set)",
-            )
-        return client.evaluate(state, self.client_split)
+        return agent_score(client, state, self.reward_split, "PAGE")
 
     def _server_score(self, server: ServerContext, state: Tensor) -> Any:
         return server.evaluate_val(state) if self.reward_split == "validation" else server.evaluate(state)
@@ -245,7 +236,7 @@ class PAGE(Method):
                 "data.val_frac",
                 "PAGE's server agent scores the models on the clients' validation splits "
                 "(method.reward_split: validation), and there are none",
-                "set data.val_frac > 0 (e.g. 0.1), or method.reward_split: test (the paper: tunes on the test set)",
+                VAL_FIX,
             )
         else:
             require(

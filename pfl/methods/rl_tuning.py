@@ -1,5 +1,6 @@
 """What PAGE and Dap-FL share: DDPG agents kept as plain state dicts, the client action → (learning
-rate, epochs) mapping with its warm-up and replay options, and per-round timers.
+rate, epochs) mapping with its warm-up and replay options, the split the agents are scored on
+(``reward_split``) and per-round timers.
 
 An agent's whole state (networks, Adam moments, replay rows, OU noise, counters, generator) lives in
 the client's or the server's state dict, so it is checkpointed with the federation and a resumed
@@ -18,11 +19,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from pfl.engine.worker import EvalStats
 from pfl.errors import require
+from pfl.methods.base import ClientContext
 from pfl.optim.ddpg import ACTION_MAPS, DDPGAgent, DDPGConfig, client_action_to_hparams
 from pfl.seeding import torch_generator
 
 WARMUP_SPACES = ("agent", "hparams")
+# What the agents' states and rewards are scored on: the clients' validation splits (and their union
+# on the server), or the papers' choice, the local test splits (and the global test set) reported.
+REWARD_SPLITS = ("validation", "test")
+VAL_FIX = "set data.val_frac > 0 (e.g. 0.1), or method.reward_split: test (the paper: tunes on the test set)"
 REPLAY_ACTIONS = ("agent", "mapped")
 
 
@@ -63,6 +70,34 @@ def check_warmup(warmup: int, rounds: int) -> None:
         f"{warmup} warm-up rounds of random actions leave no round of the {rounds}-round run to the agents",
         "lower method.warmup well under trainer.rounds (about a tenth), or set method.actions: random",
     )
+
+
+def check_reward_split(reward_split: str) -> None:
+    require(
+        reward_split in REWARD_SPLITS,
+        "method.reward_split",
+        f"unknown {reward_split!r}",
+        f"choose one of {', '.join(REWARD_SPLITS)}",
+    )
+
+
+def client_split(reward_split: str) -> str:
+    """The client split (``ClientContext.evaluate``'s ``on``) the agents are scored on."""
+    return "val" if reward_split == "validation" else "test"
+
+
+def agent_score(client: ClientContext, state: Tensor, reward_split: str, method: str) -> EvalStats:
+    """``state`` scored on the client's ``reward_split`` split for its agent; a client without a
+    validation split is refused by name."""
+    if reward_split == "validation":
+        require(
+            len(client.val_idx) > 0,
+            "data.val_frac",
+            f"{method}'s agents score on validation splits (method.reward_split: validation); "
+            f"client {client.cid} has none",
+            VAL_FIX,
+        )
+    return client.evaluate(state, client_split(reward_split))
 
 
 def uniform_action(dim: int, *keys: int | str) -> Tensor:

@@ -19,9 +19,15 @@ and trains all three for ``client.epochs`` on
 and not counted; the client uploads (φ_i, θ_i) as one model). The server averages (φ, θ) by samples
 (FedAvg). The P-model of client i is its client-side model (φ_i, κ_i) as trained in its last round
 (the personalized predictor); the G-model is (φ, θ). λ = 0.2 is SplitGP's choice.
+
+Inference (``routing``): client i predicts a sample with (φ_i, κ_i) when the entropy of that output is
+below ``entropy_threshold`` (E_th, in nats) and otherwise sends φ_i(x) to the server, which predicts
+with θ(φ_i(x)); pfl.metrics.routing scores that rule on every evaluated set (``route.*`` metrics).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -32,6 +38,9 @@ from pfl.engine.terms import ExtraParamSGD
 from pfl.errors import ConfigError, require
 from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload
 from pfl.methods.registry import register
+
+# E_th in nats; see docs/paper_vs_code.md (SplitGP) for how the default was chosen.
+ENTROPY_THRESHOLD = 0.5
 
 
 def leaves(net: nn.Module) -> list[nn.Module]:
@@ -66,17 +75,31 @@ class SplitGP(Method):
         client_layers: the cut, as a count of parametrised layers on the client side (None: all but
             the last, so the server-side part is the classifier).
         head_lr: learning rate of κ_i (None: client.lr).
+        entropy_threshold: E_th ≥ 0 of the inference rule, in nats (0: every sample goes to the
+            server; above log(#classes): none does); None leaves the routed evaluation out.
     """
 
     name = "splitgp"
     description = "split model: client-side part with its own head (personal) + server-side part (global)"
     has_personal_model = True
 
-    def __init__(self, lam: float = 0.2, client_layers: int | None = None, head_lr: float | None = None):
+    def __init__(
+        self,
+        lam: float = 0.2,
+        client_layers: int | None = None,
+        head_lr: float | None = None,
+        entropy_threshold: float | None = ENTROPY_THRESHOLD,
+    ):
         require(0 <= lam <= 1, "method.lam", f"must be in [0, 1] (got {lam})")
         require(client_layers is None or client_layers >= 1, "method.client_layers", "must be >= 1, or null")
         require(head_lr is None or head_lr > 0, "method.head_lr", "must be > 0, or null for client.lr")
+        require(
+            entropy_threshold is None or 0 <= entropy_threshold < math.inf,
+            "method.entropy_threshold",
+            f"must be a finite number >= 0 (nats), or null for no routed evaluation (got {entropy_threshold})",
+        )
         self.lam, self.client_layers, self.head_lr = lam, client_layers, head_lr
+        self.entropy_threshold = entropy_threshold
         self._split: tuple[nn.Module, nn.Sequential, nn.Sequential] | None = None  # cache per network
 
     def cut(self, layout: ModelLayout) -> int:
@@ -125,6 +148,17 @@ class SplitGP(Method):
 
     def personal_state(self, server: ServerContext, client: ClientContext) -> Tensor:
         return client.state.get("personal", server["global"])
+
+    def routing(self, server: ServerContext, client: ClientContext) -> tuple[Tensor, Tensor, float] | None:
+        """(client-side model (φ_i, κ_i), full model (φ_i, θ), E_th) of SplitGP's inference rule: the
+        server completes a routed sample with its own θ on the client's features φ_i(x)."""
+        if self.entropy_threshold is None:
+            return None
+        personal = self.personal_state(server, client)
+        full = personal.clone()
+        tail = self.head_slice(server.layout)
+        full[tail] = server["global"][tail]
+        return personal, full, self.entropy_threshold
 
 
 def _params_of(module: nn.Module, flat: Tensor) -> dict[str, Tensor]:

@@ -22,6 +22,7 @@ from torchmetrics.functional import mean_absolute_error
 from pfl.engine.worker import Worker
 from pfl.methods.base import ClientContext, Method, ServerContext
 from pfl.metrics.protocols import g_test_indices, mean_std, reference_metrics, s_test_indices, summarize
+from pfl.metrics.routing import routed_scores
 from pfl.seeding import numpy_rng
 
 # Per task: the score of a segment and its name in metric keys.
@@ -66,20 +67,29 @@ def predict(worker: Worker, state: Tensor, idx: Tensor) -> Tensor:
     return torch.cat(outs) if outs else torch.zeros(0, device=worker.device)
 
 
+def union_of(segments: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    """(the distinct samples of the non-empty segments, each segment's positions among them): one
+    forward pass over the samples scores every segment, each sample once however many hold it."""
+    segments = {k: v for k, v in segments.items() if len(v)}
+    if not segments:
+        return torch.zeros(0, dtype=torch.long), {}
+    samples, where = torch.unique(torch.cat(list(segments.values())), return_inverse=True)
+    return samples, dict(zip(segments, where.split([len(v) for v in segments.values()]), strict=True))
+
+
 def score_segments(worker: Worker, state: Tensor, segments: dict[str, Tensor]) -> dict[str, float]:
     """Returns ``{name: score}`` and ``{name_loss: mean loss}`` per segment from one forward pass over
     the union of the segments' samples: each sample is scored once, however many segments (or a
     paper S-test's repeated draws) hold it, and a segment's score indexes the per-sample outputs."""
-    segments = {k: v for k, v in segments.items() if len(v)}
-    if not segments:
+    samples, positions = union_of(segments)
+    if not positions:
         return {}
-    samples, where = torch.unique(torch.cat(list(segments.values())), return_inverse=True)
     out = predict(worker, state, samples)
     y = worker.data.y[samples]
     y = y.float() if y.is_floating_point() else y
     correct = out.argmax(1) == y if worker.task == "classification" else None
     scores: dict[str, float] = {}
-    for name, pos in zip(segments, where.split([len(v) for v in segments.values()]), strict=True):
+    for name, pos in positions.items():
         o, t = out[pos], y[pos]
         if correct is not None:
             scores[name] = int(correct[pos].sum()) / len(pos)  # the exact ratio: equal accuracies stay equal
@@ -87,6 +97,26 @@ def score_segments(worker: Worker, state: Tensor, segments: dict[str, Tensor]) -
             scores[name] = float(mean_absolute_error(o, t))
         scores[f"{name}_loss"] = float(worker.module.loss(o, t))
     return scores
+
+
+ROUTE_PREFIX = "route."
+
+
+def routed_row(worker: Worker, routing: tuple[Tensor, Tensor, float], segments: dict[str, Tensor]) -> dict[str, float]:
+    """``route.<set>_acc`` and ``route.<set>_server`` (the share sent to the server) of a method's
+    inference rule (``Method.routing``: client-side model, full model, threshold) on each non-empty
+    set, from one pass of each model over the sets' union (pfl.metrics.routing)."""
+    client_state, server_state, threshold = routing
+    samples, positions = union_of(segments)
+    if not positions:
+        return {}
+    out_client, out_server = predict(worker, client_state, samples), predict(worker, server_state, samples)
+    y = worker.data.y[samples]
+    row: dict[str, float] = {}
+    for name, pos in positions.items():
+        acc, share = routed_scores(out_client[pos], out_server[pos], y[pos], threshold)
+        row[f"{ROUTE_PREFIX}{name}_acc"], row[f"{ROUTE_PREFIX}{name}_server"] = acc, share
+    return row
 
 
 BLOCK_BYTES = 64 * 2**20  # per-client P-models held at once before their block is scored
@@ -177,6 +207,8 @@ def score_clients(
     global_state = method.global_state(server) if with_global else None
     shared = _shared_tensors(server, global_state)
     scorer = _Scorer(worker, shared, block_bytes)
+    routing = getattr(method, "routing", None) if task == "classification" else None
+    routed: dict[int, dict[str, float]] = {}
     for cid in cids:
         split = data.clients[cid]
         ctx = client(cid)
@@ -189,6 +221,9 @@ def score_clients(
             segments.update(s=sets.s[cid], g=sets.g[cid])
         for seg, idx in segments.items():
             scorer.add(state, f"{cid}:{seg}", idx)
+        rule = routing(server, ctx) if routing is not None else None
+        if rule is not None:
+            routed[cid] = routed_row(worker, rule, {k: v for k, v in segments.items() if k != "val"})
         if global_state is not None:
             scorer.add(global_state, f"gm:c{cid}", split.test)
         del state, ctx
@@ -207,6 +242,7 @@ def score_clients(
                 row[f"pm.{seg}_{score}"] = scores[f"{cid}:{seg}"]
         if global_state is not None:
             row[f"gm.l_{score}"], row["gm.l_loss"] = scores[f"gm:c{cid}"], scores[f"gm:c{cid}_loss"]
+        row.update(routed.get(cid, {}))
         rows.append(row)
     gm_global = {k.removeprefix("gm:"): v for k, v in scores.items() if k.startswith("gm:global")}
     return rows, gm_global
@@ -229,6 +265,8 @@ def summarize_rows(
         values = [r[key] for r in rows if key in r]  # a tiny client may have no validation sample
         if values:
             metrics.update(summarize(key, values))
+    for key in sorted({k for r in rows for k in r if k.startswith(ROUTE_PREFIX)}):
+        metrics.update(summarize(key, [r[key] for r in rows if key in r]))
     key = f"gm.l_{score}"
     if rows and key in rows[0]:
         metrics.update(summarize(key, [r[key] for r in rows], tails=task == "classification"))

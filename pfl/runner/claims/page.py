@@ -82,7 +82,7 @@ def reward_split_notes(s: SeedSummaries) -> list[str]:
         }
     )
     if not flagged:
-        return ["Every PAGE agent was scored on validation splits (method.reward_split: validation)."]
+        return ["Every PAGE and Dap-FL agent was scored on validation splits (method.reward_split: validation)."]
     runs = ", ".join(flagged)
     return [f"**Warning**: {runs} used method.reward_split test: the agents tuned on the reported test set."]
 
