@@ -46,7 +46,6 @@ run. See docs/page.md for the defaults, the paper-vs-code options and the overhe
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -55,7 +54,7 @@ from torch import Tensor
 from pfl.errors import ConfigError, require
 from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload, weighted_mean
 from pfl.methods.registry import register
-from pfl.methods.rl_tuning import AgentPool, HparamRange, Timers, check_warmup, learn_after_warmup, uniform_action
+from pfl.methods.rl_tuning import AgentPool, HparamRange, check_warmup, learn_after_warmup, uniform_action
 from pfl.optim.ddpg import INIT_SCHEMES, DDPGAgent, DDPGConfig, server_action_to_weights
 from pfl.seeding import derive_seed
 
@@ -155,7 +154,6 @@ class PAGE(Method):
         self.client_config = self._config(1, 2, actor_lr, critic_lr, noise=True)
         self._config(1, 1, server_actor_lr, server_critic_lr, noise=False)  # validated before any training
         self._pool = AgentPool()
-        self._timers = Timers()
         # (lr, epochs, reward) of the clients trained since the last aggregation, then of the last
         # round: what ``metrics`` reports (a function of the round, so resumed runs report the same).
         self._trained: dict[int, tuple[float, int, float | None]] = {}
@@ -273,47 +271,43 @@ class PAGE(Method):
 
     def aggregate(self, server: ServerContext, uploads: dict[int, Upload]) -> None:
         self._last_round, self._trained = self._trained, {}
-        timers = self._timers
-        started = time.perf_counter()
         if not self.tunes_server or self.actions == "random":
-            weights = None
-            if self.tunes_server:  # random weights, drawn afresh every round
-                action = uniform_action(server.num_clients, server.seed, "page", "random", "server", server.round)
-                weights = server_action_to_weights(action.to(torch.float64))
-                server["weights"] = weights.float()
-            self._aggregate(server, uploads, weights)
-            timers.add("aggregation", started)
+            with server.timed("aggregation"):
+                weights = None
+                if self.tunes_server:  # random weights, drawn afresh every round
+                    action = uniform_action(server.num_clients, server.seed, "page", "random", "server", server.round)
+                    weights = server_action_to_weights(action.to(torch.float64))
+                    server["weights"] = weights.float()
+                self._aggregate(server, uploads, weights)
             return
-        cids = sorted(uploads)
-        accs = server["acc"].clone()
-        for cid in cids:
-            accs[cid] = self._server_score(server, uploads[cid].state).acc
-        started = timers.add("server_eval", started)
-        config = self.server_config(server.num_clients)
-        agent = self._pool.load(config, server["agent"])
-        if self.server_lag == 0:
-            if "pending" in server:
-                p = server["pending"]
-                agent.remember(p["state"], p["action"], p["reward"], accs)
+        with server.timed("server_eval"):
+            accs = server["acc"].clone()
+            for cid in sorted(uploads):
+                accs[cid] = self._server_score(server, uploads[cid].state).acc
+        with server.timed("server_agent"):
+            agent = self._pool.load(self.server_config(server.num_clients), server["agent"])
+            if self.server_lag == 0:
+                if "pending" in server:
+                    p = server["pending"]
+                    agent.remember(p["state"], p["action"], p["reward"], accs)
+                    learn_after_warmup(agent)
+                observed = accs
+            else:
+                observed = server["acc"]
+            action = self.server_action(agent, observed, server)
+            weights = server_action_to_weights(action.detach().to(torch.float64).cpu())
+        with server.timed("aggregation"):
+            self._aggregate(server, uploads, weights)
+        with server.timed("server_eval"):
+            reward = self.server_reward_weight / (self._server_score(server, server["global"]).loss + self.penalty)
+        with server.timed("server_agent"):
+            stored = action if self.replay_actions == "agent" else weights.float()
+            if self.server_lag == 0:
+                server["pending"] = {"state": accs.clone(), "action": stored.clone(), "reward": torch.tensor(reward)}
+            else:
+                agent.remember(observed, stored, reward, accs)
                 learn_after_warmup(agent)
-            observed = accs
-        else:
-            observed = server["acc"]
-        action = self.server_action(agent, observed, server)
-        weights = server_action_to_weights(action.detach().to(torch.float64).cpu())
-        started = timers.add("server_agent", started)
-        self._aggregate(server, uploads, weights)
-        started = timers.add("aggregation", started)
-        reward = self.server_reward_weight / (self._server_score(server, server["global"]).loss + self.penalty)
-        started = timers.add("server_eval", started)
-        stored = action if self.replay_actions == "agent" else weights.float()
-        if self.server_lag == 0:
-            server["pending"] = {"state": accs.clone(), "action": stored.clone(), "reward": torch.tensor(reward)}
-        else:
-            agent.remember(observed, stored, reward, accs)
-            learn_after_warmup(agent)
-        server["agent"] = agent.state_dict()
-        timers.add("server_agent", started)
+            server["agent"] = agent.state_dict()
         server["acc"] = accs
         server["weights"] = weights.float()
         server["reward"] = torch.tensor(reward)
@@ -325,45 +319,44 @@ class PAGE(Method):
         return self._pool.new(self.client_config, derive_seed(client.worker.seed, "page", "client", client.cid))
 
     def local_update(self, client: ClientContext, payload: State) -> Upload:
-        timers = self._timers
         g = payload["global"]
         lr, epochs = client.lr, client.epochs
         agent, action, reward = None, None, None
-        started = time.perf_counter()
         if self.tunes_client and self.actions == "random":
             action = uniform_action(2, client.worker.seed, "page", "random", client.cid, client.round)
         elif self.tunes_client:
-            received = torch.tensor([self._client_score(client, g).acc])  # the received model's accuracy
-            started = timers.add("client_eval", started)
-            agent = self._client_agent(client)
-            if self.client_lag == 0:
-                pending = client.state.get("pending")
-                if pending is not None:
-                    agent.remember(pending["state"], pending["action"], pending["reward"], received)
-                    learn_after_warmup(agent)
-                observed = received
-            else:
-                observed = client.state.get("obs", received)
-            action = self.client_action(agent, observed, client)
+            with self.timed("client_eval"):
+                received = torch.tensor([self._client_score(client, g).acc])  # the received model's accuracy
+            with self.timed("client_agent"):
+                agent = self._client_agent(client)
+                if self.client_lag == 0:
+                    pending = client.state.get("pending")
+                    if pending is not None:
+                        agent.remember(pending["state"], pending["action"], pending["reward"], received)
+                        learn_after_warmup(agent)
+                    observed = received
+                else:
+                    observed = client.state.get("obs", received)
+                action = self.client_action(agent, observed, client)
         if action is not None:
             tuned_lr, tuned_epochs = self.range.hparams(action)
             lr = tuned_lr if "lr" in self.tune else lr
             epochs = tuned_epochs if "epochs" in self.tune else epochs
-            started = timers.add("client_agent", started)
-        trained = client.fit(g, lr=lr, epochs=epochs)
-        started = timers.add("local_train", started)
+        with self.timed("local_train"):
+            trained = client.fit(g, lr=lr, epochs=epochs)
         if agent is not None:
-            reward = self.client_reward_weight / (self._client_score(client, trained).loss + self.penalty)
-            started = timers.add("client_eval", started)
-            stored = self.range.replayed(action, lr, epochs)
-            if self.client_lag == 0:
-                client.state["pending"] = {"state": received, "action": stored.clone(), "reward": torch.tensor(reward)}
-            else:
-                agent.remember(observed, stored, reward, received)
-                learn_after_warmup(agent)
-                client.state["obs"] = received
-            client.state["agent"] = agent.state_dict()
-            timers.add("client_agent", started)
+            with self.timed("client_eval"):
+                reward = self.client_reward_weight / (self._client_score(client, trained).loss + self.penalty)
+            with self.timed("client_agent"):
+                stored = self.range.replayed(action, lr, epochs)
+                if self.client_lag == 0:
+                    pending = {"state": received, "action": stored.clone(), "reward": torch.tensor(reward)}
+                    client.state["pending"] = pending
+                else:
+                    agent.remember(observed, stored, reward, received)
+                    learn_after_warmup(agent)
+                    client.state["obs"] = received
+                client.state["agent"] = agent.state_dict()
         client.state["personal"] = trained
         self._trained[client.cid] = (lr, epochs, reward)
         return Upload(trained, client.num_samples)
@@ -375,7 +368,8 @@ class PAGE(Method):
         client under ``*_per_client_ms``) and the agents' share of it; plus the latest round's mean
         learning rate, epochs and rewards (of the clients this process trained) and the largest
         aggregation weight. ``page.lr.std`` / ``page.epochs.std``: the spread over those clients."""
-        seconds, counts = self._timers.take()
+        times = self.take_times(server)
+        seconds, counts = times.seconds, times.counts
         rounds = max(counts.get("aggregation", 0), 1)
         out: dict[str, float] = {}
         for phase in ("local_train", "client_agent", "client_eval", "aggregation", "server_agent", "server_eval"):

@@ -1,5 +1,5 @@
 """What PAGE and Dap-FL share: DDPG agents kept as plain state dicts, the client action → (learning
-rate, epochs) mapping with its warm-up and replay options, and per-round timers.
+rate, epochs) mapping with its warm-up and replay options.
 
 An agent's whole state (networks, Adam moments, replay rows, OU noise, counters, generator) lives in
 the client's or the server's state dict, so it is checkpointed with the federation and a resumed
@@ -10,8 +10,6 @@ cache, every call to ``load`` restores everything the agent does next.
 
 from __future__ import annotations
 
-import time
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,24 +159,3 @@ class HparamRange:
     def replayed(self, action: Tensor, lr: float, epochs: int) -> Tensor:
         """What goes into the replay buffer for this action."""
         return action if self.replay == "agent" else torch.tensor([lr, float(epochs)])
-
-
-class Timers:
-    """Wall-clock seconds per named phase and how often each phase ran, since the last ``take``.
-    Timings describe the machine, not the run: they are never part of the checkpointed state."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.counts: dict[str, int] = defaultdict(int)
-
-    def add(self, name: str, started: float) -> float:
-        now = time.perf_counter()
-        self.seconds[name] += now - started
-        self.counts[name] += 1
-        return now
-
-    def take(self) -> tuple[dict[str, float], dict[str, int]]:
-        out = dict(self.seconds), dict(self.counts)
-        self.seconds.clear()
-        self.counts.clear()
-        return out
