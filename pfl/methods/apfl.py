@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor, nn
 from torch.func import functional_call
 
@@ -31,8 +33,6 @@ class APFL(FedAvg):
     Args:
         mix: α, the weight of the personal model in the mixture.
         eval_mix: global (α·v + (1 − α)·latest global model) or local (α·v + (1 − α)·own last w).
-        client_momentum: SGD momentum of both w and v (null: client.momentum).
-        keep_momentum: keep both momentum buffers per client across rounds (null: client.keep_momentum).
     """
 
     name = "apfl"
@@ -43,10 +43,9 @@ class APFL(FedAvg):
         self,
         mix: float = 0.5,
         eval_mix: str = "global",
-        client_momentum: float | None = None,
-        keep_momentum: bool | None = None,
+        **kwargs: Any,
     ):
-        super().__init__(finetune_epochs=0, client_momentum=client_momentum, keep_momentum=keep_momentum)
+        super().__init__(finetune_epochs=0, share_buffers=True, **kwargs)
         require(0 <= mix <= 1, "method.mix", f"the mixing weight must be in [0, 1] (got {mix})")
         require(eval_mix in EVAL_MIXES, "method.eval_mix", f"unknown value {eval_mix!r}", f"choose one of {EVAL_MIXES}")
         self.mix, self.eval_mix = mix, eval_mix

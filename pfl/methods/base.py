@@ -291,9 +291,10 @@ class Method:
     # ``eval.pm_source: local_update`` then scores the model each client trained before aggregation.
     has_personal_model: ClassVar[bool] = True
     # Method-level optimizer settings (None: the run's ``client.momentum`` / ``client.keep_momentum``).
-    # A method that lets configs set them takes them as ``__init__`` arguments of these names and
-    # calls ``set_client_optimizer``; they then win over ``client.*`` for the whole run (every fit of
-    # the method, new clients included) and appear in ``hparams``.
+    # A method that lets configs set them subclasses ``ClientOptimizerMethod`` (or takes them as
+    # ``__init__`` arguments of these names and calls ``set_client_optimizer``); they then win over
+    # ``client.*`` for the whole run (every fit of the method, new clients included) and appear in
+    # ``hparams``.
     client_momentum: float | None = None
     keep_momentum: bool | None = None
 
@@ -388,6 +389,22 @@ class Method:
                     if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in names:
                         names.append(p.name)
         return {n: getattr(self, n) for n in names if hasattr(self, n)}
+
+
+class ClientOptimizerMethod(Method):
+    """A method whose configs may set its clients' SGD optimizer. A subclass takes its own
+    hyper-parameters and passes the rest on, so the two options are declared and checked here only:
+    ``def __init__(self, mu: float = 0.01, **kwargs: Any): ...; super().__init__(**kwargs)``
+    (jsonargparse follows ``**kwargs`` into this signature, so configs and ``--help`` see them).
+
+    Args:
+        client_momentum: SGD momentum of every local fit of this method (null: client.momentum).
+        keep_momentum: keep each client's SGD momentum of its main ("train") fit across its rounds
+            (null: client.keep_momentum).
+    """
+
+    def __init__(self, client_momentum: float | None = None, keep_momentum: bool | None = None):
+        self.set_client_optimizer(client_momentum, keep_momentum)
 
 
 def train_settings(client: Any, method: Method, augment: str = "none") -> TrainSettings:

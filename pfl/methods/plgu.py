@@ -299,7 +299,7 @@ class PLGUGRep(FedRep):
     def __init__(
         self, personal_layers: int = 1, head_epochs: int = 5, rho: float = 0.05, p: float = 2.0, pre_step: bool = False
     ):
-        super().__init__(personal_layers, head_epochs)
+        super().__init__(personal_layers=personal_layers, head_epochs=head_epochs)
         require(rho >= 0, "method.rho", f"must be >= 0 (got {rho})")
         require(p >= 1, "method.p", f"must be >= 1 (got {p})", "the ℓ_p ball needs p >= 1 (2 is SAM)")
         self.rho, self.p, self.pre_step = rho, p, pre_step

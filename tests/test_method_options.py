@@ -1,0 +1,68 @@
+"""How methods declare their hyper-parameters: the client-optimizer options once, variants stating only
+the defaults they change, and what the command line sees of them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from jsonargparse import ArgumentParser
+
+from pfl.errors import ConfigError
+from pfl.methods import ClientOptimizerMethod, method_class, methods
+from pfl.runner.args import build_fit_parser
+
+NAMES = list(methods())
+
+
+def method_options(cls: type) -> dict[str, Any]:
+    """The ``method.*`` options jsonargparse builds for ``cls``: name → default."""
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(cls, "method")
+    return {a.dest.removeprefix("method."): a.default for a in parser._actions if a.dest.startswith("method.")}
+
+
+class Mine(ClientOptimizerMethod):
+    """A user's method that lets configs set the client optimizer: it states only its own option."""
+
+    name = "_mine_for_test"
+
+    def __init__(self, mu: float = 0.1, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.mu = mu
+
+
+def test_the_client_optimizer_options_are_declared_and_checked_once():
+    assert method_options(Mine) == {"mu": 0.1, "client_momentum": None, "keep_momentum": None}
+    assert Mine(client_momentum=0.5, keep_momentum=True).hparams() == {
+        "mu": 0.1,
+        "client_momentum": 0.5,
+        "keep_momentum": True,
+    }
+    for bad in (1.0, -0.1):
+        with pytest.raises(ConfigError, match="method.client_momentum"):
+            Mine(client_momentum=bad)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_method_offering_the_client_optimizer_gets_it_from_the_one_declaration(name):
+    cls = method_class(name)
+    options = method_options(cls)
+    offered = {"client_momentum", "keep_momentum"} & set(options)
+    assert offered in (set(), {"client_momentum", "keep_momentum"})
+    if offered:
+        assert issubclass(cls, ClientOptimizerMethod) and options["client_momentum"] is None
+        with pytest.raises(ConfigError, match="method.client_momentum"):
+            cls(client_momentum=1.0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_print_config_round_trips_every_methods_defaults(name):
+    parser = build_fit_parser(name)
+    defaults = parser.get_defaults()
+    again = parser.parse_string(parser.dump(defaults))
+    assert again.method == defaults.method
+    args = again.method.clone().as_dict()
+    args.pop("name")
+    hparams = method_class(name)(**args).hparams()  # what the parser defaults to is a valid method
+    assert all(hparams[k] == v for k, v in args.items() if v is not None)
