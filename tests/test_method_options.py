@@ -3,6 +3,7 @@ the defaults they change, and what the command line sees of them."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 import pytest
@@ -10,6 +11,9 @@ from jsonargparse import ArgumentParser
 
 from pfl.errors import ConfigError
 from pfl.methods import ClientOptimizerMethod, method_class, methods
+from pfl.methods.dapfl import DapFL
+from pfl.methods.page import PAGE
+from pfl.methods.rl_tuning import DDPGParams, HparamRange
 from pfl.runner.args import build_fit_parser
 
 NAMES = list(methods())
@@ -66,3 +70,31 @@ def test_print_config_round_trips_every_methods_defaults(name):
     args.pop("name")
     hparams = method_class(name)(**args).hparams()  # what the parser defaults to is a valid method
     assert all(hparams[k] == v for k, v in args.items() if v is not None)
+
+
+def test_page_and_dapfl_take_their_agents_options_from_the_one_ddpg_params():
+    shared = {f.name: f.default for f in fields(DDPGParams)}
+    dapfl_own = {"actor_lr": 1e-4, "critic_lr": 1e-3, "tau": 0.001, "eps_decay_steps": 0}  # the Dap-FL code's
+    assert method_options(PAGE).items() >= shared.items()
+    assert method_options(DapFL).items() >= (shared | dapfl_own).items()
+    for cls, expected in ((PAGE, shared), (DapFL, shared | dapfl_own)):
+        method = cls(warmup=3, lr_max=0.2)
+        assert method.ddpg == DDPGParams(**{**expected, "warmup": 3, "lr_max": 0.2})
+        assert method.hparams().items() >= {**expected, "warmup": 3, "lr_max": 0.2, "hidden": [40, 30]}.items()
+        assert method.range == HparamRange(1e-3, 0.2, 20) and method.warmup == 3
+
+
+def test_ddpg_params_errors_name_the_methods_own_fields():
+    params = DDPGParams(ddpg_batch_size=0)
+    with pytest.raises(ConfigError, match=r"^method\.ddpg_batch_size: must be >= 1"):
+        params.agent(1, 2, noise=True)
+    with pytest.raises(ConfigError, match=r"^method\.server_critic_lr: must be > 0"):
+        DDPGParams().agent(3, 3, noise=False, actor_lr=1.0, critic_lr=0.0, prefix="server_")
+    agent = DDPGParams(hidden=[8, 4], tau=0.5).agent(3, 2, noise=False, actor_lr=0.25)
+    assert (agent.state_dim, agent.action_dim, agent.hidden, agent.noise) == (3, 2, (8, 4), False)
+    assert (agent.actor_lr, agent.critic_lr, agent.tau, agent.batch_size) == (0.25, 5e-3, 0.5, 32)
+    for cls in (PAGE, DapFL):
+        with pytest.raises(ConfigError, match="method.ddpg_batch_size"):
+            cls(ddpg_batch_size=0)
+        with pytest.raises(ConfigError, match="method.epoch_max"):
+            cls(epoch_max=0)

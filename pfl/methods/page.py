@@ -51,11 +51,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pfl.errors import ConfigError, require
-from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload, weighted_mean
+from pfl.errors import require
+from pfl.methods.base import ClientContext, ServerContext, State, Upload, weighted_mean
 from pfl.methods.registry import register
-from pfl.methods.rl_tuning import AgentPool, HparamRange, check_warmup, learn_after_warmup, uniform_action
-from pfl.optim.ddpg import INIT_SCHEMES, DDPGAgent, DDPGConfig, server_action_to_weights
+from pfl.methods.rl_tuning import AgentPool, DDPGMethod, check_warmup, learn_after_warmup, uniform_action
+from pfl.optim.ddpg import DDPGAgent, DDPGConfig, server_action_to_weights
 from pfl.seeding import derive_seed
 
 TUNABLE = ("lr", "epochs", "weights")
@@ -63,18 +63,8 @@ ACTIONS = ("agent", "fixed", "random")
 REWARD_SPLITS = ("validation", "test")
 
 
-def ddpg_config(state_dim: int, action_dim: int, names: dict[str, str] | None = None, **kwargs: Any) -> DDPGConfig:
-    """A DDPGConfig whose validation errors name the method's own fields (``names``: DDPG field →
-    method field where they differ)."""
-    try:
-        return DDPGConfig(state_dim, action_dim, **kwargs)
-    except ConfigError as err:
-        key = err.field.removeprefix("ddpg.")
-        raise ConfigError(f"method.{(names or {}).get(key, key)}", err.problem, err.fix) from None
-
-
 @register
-class PAGE(Method):
+class PAGE(DDPGMethod):
     """PAGE; the module docstring states the game. Defaults are PAGE's Synthetic settings."""
 
     name = "page"
@@ -83,37 +73,19 @@ class PAGE(Method):
 
     def __init__(
         self,
-        lr_min: float = 1e-3,
-        lr_max: float = 0.1,
-        epoch_max: int = 20,
         client_reward_weight: float = 1.0,
         server_reward_weight: float = 1.0,
         penalty: float = 1e-5,
         client_lag: int = 1,
         server_lag: int = 0,
         tune: list[str] | None = None,
-        hidden: list[int] | None = None,
-        actor_lr: float = 5e-4,
-        critic_lr: float = 5e-3,
         server_actor_lr: float = 5e-4,
         server_critic_lr: float = 5e-3,
-        tau: float = 0.005,
-        gamma: float = 0.99,
-        buffer_size: int = 60000,
-        ddpg_batch_size: int = 32,
-        warmup: int = 35,
-        ou_theta: float = 0.15,
-        ou_sigma: float = 0.2,
-        eps_decay_steps: int = 500,
-        init: str = "fan_in",
-        epoch_rounding: str = "round",
-        warmup_space: str = "agent",
-        replay_actions: str = "agent",
-        action_map: str = "linear",
-        ou_dt: float = 1.0,
         actions: str = "agent",
         reward_split: str = "validation",
+        **kwargs: Any,
     ):
+        super().__init__(**kwargs)  # the range and the DDPG settings (DDPGParams)
         require(actions in ACTIONS, "method.actions", f"unknown {actions!r}", f"choose one of {', '.join(ACTIONS)}")
         require(
             reward_split in REWARD_SPLITS,
@@ -129,30 +101,12 @@ class PAGE(Method):
         tune = list(TUNABLE) if tune is None else list(tune)
         unknown = sorted(set(tune) - set(TUNABLE))
         require(not unknown, "method.tune", f"unknown factors {unknown}", f"choose from {', '.join(TUNABLE)}")
-        require(init in INIT_SCHEMES, "method.init", f"unknown scheme {init!r}", f"use one of {INIT_SCHEMES}")
-        self.lr_min, self.lr_max, self.epoch_max = lr_min, lr_max, epoch_max
-        self.client_reward_weight, self.server_reward_weight, self.penalty = (
-            client_reward_weight,
-            server_reward_weight,
-            penalty,
-        )
-        self.client_lag, self.server_lag, self.tune = client_lag, server_lag, tune
-        self.hidden = [40, 30] if hidden is None else list(hidden)
-        self.actor_lr, self.critic_lr = actor_lr, critic_lr
+        self.client_reward_weight, self.server_reward_weight = client_reward_weight, server_reward_weight
+        self.penalty, self.client_lag, self.server_lag, self.tune = penalty, client_lag, server_lag, tune
         self.server_actor_lr, self.server_critic_lr = server_actor_lr, server_critic_lr
-        self.tau, self.gamma, self.buffer_size, self.ddpg_batch_size, self.warmup = (
-            tau,
-            gamma,
-            buffer_size,
-            ddpg_batch_size,
-            warmup,
-        )
-        self.ou_theta, self.ou_sigma, self.eps_decay_steps, self.init = ou_theta, ou_sigma, eps_decay_steps, init
-        self.epoch_rounding, self.warmup_space, self.replay_actions = epoch_rounding, warmup_space, replay_actions
-        self.action_map, self.ou_dt, self.actions, self.reward_split = action_map, ou_dt, actions, reward_split
-        self.range = HparamRange(lr_min, lr_max, epoch_max, epoch_rounding, warmup_space, replay_actions, action_map)
-        self.client_config = self._config(1, 2, actor_lr, critic_lr, noise=True)
-        self._config(1, 1, server_actor_lr, server_critic_lr, noise=False)  # validated before any training
+        self.actions, self.reward_split = actions, reward_split
+        self.client_config = self.ddpg.agent(1, 2, noise=True)
+        self.server_config(1)  # validated before any training
         self._pool = AgentPool()
         # (lr, epochs, reward) of the clients trained since the last aggregation, then of the last
         # round: what ``metrics`` reports (a function of the round, so resumed runs report the same).
@@ -193,31 +147,16 @@ class PAGE(Method):
     def _server_score(self, server: ServerContext, state: Tensor) -> Any:
         return server.evaluate_val(state) if self.reward_split == "validation" else server.evaluate(state)
 
-    def _config(self, state_dim: int, action_dim: int, actor_lr: float, critic_lr: float, noise: bool) -> DDPGConfig:
-        prefix = "" if noise else "server_"
-        return ddpg_config(
-            state_dim,
-            action_dim,
-            {"batch_size": "ddpg_batch_size", "actor_lr": f"{prefix}actor_lr", "critic_lr": f"{prefix}critic_lr"},
-            hidden=tuple(self.hidden),
-            actor_lr=actor_lr,
-            critic_lr=critic_lr,
-            tau=self.tau,
-            gamma=self.gamma,
-            buffer_size=self.buffer_size,
-            batch_size=self.ddpg_batch_size,
-            warmup=self.warmup,
-            noise=noise,
-            ou_theta=self.ou_theta,
-            ou_dt=self.ou_dt,
-            ou_sigma=self.ou_sigma,
-            eps_decay_steps=self.eps_decay_steps,
-            init=self.init,
-        )
-
     def server_config(self, num_clients: int) -> DDPGConfig:
         """The server agent: state and action have one entry per client; no exploration noise."""
-        return self._config(num_clients, num_clients, self.server_actor_lr, self.server_critic_lr, noise=False)
+        return self.ddpg.agent(
+            num_clients,
+            num_clients,
+            noise=False,
+            actor_lr=self.server_actor_lr,
+            critic_lr=self.server_critic_lr,
+            prefix="server_",
+        )
 
     # -- hooks a test (or a variant) may replace ---------------------------------------------------
     def client_action(self, agent: DDPGAgent, state: Tensor, client: ClientContext) -> Tensor:
