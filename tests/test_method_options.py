@@ -3,6 +3,7 @@ the defaults they change, and what the command line sees of them."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import fields
 from typing import Any
 
@@ -98,3 +99,24 @@ def test_ddpg_params_errors_name_the_methods_own_fields():
             cls(ddpg_batch_size=0)
         with pytest.raises(ConfigError, match="method.epoch_max"):
             cls(epoch_max=0)
+
+
+# variant: (its parent, the defaults it changes, the options it adds)
+VARIANTS = {
+    "pgfedmo": ("pgfed", {"beta": 0.5}, {}),
+    "pgfed_ce": ("pgfed", {}, {"ce_scalar": "per_client"}),
+    "sfedpg": ("fedpg", {}, {"s": 1, "beta": 1e-4, "sigma": 1.0}),
+    "fedprox": ("fedavg", {}, {"mu": 0.01}),
+    "fedrep": ("fedper", {}, {"head_epochs": 1, "adapt_body": False}),
+    "plgu_ghn": ("pfedhn", {}, {"rho": 0.05, "p": 2.0, "sam_gradient": "paper"}),
+}
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_a_variant_states_only_the_defaults_it_changes_and_the_options_it_adds(name):
+    parent, changed, added = VARIANTS[name]
+    cls = method_class(name)
+    assert method_options(cls) == method_options(method_class(parent)) | changed | added
+    own = inspect.signature(cls.__init__).parameters
+    assert set(own) - {"self", "kwargs"} == set(changed) | set(added)  # the parent's others are passed on
+    assert cls().hparams().items() >= (changed | added).items()

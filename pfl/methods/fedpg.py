@@ -272,22 +272,8 @@ class SFedPG(FedPG):
     name = "sfedpg"
     description = "FedPG with Algorithm 1's Armijo step-size line search (losses at trial steps counted in comm)"
 
-    def __init__(
-        self,
-        server_lr: float = 1.0,
-        lr_decay: float = 1.0,
-        fairness: bool = True,
-        history: bool = True,
-        rescale: str = "median",
-        gamma: float = 0.0,
-        personal_lr: float | None = None,
-        solver: str = "auto",
-        history_max_age: int | None = None,
-        s: int = 1,
-        beta: float = 1e-4,
-        sigma: float = 1.0,
-    ):
-        super().__init__(server_lr, lr_decay, fairness, history, rescale, gamma, personal_lr, solver, history_max_age)
+    def __init__(self, s: int = 1, beta: float = 1e-4, sigma: float = 1.0, **kwargs: Any):
+        super().__init__(**kwargs)  # FedPG's options
         require(isinstance(s, int) and s >= 0, "method.s", f"must be an integer >= 0 (got {s})")
         require(0 < beta < 1, "method.beta", f"must be in (0, 1) (got {beta})")
         require(0 < sigma < math.inf, "method.sigma", f"must be a finite number > 0 (got {sigma})")

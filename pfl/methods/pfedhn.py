@@ -10,6 +10,8 @@ around them with its momentum restored. Design and derivations: docs/plgu.md.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -209,28 +211,8 @@ class PLGUGHN(PFedHN):
     name = "plgu_ghn"
     description = "pFedHN with the hypernetwork updated at a SAM-perturbed point (PLGU)"
 
-    def __init__(
-        self,
-        rho: float = 0.05,
-        p: float = 2.0,
-        sam_gradient: str = "paper",
-        hn_lr: float = 1e-2,
-        hn_momentum: float = 0.9,
-        hn_weight_decay: float = 1e-3,
-        embed_lr: float | None = None,
-        hidden: int = 100,
-        n_hidden: int = 5,
-        embed_dim: int | None = None,
-        chunk: int | None = 1 << 17,
-        chunk_embed_dim: int = 16,
-        max_grad_norm: float | None = None,
-        per_client: bool = False,
-        finetune_epochs: int = 0,
-    ):
-        super().__init__(
-            hn_lr, hn_momentum, hn_weight_decay, embed_lr, hidden, n_hidden, embed_dim, chunk, chunk_embed_dim,
-            max_grad_norm, per_client, finetune_epochs,
-        )  # fmt: skip
+    def __init__(self, rho: float = 0.05, p: float = 2.0, sam_gradient: str = "paper", **kwargs: Any):
+        super().__init__(**kwargs)  # pFedHN's options
         require(rho >= 0, "method.rho", f"must be >= 0 (got {rho})")
         require(p >= 1, "method.p", f"must be >= 1 (got {p})", "the ℓ_p ball needs p >= 1 (2 is SAM)")
         require(
