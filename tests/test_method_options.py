@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import fields
-from typing import Any
+from typing import Any, Literal, get_args
 
 import pytest
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentError, ArgumentParser
 
 from pfl.errors import ConfigError
-from pfl.methods import ClientOptimizerMethod, method_class, methods
+from pfl.methods import ClientOptimizerMethod, Method, fedmgda, fedora, fedpg, method_class, methods, pfedhn, rl_tuning
+from pfl.methods.choices import choices
 from pfl.methods.dapfl import DapFL
 from pfl.methods.page import PAGE
 from pfl.methods.rl_tuning import DDPGParams, HparamRange
+from pfl.optim import capped_simplex, ddpg, descent, hypernet, minnorm, propagation
 from pfl.runner.args import build_fit_parser
 
 NAMES = list(methods())
@@ -120,3 +122,62 @@ def test_a_variant_states_only_the_defaults_it_changes_and_the_options_it_adds(n
     own = inspect.signature(cls.__init__).parameters
     assert set(own) - {"self", "kwargs"} == set(changed) | set(added)  # the parent's others are passed on
     assert cls().hparams().items() >= (changed | added).items()
+
+
+class Picky(Method):
+    """A method with choice-valued options: one plain, one optional, one inherited by a variant."""
+
+    name = "_picky_for_test"
+
+    def __init__(self, mode: Literal["a", "b"] = "a", lag: Literal[0, 1] | None = None, other: str = "x"):
+        self.mode, self.lag, self.other = mode, lag, other
+
+
+class PickyVariant(Picky):
+    def __init__(self, extra: Literal["p", "q"] = "p", **kwargs: Any):
+        super().__init__(**kwargs)
+        self.extra = extra
+
+
+def test_one_generic_check_refuses_values_outside_a_literal_before_init_runs():
+    assert choices(PickyVariant) == {"mode": ("a", "b"), "lag": (0, 1, None), "extra": ("p", "q")}
+    Picky("b", 1, "anything")
+    Picky(lag=None)
+    PickyVariant("q", mode="b", lag=0)
+    for make, field, got, allowed in (
+        (lambda: Picky("c"), "mode", "'c'", "a, b"),  # positional
+        (lambda: Picky(lag=2), "lag", "2", "0, 1, None"),
+        (lambda: PickyVariant(mode="z"), "mode", "'z'", "a, b"),  # the parent's option, passed on
+        (lambda: PickyVariant("r"), "extra", "'r'", "p, q"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            make()
+        assert str(err.value) == f"method.{field}: unknown value {got} (choose one of {allowed})"
+    with pytest.raises(TypeError):  # a call __init__ refuses keeps Python's own error
+        Picky(nonsense=1)
+
+
+def test_the_command_line_refuses_the_same_values():
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(PickyVariant, "method")
+    assert parser.parse_args(["--method.mode", "b"]).method.mode == "b"
+    for argv in (["--method.mode", "c"], ["--method.extra", "r"], ["--method.lag", "2"]):
+        with pytest.raises(ArgumentError):
+            parser.parse_args(argv)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_builtin_choice_is_checked_with_the_one_line_error(name):
+    cls = method_class(name)
+    for field, allowed in choices(cls).items():
+        with pytest.raises(ConfigError) as err:
+            cls(**{field: "no-such-choice"})
+        assert err.value.field == f"method.{field}" and all(str(v) in err.value.fix for v in allowed)
+
+
+def test_choices_mirrored_from_pfl_optim_agree_with_it():
+    assert get_args(fedpg.Solver) == minnorm.SOLVERS and get_args(fedpg.Rescale) == descent.RESCALES
+    assert get_args(fedmgda.Solver) == capped_simplex.SOLVERS
+    assert get_args(fedora.LambdaRule) == propagation.LAMBDA_RULES
+    assert get_args(pfedhn.SamGradient) == hypernet.SAM_GRADIENTS
+    assert get_args(rl_tuning.ActionMap) == ddpg.ACTION_MAPS and get_args(rl_tuning.Init) == ddpg.INIT_SCHEMES

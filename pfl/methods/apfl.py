@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from torch import Tensor, nn
 from torch.func import functional_call
@@ -11,7 +11,7 @@ from pfl.methods.base import ClientContext, ServerContext, State, Upload
 from pfl.methods.fedavg import FedAvg
 from pfl.methods.registry import register
 
-EVAL_MIXES = ("global", "local")
+EvalMix = Literal["global", "local"]
 
 
 @register
@@ -42,12 +42,11 @@ class APFL(FedAvg):
     def __init__(
         self,
         mix: float = 0.5,
-        eval_mix: str = "global",
+        eval_mix: EvalMix = "global",
         **kwargs: Any,
     ):
         super().__init__(finetune_epochs=0, share_buffers=True, **kwargs)
         require(0 <= mix <= 1, "method.mix", f"the mixing weight must be in [0, 1] (got {mix})")
-        require(eval_mix in EVAL_MIXES, "method.eval_mix", f"unknown value {eval_mix!r}", f"choose one of {EVAL_MIXES}")
         self.mix, self.eval_mix = mix, eval_mix
 
     def local_update(self, client: ClientContext, payload: State) -> Upload:

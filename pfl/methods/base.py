@@ -24,6 +24,7 @@ from pfl.engine.flat import FlatModule, ModelLayout
 from pfl.engine.terms import Term
 from pfl.engine.worker import ClientModule, EvalStats, FitStats, LossFn, TrainSettings, Worker
 from pfl.errors import require
+from pfl.methods.choices import check_choices
 from pfl.methods.reports import SCALAR_BYTES, Reports, Times
 
 State = dict[str, Tensor]
@@ -297,6 +298,12 @@ class Method:
     # ``hparams``.
     client_momentum: float | None = None
     keep_momentum: bool | None = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Method:
+        # A hyper-parameter annotated Literal[...] is checked here, once for every method and before its
+        # __init__ runs, as jsonargparse checks it on the command line.
+        check_choices(cls, args, kwargs)
+        return super().__new__(cls)
 
     def set_client_optimizer(self, client_momentum: float | None, keep_momentum: bool | None) -> None:
         """Validate and store the method-level optimizer overrides."""

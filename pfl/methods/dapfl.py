@@ -24,7 +24,7 @@ computed (under encryption), not its value, so the trained models are the same w
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -36,7 +36,7 @@ from pfl.methods.rl_tuning import AgentPool, DDPGMethod, check_warmup, learn_aft
 from pfl.optim.ddpg import DDPGAgent
 from pfl.seeding import derive_seed
 
-WEIGHTINGS = ("samples", "uniform")
+Weighting = Literal["samples", "uniform"]
 
 
 @register
@@ -50,7 +50,7 @@ class DapFL(DDPGMethod):
     def __init__(
         self,
         penalty: float = 1e-5,
-        weighting: str = "samples",
+        weighting: Weighting = "samples",
         actor_lr: float = 1e-4,
         critic_lr: float = 1e-3,
         tau: float = 0.001,
@@ -60,7 +60,6 @@ class DapFL(DDPGMethod):
         # PAGE's range and DDPG settings (DDPGParams) but for the four the Dap-FL code sets otherwise
         super().__init__(actor_lr=actor_lr, critic_lr=critic_lr, tau=tau, eps_decay_steps=eps_decay_steps, **kwargs)
         require(penalty > 0, "method.penalty", f"must be > 0 (got {penalty})")
-        require(weighting in WEIGHTINGS, "method.weighting", f"got {weighting!r}", f"choose one of {WEIGHTINGS}")
         self.penalty, self.weighting = penalty, weighting
         self.config = self.ddpg.agent(2, 2, noise=True)
         self._pool = AgentPool()

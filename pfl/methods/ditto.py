@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pfl.engine.objectives import ProximalObjective
 from pfl.engine.terms import Proximal, ProximalStep
@@ -9,7 +9,7 @@ from pfl.methods.base import ClientContext, ServerContext, State, Upload
 from pfl.methods.fedavg import FedAvg
 from pfl.methods.registry import register
 
-PROX_MODES = ("exact", "gradient", "autograd")
+ProxMode = Literal["exact", "gradient", "autograd"]
 
 
 @register
@@ -39,13 +39,12 @@ class Ditto(FedAvg):
         self,
         lam: float = 0.75,
         personal_epochs: int = 1,
-        prox: str = "exact",
+        prox: ProxMode = "exact",
         **kwargs: Any,
     ):
         super().__init__(finetune_epochs=0, share_buffers=True, **kwargs)
         require(lam >= 0, "method.lam", f"must be >= 0 (got {lam})")
         require(personal_epochs >= 1, "method.personal_epochs", f"must be >= 1 (got {personal_epochs})")
-        require(prox in PROX_MODES, "method.prox", f"unknown mode {prox!r}", f"choose one of {', '.join(PROX_MODES)}")
         self.lam, self.personal_epochs, self.prox = lam, personal_epochs, prox
 
     def local_update(self, client: ClientContext, payload: State) -> Upload:

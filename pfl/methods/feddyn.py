@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -10,7 +10,7 @@ from pfl.methods.base import ClientContext, ServerContext, State, Upload, weight
 from pfl.methods.fedavg import FedAvg
 from pfl.methods.registry import register
 
-WEIGHTINGS = ("uniform", "samples")
+Weighting = Literal["uniform", "samples"]
 
 
 @register
@@ -35,14 +35,11 @@ class FedDyn(FedAvg):
         self,
         alpha: float = 0.1,
         finetune_epochs: int = 0,
-        weighting: str = "uniform",
+        weighting: Weighting = "uniform",
         **kwargs: Any,
     ):
         super().__init__(finetune_epochs=finetune_epochs, share_buffers=True, **kwargs)
         require(alpha >= 0, "method.alpha", f"must be >= 0 (got {alpha})")
-        require(
-            weighting in WEIGHTINGS, "method.weighting", f"unknown value {weighting!r}", f"choose one of {WEIGHTINGS}"
-        )
         self.alpha, self.weighting = alpha, weighting
 
     def init_server(self, server: ServerContext) -> State:

@@ -46,7 +46,7 @@ run. See docs/page.md for the defaults, the paper-vs-code options and the overhe
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -59,8 +59,9 @@ from pfl.optim.ddpg import DDPGAgent, DDPGConfig, server_action_to_weights
 from pfl.seeding import derive_seed
 
 TUNABLE = ("lr", "epochs", "weights")
-ACTIONS = ("agent", "fixed", "random")
-REWARD_SPLITS = ("validation", "test")
+Actions = Literal["agent", "fixed", "random"]
+RewardSplit = Literal["validation", "test"]
+Lag = Literal[0, 1]  # rounds a state lags behind the model it describes
 
 
 @register
@@ -76,28 +77,19 @@ class PAGE(DDPGMethod):
         client_reward_weight: float = 1.0,
         server_reward_weight: float = 1.0,
         penalty: float = 1e-5,
-        client_lag: int = 1,
-        server_lag: int = 0,
+        client_lag: Lag = 1,
+        server_lag: Lag = 0,
         tune: list[str] | None = None,
         server_actor_lr: float = 5e-4,
         server_critic_lr: float = 5e-3,
-        actions: str = "agent",
-        reward_split: str = "validation",
+        actions: Actions = "agent",
+        reward_split: RewardSplit = "validation",
         **kwargs: Any,
     ):
         super().__init__(**kwargs)  # the range and the DDPG settings (DDPGParams)
-        require(actions in ACTIONS, "method.actions", f"unknown {actions!r}", f"choose one of {', '.join(ACTIONS)}")
-        require(
-            reward_split in REWARD_SPLITS,
-            "method.reward_split",
-            f"unknown {reward_split!r}",
-            f"choose one of {', '.join(REWARD_SPLITS)}",
-        )
         require(client_reward_weight > 0, "method.client_reward_weight", f"must be > 0 (got {client_reward_weight})")
         require(server_reward_weight > 0, "method.server_reward_weight", f"must be > 0 (got {server_reward_weight})")
         require(penalty > 0, "method.penalty", f"must be > 0 (got {penalty})", "it keeps 1/(loss + penalty) finite")
-        require(client_lag in (0, 1), "method.client_lag", f"must be 0 or 1 (got {client_lag})")
-        require(server_lag in (0, 1), "method.server_lag", f"must be 0 or 1 (got {server_lag})")
         tune = list(TUNABLE) if tune is None else list(tune)
         unknown = sorted(set(tune) - set(TUNABLE))
         require(not unknown, "method.tune", f"unknown factors {unknown}", f"choose from {', '.join(TUNABLE)}")

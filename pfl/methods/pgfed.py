@@ -11,7 +11,7 @@ after every step, which is the default here (``clip_alpha``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -168,7 +168,7 @@ class PGFedMo(PGFed):
         super().__init__(beta=beta, **kwargs)
 
 
-CE_SCALARS = ("per_client", "mean")
+CEScalar = Literal["per_client", "mean"]
 
 
 @register
@@ -189,11 +189,8 @@ class PGFedCE(PGFed):
     name = "pgfed_ce"
     description = "communication-efficient PGFed: the server sends grad_j^T theta_glob scalars instead of gbar"
 
-    def __init__(self, ce_scalar: str = "per_client", **kwargs: Any):
+    def __init__(self, ce_scalar: CEScalar = "per_client", **kwargs: Any):
         super().__init__(**kwargs)
-        require(
-            ce_scalar in CE_SCALARS, "method.ce_scalar", f"unknown value {ce_scalar!r}", f"choose one of {CE_SCALARS}"
-        )
         self.ce_scalar = ce_scalar
 
     def alpha_gradient_part(self, server: ServerContext) -> State:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, fields
-from typing import Any, get_type_hints
+from typing import Any, Literal, get_args, get_type_hints
 
 import torch
 from torch import Tensor
@@ -23,8 +23,12 @@ from pfl.methods.base import Method
 from pfl.optim.ddpg import ACTION_MAPS, DDPGAgent, DDPGConfig, client_action_to_hparams
 from pfl.seeding import torch_generator
 
-WARMUP_SPACES = ("agent", "hparams")
-REPLAY_ACTIONS = ("agent", "mapped")
+WarmupSpace = Literal["agent", "hparams"]
+ReplayActions = Literal["agent", "mapped"]
+WARMUP_SPACES, REPLAY_ACTIONS = get_args(WarmupSpace), get_args(ReplayActions)
+EpochRounding = Literal["round", "floor"]
+ActionMap = Literal["linear", "clip"]  # pfl.optim.ddpg.ACTION_MAPS
+Init = Literal["fan_in", "code"]  # pfl.optim.ddpg.INIT_SCHEMES
 
 
 class AgentPool:
@@ -207,11 +211,11 @@ class DDPGParams:
     ou_theta: float = 0.15
     ou_sigma: float = 0.2
     eps_decay_steps: int = 500
-    init: str = "fan_in"
-    epoch_rounding: str = "round"
-    warmup_space: str = "agent"
-    replay_actions: str = "agent"
-    action_map: str = "linear"
+    init: Init = "fan_in"
+    epoch_rounding: EpochRounding = "round"
+    warmup_space: WarmupSpace = "agent"
+    replay_actions: ReplayActions = "agent"
+    action_map: ActionMap = "linear"
     ou_dt: float = 1.0
 
     @property
