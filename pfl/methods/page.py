@@ -27,7 +27,8 @@ c = ``client_reward_weight`` and s = ``server_reward_weight`` scale each agent's
 code multiplies the rewards by ``c_reward_weight`` / ``s_reward_weight``); the paper's biased
 variants PAGE-10:1 (generalization first) and PAGE-1:10 (personalization first) are the ratios s:c.
 
-**Lag.** ``client_lag = 1`` (ALGORITHMS.md, the authors' code): the state a client acts on in round t
+**Lag.** ``client_lag = 1`` (the authors' code, github.com/ivy-h7/PAGE: a client's agent reads the
+accuracy of the model received one round earlier): the state a client acts on in round t
 is the local-test accuracy of the global model it received in round t − 1 (round 0: the initial
 model's); the accuracy of the model received in round t is measured before training and becomes the
 next state, so each transition (s_t, a_t, r_t, s_{t+1}) is stored in round t. ``client_lag = 0``: the

@@ -123,7 +123,7 @@ def perturbation(grad: Tensor, rho: float, p: float = 2.0, scale: Tensor | None 
       ‖ε‖_p = ρ and gᵀε = ρ‖g‖_q. p = 2 is SAM: ε = ρ g/‖g‖₂.
     - ``scale`` = diag(Λ) per parameter (``layer_scale``): Λ multiplies the *normalised* direction,
       as in Eq. 5 — the norm in the denominator is of the unscaled g. For p = 2 this is LWSAM's
-      ε = ρ Λ g/‖g‖ (ALGORITHMS.md): each layer gets SAM's step times ξ_l, and ‖ε‖ ≤ ρ max_l ξ_l.
+      ε = ρ Λ g/‖g‖ (PLGU's Eq. 5 at p = 2): each layer gets SAM's step times ξ_l, and ‖ε‖ ≤ ρ max_l ξ_l.
     - Edge cases: g = 0 gives ε = 0; p = ∞ gives ρ sign(g); p = 1 gives the limit of the formula,
       ρ sign(g_j)/k on the k coordinates of largest |g_j| and 0 elsewhere; p < 1 raises ValueError.
     - The paper prints the denominator as (‖g‖_q^q)^{p−1}; that does not reduce to its own Eq. 3 at
