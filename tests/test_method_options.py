@@ -157,6 +157,19 @@ def test_one_generic_check_refuses_values_outside_a_literal_before_init_runs():
         Picky(nonsense=1)
 
 
+class Stray(Picky):
+    """A variant whose own default lies outside its parent's choices."""
+
+    def __init__(self, mode: str = "z", **kwargs: Any):
+        super().__init__(mode=mode, **kwargs)
+
+
+def test_a_default_outside_the_parents_choices_is_refused_too():
+    with pytest.raises(ConfigError, match=r"^method\.mode: unknown value 'z'"):
+        Stray()
+    assert Stray("b").mode == "b"
+
+
 def test_the_command_line_refuses_the_same_values():
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(PickyVariant, "method")

@@ -6,7 +6,6 @@ method constructed in Python the same one-line ``ConfigError``, from the same an
 from __future__ import annotations
 
 import inspect
-from functools import cache
 from types import NoneType, UnionType
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
@@ -30,7 +29,6 @@ def _inits(cls: type) -> list[Any]:
     return [vars(k)["__init__"] for k in reversed(cls.__mro__) if k is not object and "__init__" in vars(k)]
 
 
-@cache
 def choices(cls: type) -> dict[str, tuple[Any, ...]]:
     """Every ``__init__`` argument of ``cls`` and its bases annotated with a ``Literal``: its allowed values."""
     out: dict[str, tuple[Any, ...]] = {}

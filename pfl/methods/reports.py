@@ -60,7 +60,7 @@ class Reports:
             if round_idx is not None:
                 self.rounds.add(round_idx)
 
-    def count_bytes(self, up: int = 0, down: int = 0) -> None:
+    def count_bytes(self, up: int, down: int) -> None:
         self.up += up
         self.down += down
 
