@@ -115,6 +115,7 @@ def test_server_context_defaults_and_the_callables_it_does_not_show():
     b = ServerContext(0, 4, 2, layout, init, evaluator=lambda s: None, client_loss=lambda c, s: 0.0)
     assert a.state == {} and a.state is not b.state and a.seed == 0
     assert "evaluator" not in repr(b) and "client_loss" not in repr(b) and "seed=0" in repr(b)
+    assert "reports" not in repr(a) and a.reports is not b.reports  # each server its own sums
     with pytest.raises(RuntimeError, match="no global test set"):
         a.evaluate(init)
     with pytest.raises(RuntimeError, match="cannot ask clients"):
