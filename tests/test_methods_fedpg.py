@@ -919,3 +919,11 @@ def test_the_default_trains_well_above_chance_where_the_printed_q_stalls(name):
     assert trained["pm.l_acc.mean"] > 0.5 and trained["gm.acc"] > 0.5
     stalled = make_loop(default_like(name, {"rescale": "none"}, rounds=5)).fit()["metrics"]
     assert stalled["gm.acc"] < 0.2 and stalled[f"{name}.d_norm"] < 0.01 * trained[f"{name}.d_norm"]
+
+
+def test_fedpg_refuses_an_unknown_solver_or_rescale_with_the_choices():
+    for cls in (FedPG, SFedPG):
+        for field, allowed in (("solver", "auto, cvxopt, frank_wolfe, pgd"), ("rescale", "none, mean, median")):
+            with pytest.raises(ConfigError) as err:
+                cls(**{field: "nope"})
+            assert str(err.value) == f"method.{field}: unknown value 'nope' (choose one of {allowed})"
