@@ -684,3 +684,14 @@ def test_short_configs_put_the_baselines_in_the_middle_of_the_range_and_dapfl_ge
         mid = HparamRange(m.lr_min, m.lr_max, m.epoch_max).hparams(torch.zeros(2))
         assert mid == (pytest.approx(c.lr), c.epochs)
         assert cfg.data.val_frac > 0
+
+
+def test_page_explores_with_the_client_agents_only_and_refuses_other_lags():
+    method = PAGE()
+    assert method.client_config.noise and (method.client_config.state_dim, method.client_config.action_dim) == (1, 2)
+    server = method.server_config(5)
+    assert not server.noise and (server.state_dim, server.action_dim) == (5, 5)
+    for field in ("client_lag", "server_lag"):
+        with pytest.raises(ConfigError) as err:
+            PAGE(**{field: 2})
+        assert str(err.value) == f"method.{field}: unknown value 2 (choose one of 0, 1)"
