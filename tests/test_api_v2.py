@@ -238,7 +238,7 @@ def test_accelerator_defaults_to_auto():
 def test_method_class_accepts_an_import_path_and_refuses_non_methods():
     assert method_class("pfl.methods.ditto.Ditto") is Ditto
     with pytest.raises(ConfigError, match="method.name"):
-        method_class("pfl.methods.ditto.PROX_MODES")
+        method_class("pfl.methods.ditto.ProxMode")
     with pytest.raises(ConfigError, match="method.name"):
         method_class("nosuchpackage.Method")
 

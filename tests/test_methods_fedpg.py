@@ -16,6 +16,7 @@ from pfl.errors import ConfigError
 from pfl.federation.attacks import Attack, malicious_clients
 from pfl.methods import ServerContext, Upload, method_class
 from pfl.methods import fedpg as fedpg_module
+from pfl.methods import reports as reports_module
 from pfl.methods.fedpg import FedPG, SFedPG
 from pfl.metrics.comm import nbytes
 from pfl.optim.descent import fairness_gradient, fairness_value
@@ -766,17 +767,20 @@ def test_round_stats_count_dropped_clients_and_split_lambda_by_row_kind():
 
 def test_timings_are_per_round_means_reset_at_each_report(monkeypatch):
     clock = iter(range(10_000))
-    monkeypatch.setattr(fedpg_module, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    monkeypatch.setattr(reports_module, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
     for cls, searches in ((FedPG, False), (SFedPG, True)):
         method = cls()
         server = bare_server(method, 4, num_clients=2)
         server.client_loss = lambda cid, state: 1.0
         gen = torch.Generator().manual_seed(0)
         for _report in range(2):
-            for _ in range(2):  # two rounds per report: each takes 1 + 1 clock ticks to solve, 1 to search
+            for r in range(2):  # two rounds per report: each takes 1 + 1 clock ticks to solve, 1 to search
+                server.round = r
                 grads, losses = random_round(gen, [0, 1], 4)
                 method.aggregate(server, uploads_for(server["global"].clone(), grads, losses))
-            method._timing["client"] += 6.0  # what the clients' local updates add (see local_update)
+            for _ in range(6):  # what the clients' local updates add (see local_update): 1 tick each
+                with method.timed("client"):
+                    pass
             out = method.metrics(server)
             assert out[f"time.{cls.name}.solve_s_per_round"] == 2.0
             assert out[f"time.{cls.name}.client_s_per_round"] == 3.0
@@ -789,10 +793,11 @@ def test_timings_are_per_round_means_reset_at_each_report(monkeypatch):
 def test_client_time_is_the_local_updates_wall_clock(monkeypatch):
     loop = make_loop(tiny_config("fedpg", trainer={"fraction": 0.5}))
     clock = iter(range(5, 10_000))
-    monkeypatch.setattr(fedpg_module, "time", types.SimpleNamespace(perf_counter=lambda: 10.0 * next(clock)))
+    monkeypatch.setattr(reports_module, "time", types.SimpleNamespace(perf_counter=lambda: 10.0 * next(clock)))
     for cid in (0, 1):
         loop.method.local_update(loop.client(cid), {"global": loop.server["global"]})
-    assert loop.method._timing["client"] == 20.0  # 10 per local update, summed
+    times = loop.method.take_times(loop.server)
+    assert times.seconds == {"client": 20.0} and times.counts == {"client": 2}  # 10 per local update, summed
 
 
 def test_personal_directions_count_downloads_only():
@@ -914,3 +919,11 @@ def test_the_default_trains_well_above_chance_where_the_printed_q_stalls(name):
     assert trained["pm.l_acc.mean"] > 0.5 and trained["gm.acc"] > 0.5
     stalled = make_loop(default_like(name, {"rescale": "none"}, rounds=5)).fit()["metrics"]
     assert stalled["gm.acc"] < 0.2 and stalled[f"{name}.d_norm"] < 0.01 * trained[f"{name}.d_norm"]
+
+
+def test_fedpg_refuses_an_unknown_solver_or_rescale_with_the_choices():
+    for cls in (FedPG, SFedPG):
+        for field, allowed in (("solver", "auto, cvxopt, frank_wolfe, pgd"), ("rescale", "none, mean, median")):
+            with pytest.raises(ConfigError) as err:
+                cls(**{field: "nope"})
+            assert str(err.value) == f"method.{field}: unknown value 'nope' (choose one of {allowed})"

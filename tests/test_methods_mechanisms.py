@@ -7,6 +7,7 @@ import contextlib
 import io
 import math
 import time
+import types
 
 import pytest
 import torch
@@ -15,10 +16,11 @@ from torch.func import functional_call
 
 from pfl.cli import list_methods
 from pfl.data import DataConfig, build_data
-from pfl.engine.flat import FlatModule
+from pfl.engine.flat import FlatModule, ModelLayout
 from pfl.engine.terms import Freeze
 from pfl.engine.worker import FitSpec, TrainSettings, Worker
 from pfl.methods import Method, Upload, register, stores
+from pfl.methods import reports as reports_module
 from pfl.methods.base import ClientContext, ServerContext, train_settings, weighted_mean
 from pfl.methods.registry import _REGISTRY
 from pfl.metrics.comm import nbytes
@@ -113,10 +115,76 @@ def test_server_context_defaults_and_the_callables_it_does_not_show():
     b = ServerContext(0, 4, 2, layout, init, evaluator=lambda s: None, client_loss=lambda c, s: 0.0)
     assert a.state == {} and a.state is not b.state and a.seed == 0
     assert "evaluator" not in repr(b) and "client_loss" not in repr(b) and "seed=0" in repr(b)
+    assert "reports" not in repr(a) and a.reports is not b.reports  # each server its own sums
     with pytest.raises(RuntimeError, match="no global test set"):
         a.evaluate(init)
     with pytest.raises(RuntimeError, match="cannot ask clients"):
         a.ask_loss(0, init)
+
+
+def _ticking_clock(monkeypatch, step: float = 1.0) -> None:
+    """perf_counter returns 0, step, 2·step, ...: a timed block takes one step."""
+    clock = iter(range(10_000))
+    monkeypatch.setattr(reports_module, "time", types.SimpleNamespace(perf_counter=lambda: step * next(clock)))
+
+
+def _bare_server(p: int = 3) -> ServerContext:
+    layout = ModelLayout(p, 0, (("0", slice(0, p)),), torch.device("cpu"))
+    return ServerContext(0, 4, 2, layout, torch.zeros(p, dtype=torch.float64))
+
+
+def test_server_timed_adds_seconds_per_phase_and_round_and_take_resets(monkeypatch):
+    _ticking_clock(monkeypatch, 2.0)
+    server = _bare_server()
+    for r in (3, 4):
+        server.round = r
+        with server.timed("solve"):
+            pass
+        with server.timed("solve"):
+            pass
+    server.round = 5
+    with pytest.raises(ValueError), server.timed("search"):  # a block that raises still counts
+        raise ValueError
+    times = server.take_times()
+    assert times.seconds == {"solve": 8.0, "search": 2.0} and times.counts == {"solve": 4, "search": 1}
+    assert times.rounds == 3  # rounds 3, 4 and 5, each counted once however many blocks ran in it
+    assert times.per_round("m") == {"time.m.solve_s_per_round": 8.0 / 3, "time.m.search_s_per_round": 2.0 / 3}
+    assert server.take_times() == reports_module.Times()  # reset by the take
+    assert reports_module.Times({"x": 1.0}, {"x": 1}, 0).per_round("m") == {}  # no round: no per-round mean
+
+
+def test_client_side_phases_join_the_servers_and_its_rounds(monkeypatch):
+    _ticking_clock(monkeypatch)
+    server, method = _bare_server(), Method()
+    with server.timed("solve"):
+        pass
+    for _ in range(3):
+        with method.timed("client"):
+            pass
+    with method.timed("solve"):  # a phase timed on both sides adds up
+        pass
+    assert method.metrics(server) == {"time..solve_s_per_round": 2.0, "time..client_s_per_round": 3.0}
+    assert method.metrics(server) == {}  # both sides reset
+    with method.timed("client"):
+        pass
+    assert method.metrics(server) == {}  # client time without a server round has no per-round mean
+    assert Method().take_times(server).seconds == {}  # each method its own client-side sums
+
+
+def test_ask_loss_counts_its_own_exchange_and_take_bytes_resets():
+    server = _bare_server(5)
+    asked = []
+    server.client_loss = lambda cid, state: asked.append((cid, state.clone())) or 0.5
+    state = torch.ones(5, dtype=torch.float64)
+    assert server.ask_loss(2, state) == 0.5 and torch.equal(asked[0][1], state) and asked[0][0] == 2
+    assert server.take_bytes() == (4, 5 * 8)  # one 32-bit loss up, the float64 state down
+    assert server.take_bytes() == (0, 0)
+    server.ask_loss(0, state, sent=4)  # the client rebuilds the state from one number it is sent
+    server.ask_loss(1, state, sent=0)
+    server.count_bytes(down=7)
+    server.count_bytes(up=3)
+    assert Method().comm_extra(server) == (4 + 4 + 3, 4 + 0 + 7)  # the base hook drains the server's counts
+    assert server.take_bytes() == (0, 0)
 
 
 def test_client_context_keeps_momentum_under_the_purposes_key_and_hides_the_worker():
@@ -150,7 +218,7 @@ def test_method_defaults_a_user_method_inherits():
     cfg = tiny_config("fedavg", client={"momentum": 0.5, "keep_momentum": True})
     settings = train_settings(cfg.client, Bare())
     assert settings.momentum == 0.5 and settings.keep_momentum is True  # the run's settings apply
-    assert Bare().comm_extra(None) == (0, 0)
+    assert Bare().comm_extra(_bare_server()) == (0, 0) and Bare().metrics(_bare_server()) == {}
     register(Bare)
     try:
         out = io.StringIO()

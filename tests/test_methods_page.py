@@ -15,6 +15,7 @@ from pfl.errors import ConfigError
 from pfl.methods import ClientContext, weighted_mean
 from pfl.methods.dapfl import DapFL
 from pfl.methods.page import PAGE
+from pfl.methods.reports import Times
 from pfl.optim.ddpg import client_action_to_hparams, server_action_to_weights
 from tests.conftest import make_loop, tiny_config
 
@@ -482,32 +483,45 @@ def test_page_config_errors_read_as_the_methods_own_fields():
     assert not PAGE(tune=["weights"]).tunes_client and PAGE(tune=["weights"]).tunes_server
 
 
-class _FixedTimers:
-    def __init__(self, seconds, counts):
-        self.out = (seconds, counts)
-
-    def take(self):
-        return self.out
+def fixed_times(method, seconds, counts):
+    """Make ``method.take_times`` return these sums, as if its hooks had timed them."""
+    method.take_times = lambda server: Times(dict(seconds), dict(counts), counts.get("aggregation", 0))
 
 
 def test_page_reports_table_5s_split_per_round_and_per_client():
     method = PAGE()
     seconds = {"local_train": 2.0, "client_agent": 0.5, "aggregation": 0.5, "server_agent": 0.25}
-    method._timers = _FixedTimers(seconds, {"aggregation": 1, "local_train": 4})
+    fixed_times(method, seconds, {"aggregation": 1, "local_train": 4})
     out = method.metrics(ServerContextStub())
     assert out["time.page.local_train_ms"] == 2000.0 and out["time.page.server_eval_ms"] == 0.0  # one round
     assert out["time.page.local_train_per_client_ms"] == 500.0 and out["time.page.client_agent_per_client_ms"] == 125.0
     assert out["time.page.agents_over_fl"] == pytest.approx(0.75 / 2.5)
-    method._timers = _FixedTimers({"aggregation": 1.0, "local_train": 3.0}, {"aggregation": 2, "local_train": 1})
+    fixed_times(method, {"aggregation": 1.0, "local_train": 3.0}, {"aggregation": 2, "local_train": 1})
     out = method.metrics(ServerContextStub())  # two rounds, one local update, no agent timed
     assert out["time.page.aggregation_ms"] == 500.0 and out["time.page.local_train_per_client_ms"] == 3000.0
     assert out["time.page.client_agent_ms"] == 0.0 and out["time.page.agents_over_fl"] == 0.0
-    method._timers = _FixedTimers({"aggregation": 1.0, "server_agent": 0.5}, {"aggregation": 1})  # no client
+    fixed_times(method, {"aggregation": 1.0, "server_agent": 0.5}, {"aggregation": 1})  # no client
     assert method.metrics(ServerContextStub())["time.page.agents_over_fl"] == 0.5
-    method._timers = _FixedTimers({"local_train": 1.0, "client_agent": 0.5}, {"local_train": 1})  # no aggregation
+    fixed_times(method, {"local_train": 1.0, "client_agent": 0.5}, {"local_train": 1})  # no aggregation
     assert method.metrics(ServerContextStub())["time.page.agents_over_fl"] == 0.5
-    method._timers = _FixedTimers({}, {})  # nothing since the last report
+    fixed_times(method, {}, {})  # nothing since the last report
     assert all(v == 0.0 for k, v in method.metrics(ServerContextStub()).items() if k.startswith("time."))
+
+
+def test_page_times_every_phase_of_a_round_where_it_runs():
+    cfg = page_config(FAST_AGENTS, trainer={"clients_per_round": 2})
+    loop = make_loop(cfg)
+    loop.run_round()
+    times = loop.method.take_times(loop.server)
+    server_side = {"server_eval": 2, "server_agent": 2, "aggregation": 1}  # two blocks each around the aggregation
+    assert times.rounds == 1 and {k: times.counts[k] for k in server_side} == server_side
+    assert {k: times.counts[k] for k in ("local_train", "client_eval", "client_agent")} == {
+        "local_train": 2,
+        "client_eval": 4,
+        "client_agent": 4,
+    }  # per client: one fit, the received and the trained model scored, the agent before and after
+    assert all(s >= 0 for s in times.seconds.values())
+    assert loop.method.take_times(loop.server).seconds == {}  # taken once
 
 
 class ServerContextStub(dict):
@@ -671,3 +685,14 @@ def test_short_configs_put_the_baselines_in_the_middle_of_the_range_and_dapfl_ge
         mid = HparamRange(m.lr_min, m.lr_max, m.epoch_max).hparams(torch.zeros(2))
         assert mid == (pytest.approx(c.lr), c.epochs)
         assert cfg.data.val_frac > 0
+
+
+def test_page_explores_with_the_client_agents_only_and_refuses_other_lags():
+    method = PAGE()
+    assert method.client_config.noise and (method.client_config.state_dim, method.client_config.action_dim) == (1, 2)
+    server = method.server_config(5)
+    assert not server.noise and (server.state_dim, server.action_dim) == (5, 5)
+    for field in ("client_lag", "server_lag"):
+        with pytest.raises(ConfigError) as err:
+            PAGE(**{field: 2})
+        assert str(err.value) == f"method.{field}: unknown value 2 (choose one of 0, 1)"

@@ -105,7 +105,7 @@ def test_an_import_path_names_a_user_class_and_a_registered_name_its_class():
     with pytest.raises(ConfigError, match="cannot import 'pfl.methods.ditto.Nothing'"):
         method_class("pfl.methods.ditto.Nothing")  # the module imports, the attribute does not exist
     with pytest.raises(ConfigError, match="is not a subclass of pfl.methods.Method"):
-        method_class("pfl.methods.ditto.PROX_MODES")
+        method_class("pfl.methods.ditto.ProxMode")
     with pytest.raises(ConfigError, match="is not a subclass of pfl.methods.Method"):
         method_class("pathlib.Path")  # a class, but not a method
 

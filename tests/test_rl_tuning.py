@@ -3,13 +3,11 @@ client action → (lr, epochs) range with its warm-up and replay options, and th
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
 from pfl.errors import ConfigError
-from pfl.methods.rl_tuning import AgentPool, HparamRange, Timers, check_warmup, learn_after_warmup, uniform_action
+from pfl.methods.rl_tuning import AgentPool, HparamRange, check_warmup, learn_after_warmup, uniform_action
 from pfl.optim.ddpg import DDPGAgent, DDPGConfig
 
 
@@ -83,18 +81,6 @@ def test_replay_stores_the_agents_action_or_the_mapped_hyper_parameters():
     assert HparamRange(0.01, 0.5, 4).replayed(action, 0.2, 3) is action
     mapped = HparamRange(0.01, 0.5, 4, replay="mapped").replayed(action, 0.2, 3)
     assert mapped.tolist() == pytest.approx([0.2, 3.0])
-
-
-def test_timers_add_up_each_phase_and_start_again_after_take():
-    timers = Timers()
-    now = time.perf_counter()
-    timers.add("agents", now - 1.0)
-    timers.add("agents", now - 2.0)
-    timers.add("train", now - 0.5)
-    seconds, counts = timers.take()
-    assert 3.0 <= seconds["agents"] < 4.0 and 0.5 <= seconds["train"] < 1.5
-    assert counts == {"agents": 2, "train": 1}
-    assert timers.take() == ({}, {})
 
 
 def test_the_clip_maps_own_options_are_refused_with_the_linear_map():

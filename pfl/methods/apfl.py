@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any, Literal
+
 from torch import Tensor, nn
 from torch.func import functional_call
 
@@ -9,7 +11,7 @@ from pfl.methods.base import ClientContext, ServerContext, State, Upload
 from pfl.methods.fedavg import FedAvg
 from pfl.methods.registry import register
 
-EVAL_MIXES = ("global", "local")
+EvalMix = Literal["global", "local"]
 
 
 @register
@@ -31,8 +33,6 @@ class APFL(FedAvg):
     Args:
         mix: α, the weight of the personal model in the mixture.
         eval_mix: global (α·v + (1 − α)·latest global model) or local (α·v + (1 − α)·own last w).
-        client_momentum: SGD momentum of both w and v (null: client.momentum).
-        keep_momentum: keep both momentum buffers per client across rounds (null: client.keep_momentum).
     """
 
     name = "apfl"
@@ -42,13 +42,11 @@ class APFL(FedAvg):
     def __init__(
         self,
         mix: float = 0.5,
-        eval_mix: str = "global",
-        client_momentum: float | None = None,
-        keep_momentum: bool | None = None,
+        eval_mix: EvalMix = "global",
+        **kwargs: Any,
     ):
-        super().__init__(finetune_epochs=0, client_momentum=client_momentum, keep_momentum=keep_momentum)
+        super().__init__(finetune_epochs=0, share_buffers=True, **kwargs)
         require(0 <= mix <= 1, "method.mix", f"the mixing weight must be in [0, 1] (got {mix})")
-        require(eval_mix in EVAL_MIXES, "method.eval_mix", f"unknown value {eval_mix!r}", f"choose one of {EVAL_MIXES}")
         self.mix, self.eval_mix = mix, eval_mix
 
     def local_update(self, client: ClientContext, payload: State) -> Upload:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -23,6 +24,8 @@ from pfl.engine.flat import FlatModule, ModelLayout
 from pfl.engine.terms import Term
 from pfl.engine.worker import ClientModule, EvalStats, FitSpec, FitStats, LossFn, TrainSettings, Worker
 from pfl.errors import require
+from pfl.methods.choices import check_choices
+from pfl.methods.reports import SCALAR_BYTES, Reports, Times
 
 State = dict[str, Tensor]
 
@@ -51,7 +54,12 @@ class Upload:
 @dataclass
 class ServerContext:
     """The server as a hook sees it: the round being run, the federation, the model layout and the
-    server's state dict. It reads like that dict (``server["global"]``) for brevity."""
+    server's state dict. It reads like that dict (``server["global"]``) for brevity.
+
+    Hooks report what they spend through it: ``with server.timed("solve"):`` adds the block's seconds
+    to a phase, and every server<->client exchange outside the payload/upload pair counts its own bytes
+    (``ask_loss``, or ``count_bytes`` for one a method performs itself). ``take_times`` and
+    ``take_bytes`` hand the sums over and reset them (``Method.metrics`` / ``Method.comm_extra``)."""
 
     round: int
     num_clients: int
@@ -63,6 +71,7 @@ class ServerContext:
     evaluator: Callable[[Tensor], EvalStats] | None = field(default=None, repr=False)
     val_evaluator: Callable[[Tensor], EvalStats] | None = field(default=None, repr=False)
     client_loss: Callable[[int, Tensor], float] | None = field(default=None, repr=False)
+    reports: Reports = field(default_factory=Reports, repr=False)
 
     def evaluate(self, state: Tensor) -> EvalStats:
         """Accuracy and loss of ``state`` on the server's global test set (``data.global_test``)."""
@@ -77,13 +86,32 @@ class ServerContext:
             raise RuntimeError("no client has a validation split (data.val_frac)")
         return self.val_evaluator(state)
 
-    def ask_loss(self, cid: int, state: Tensor) -> float:
-        """Client ``cid``'s mean train loss at ``state`` (eval mode): one exchange with that client
-        (the model, or what it needs to rebuild it, down; one number up). The method that asks
-        counts those bytes in ``Method.comm_extra``."""
+    def ask_loss(self, cid: int, state: Tensor, *, sent: int | None = None) -> float:
+        """Client ``cid``'s mean train loss at ``state`` (eval mode): one exchange with that client,
+        counted here: one number up, and down ``sent`` bytes (what the client needs to rebuild
+        ``state``, e.g. a step size along a direction it already holds) or, None, ``state`` itself."""
         if self.client_loss is None:
             raise RuntimeError("this server cannot ask clients for their losses")
+        down = state.numel() * state.element_size() if sent is None else sent
+        self.count_bytes(up=SCALAR_BYTES, down=down)
         return self.client_loss(cid, state)
+
+    def timed(self, name: str) -> AbstractContextManager[None]:
+        """``with server.timed(name):`` adds the block's wall-clock seconds to phase ``name`` of this round."""
+        return self.reports.timed(name, self.round)
+
+    def count_bytes(self, up: int = 0, down: int = 0) -> None:
+        """Bytes of an exchange with the clients outside the payload/upload pair (e.g. a direction sent down)."""
+        self.reports.count_bytes(up, down)
+
+    def take_bytes(self) -> tuple[int, int]:
+        """Bytes (up, down) counted since the last take, then zero (drained every round)."""
+        return self.reports.take_bytes()
+
+    def take_times(self) -> Times:
+        """Seconds and counts per phase and the rounds they were spent in since the last take, then none
+        (drained at every evaluation)."""
+        return self.reports.take_times()
 
     @property
     def device(self) -> torch.device:
@@ -251,9 +279,10 @@ class Method:
     # ``eval.pm_source: local_update`` then scores the model each client trained before aggregation.
     has_personal_model: ClassVar[bool] = True
     # Method-level optimizer settings (None: the run's ``client.momentum`` / ``client.keep_momentum``).
-    # A method that lets configs set them takes them as ``__init__`` arguments of these names and
-    # calls ``set_client_optimizer``; they then win over ``client.*`` for the whole run (every fit of
-    # the method, new clients included) and appear in ``hparams``.
+    # A method that lets configs set them subclasses ``ClientOptimizerMethod`` (or takes them as
+    # ``__init__`` arguments of these names and calls ``set_client_optimizer``); they then win over
+    # ``client.*`` for the whole run (every fit of the method, new clients included) and appear in
+    # ``hparams``.
     client_momentum: float | None = None
     keep_momentum: bool | None = None
     # True for a method whose local update only passes trained states on (into the upload or the
@@ -281,6 +310,12 @@ class Method:
             f"method {self.name!r} reads trained states during its local update (trainer.vectorize needs one "
             "that only passes them on, e.g. fedavg, fedprox, local, ditto)"
         ]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Method:
+        # A hyper-parameter annotated Literal[...] is checked here, once for every method and before its
+        # __init__ runs, as jsonargparse checks it on the command line.
+        check_choices(cls, args, kwargs)
+        return super().__new__(cls)
 
     def set_client_optimizer(self, client_momentum: float | None, keep_momentum: bool | None) -> None:
         """Validate and store the method-level optimizer overrides."""
@@ -313,14 +348,34 @@ class Method:
         return server.get("global") if self.has_global_model else None
 
     def metrics(self, server: ServerContext) -> dict[str, float]:
-        """The method's own quantities, merged into every evaluation's metrics (solve times, agent
-        overhead, ...); keys should start with the method's name."""
-        return {}
+        """The method's own quantities, merged into every evaluation's metrics; keys should start with
+        the method's name. By default the phases its hooks timed since the last evaluation, as
+        ``time.<name>.<phase>_s_per_round`` (``take_times``)."""
+        return self.take_times(server).per_round(self.name)
 
     def comm_extra(self, server: ServerContext) -> tuple[int, int]:
         """Bytes (up, down) exchanged since the last call outside the payload/upload pair, e.g. a line
-        search asking the clients for their losses; added to the communication metrics every round."""
-        return 0, 0
+        search asking the clients for their losses; added to the communication metrics every round.
+        By default what the exchanges counted on the server (``ServerContext.take_bytes``)."""
+        return server.take_bytes()
+
+    def timed(self, name: str) -> AbstractContextManager[None]:
+        """``with self.timed(name):`` in a client hook adds the block's seconds to phase ``name`` (server
+        hooks use ``server.timed``); reported with the server's phases by ``take_times``."""
+        return self._client_reports.timed(name)
+
+    def take_times(self, server: ServerContext) -> Times:
+        """The server's phases (``server.timed``) and the client hooks' (``self.timed``) since the last
+        take, then none; per-round means divide by the rounds the server timed something in."""
+        return server.take_times().merged(self._client_reports.take_times())
+
+    @property
+    def _client_reports(self) -> Reports:
+        # Created on first use: subclasses need not call Method.__init__.
+        reports = self.__dict__.get("_client_reports_")
+        if reports is None:
+            reports = self.__dict__["_client_reports_"] = Reports()
+        return reports
 
     def check_run(self, cfg: Any) -> None:
         """Checks that need the rest of the run's configuration (``cfg``: the RunConfig), called by
@@ -358,6 +413,22 @@ class Method:
                     if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in names:
                         names.append(p.name)
         return {n: getattr(self, n) for n in names if hasattr(self, n)}
+
+
+class ClientOptimizerMethod(Method):
+    """A method whose configs may set its clients' SGD optimizer. A subclass takes its own
+    hyper-parameters and passes the rest on, so the two options are declared and checked here only:
+    ``def __init__(self, mu: float = 0.01, **kwargs: Any): ...; super().__init__(**kwargs)``
+    (jsonargparse follows ``**kwargs`` into this signature, so configs and ``--help`` see them).
+
+    Args:
+        client_momentum: SGD momentum of every local fit of this method (null: client.momentum).
+        keep_momentum: keep each client's SGD momentum of its main ("train") fit across its rounds
+            (null: client.keep_momentum).
+    """
+
+    def __init__(self, client_momentum: float | None = None, keep_momentum: bool | None = None):
+        self.set_client_optimizer(client_momentum, keep_momentum)
 
 
 def train_settings(client: Any, method: Method, augment: str = "none") -> TrainSettings:

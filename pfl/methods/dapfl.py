@@ -26,32 +26,23 @@ computed (under encryption), not its value, so the trained models are the same w
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from pfl.errors import require
-from pfl.methods.base import ClientContext, Method, State, Upload
-from pfl.methods.page import ddpg_config
+from pfl.methods.base import ClientContext, State, Upload
 from pfl.methods.registry import register
-from pfl.methods.rl_tuning import (
-    VAL_FIX,
-    AgentPool,
-    HparamRange,
-    agent_score,
-    check_reward_split,
-    check_warmup,
-    learn_after_warmup,
-)
-from pfl.optim.ddpg import INIT_SCHEMES, DDPGAgent
+from pfl.methods.rl_tuning import VAL_FIX, AgentPool, DDPGMethod, agent_score, check_warmup, learn_after_warmup
+from pfl.optim.ddpg import DDPGAgent
 from pfl.seeding import derive_seed
 
-WEIGHTINGS = ("samples", "uniform")
+Weighting = Literal["samples", "uniform"]
 
 
 @register
-class DapFL(Method):
+class DapFL(DDPGMethod):
     """Dap-FL without its secure aggregation; the module docstring states the agents' MDP."""
 
     name = "dapfl"
@@ -60,67 +51,19 @@ class DapFL(Method):
 
     def __init__(
         self,
-        lr_min: float = 1e-3,
-        lr_max: float = 0.1,
-        epoch_max: int = 20,
         penalty: float = 1e-5,
-        weighting: str = "samples",
-        hidden: list[int] | None = None,
+        weighting: Weighting = "samples",
         actor_lr: float = 1e-4,
         critic_lr: float = 1e-3,
         tau: float = 0.001,
-        gamma: float = 0.99,
-        buffer_size: int = 60000,
-        ddpg_batch_size: int = 32,
-        warmup: int = 35,
-        ou_theta: float = 0.15,
-        ou_sigma: float = 0.2,
         eps_decay_steps: int = 0,
-        init: str = "fan_in",
-        epoch_rounding: str = "round",
-        warmup_space: str = "agent",
-        replay_actions: str = "agent",
-        action_map: str = "linear",
-        ou_dt: float = 1.0,
-        reward_split: str = "validation",
+        **kwargs: Any,
     ):
-        check_reward_split(reward_split)
+        # PAGE's range, DDPG settings and reward split (DDPGParams) but for the four the Dap-FL code sets otherwise
+        super().__init__(actor_lr=actor_lr, critic_lr=critic_lr, tau=tau, eps_decay_steps=eps_decay_steps, **kwargs)
         require(penalty > 0, "method.penalty", f"must be > 0 (got {penalty})")
-        require(weighting in WEIGHTINGS, "method.weighting", f"got {weighting!r}", f"choose one of {WEIGHTINGS}")
-        require(init in INIT_SCHEMES, "method.init", f"unknown scheme {init!r}", f"use one of {INIT_SCHEMES}")
-        self.lr_min, self.lr_max, self.epoch_max, self.penalty, self.weighting = (
-            lr_min,
-            lr_max,
-            epoch_max,
-            penalty,
-            weighting,
-        )
-        self.hidden = [40, 30] if hidden is None else list(hidden)
-        self.actor_lr, self.critic_lr, self.tau, self.gamma = actor_lr, critic_lr, tau, gamma
-        self.buffer_size, self.ddpg_batch_size, self.warmup = buffer_size, ddpg_batch_size, warmup
-        self.ou_theta, self.ou_sigma, self.eps_decay_steps, self.init = ou_theta, ou_sigma, eps_decay_steps, init
-        self.epoch_rounding, self.warmup_space, self.replay_actions = epoch_rounding, warmup_space, replay_actions
-        self.action_map, self.ou_dt, self.reward_split = action_map, ou_dt, reward_split
-        self.range = HparamRange(lr_min, lr_max, epoch_max, epoch_rounding, warmup_space, replay_actions, action_map)
-        self.config = ddpg_config(
-            2,
-            2,
-            {"batch_size": "ddpg_batch_size"},
-            hidden=tuple(self.hidden),
-            actor_lr=actor_lr,
-            critic_lr=critic_lr,
-            tau=tau,
-            gamma=gamma,
-            buffer_size=buffer_size,
-            batch_size=ddpg_batch_size,
-            warmup=warmup,
-            noise=True,
-            ou_theta=ou_theta,
-            ou_sigma=ou_sigma,
-            ou_dt=ou_dt,
-            eps_decay_steps=eps_decay_steps,
-            init=init,
-        )
+        self.penalty, self.weighting = penalty, weighting
+        self.config = self.ddpg.agent(2, 2, noise=True)
         self._pool = AgentPool()
 
     def check_run(self, cfg: Any) -> None:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any, Literal
+
 from pfl.engine.objectives import ProximalObjective
 from pfl.engine.terms import Proximal, ProximalStep
 from pfl.errors import require
@@ -7,7 +9,7 @@ from pfl.methods.base import ClientContext, ServerContext, State, Upload
 from pfl.methods.fedavg import FedAvg
 from pfl.methods.registry import register
 
-PROX_MODES = ("exact", "gradient", "autograd")
+ProxMode = Literal["exact", "gradient", "autograd"]
 
 
 @register
@@ -19,15 +21,14 @@ class Ditto(FedAvg):
     λ; λ → ∞ gives v = w). ``prox="gradient"`` adds λ(v − w) to the gradient, as the official code;
     ``prox="autograd"`` writes the same objective as a Lightning ``training_step``
     (``pfl.engine.objectives.ProximalObjective``) and lets autograd take its gradient.
+    ``client_momentum`` applies to both fits, ``keep_momentum`` to the global model's; the personal fit
+    starts from zero momentum.
 
     Args:
         lam: λ, pull of the personal model towards the global model.
         personal_epochs: local epochs on the personal model per participation.
         prox: exact (proximal step, stable for any λ), gradient (official code) or autograd (the
             gradient form as a training_step).
-        client_momentum: SGD momentum of both local fits (null: client.momentum).
-        keep_momentum: keep each client's SGD momentum of the global model's fit across rounds
-            (null: client.keep_momentum); the personal fit starts from zero momentum.
     """
 
     name = "ditto"
@@ -39,14 +40,12 @@ class Ditto(FedAvg):
         self,
         lam: float = 0.75,
         personal_epochs: int = 1,
-        prox: str = "exact",
-        client_momentum: float | None = None,
-        keep_momentum: bool | None = None,
+        prox: ProxMode = "exact",
+        **kwargs: Any,
     ):
-        super().__init__(finetune_epochs=0, client_momentum=client_momentum, keep_momentum=keep_momentum)
+        super().__init__(finetune_epochs=0, share_buffers=True, **kwargs)
         require(lam >= 0, "method.lam", f"must be >= 0 (got {lam})")
         require(personal_epochs >= 1, "method.personal_epochs", f"must be >= 1 (got {personal_epochs})")
-        require(prox in PROX_MODES, "method.prox", f"unknown mode {prox!r}", f"choose one of {', '.join(PROX_MODES)}")
         self.lam, self.personal_epochs, self.prox = lam, personal_epochs, prox
 
     def vectorize_problems(self) -> list[str]:

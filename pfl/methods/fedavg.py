@@ -1,15 +1,17 @@
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor
 
 from pfl.engine.terms import Term
 from pfl.errors import require
-from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload, weighted_mean_of
+from pfl.methods.base import ClientContext, ClientOptimizerMethod, ServerContext, State, Upload, weighted_mean_of
 from pfl.methods.registry import register
 
 
 @register
-class FedAvg(Method):
+class FedAvg(ClientOptimizerMethod):
     """FedAvg: clients train the global model locally; the server takes the sample-weighted mean
     (a server optimizer, ``server.optimizer``, turns this into FedAvgM / FedAdam / FedYogi / FedAdagrad).
 
@@ -24,8 +26,6 @@ class FedAvg(Method):
     Args:
         finetune_epochs: epochs of fine-tuning the global model to get each P-model (0: none).
         share_buffers: average the float buffers with the parameters (false: FedBN-style local statistics).
-        client_momentum: SGD momentum of every local fit of this method (null: client.momentum).
-        keep_momentum: keep each client's SGD momentum across its rounds (null: client.keep_momentum).
     """
 
     name = "fedavg"
@@ -38,12 +38,11 @@ class FedAvg(Method):
         self,
         finetune_epochs: int = 0,
         share_buffers: bool = True,
-        client_momentum: float | None = None,
-        keep_momentum: bool | None = None,
+        **kwargs: Any,
     ):
         require(finetune_epochs >= 0, "method.finetune_epochs", f"must be >= 0 (got {finetune_epochs})")
         self.finetune_epochs, self.share_buffers = finetune_epochs, share_buffers
-        self.set_client_optimizer(client_momentum, keep_momentum)
+        super().__init__(**kwargs)
 
     def start(self, client: ClientContext, global_state: Tensor) -> Tensor:
         """The model a client starts from: the global one, with the client's own buffers when they are local."""

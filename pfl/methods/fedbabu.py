@@ -1,28 +1,29 @@
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor
 
 from pfl.engine.flat import ModelLayout
 from pfl.engine.terms import Freeze
 from pfl.errors import require
-from pfl.methods.base import ClientContext, ServerContext, State, Upload
+from pfl.methods.base import ClientContext, ClientOptimizerMethod, ServerContext, State, Upload
 from pfl.methods.layer_sharing import LayerSharing
 from pfl.methods.registry import register
 
 
 @register
-class FedBABU(LayerSharing):
+class FedBABU(LayerSharing, ClientOptimizerMethod):
     """FedBABU (Oh et al. 2022): the body is trained and averaged while the head stays at its random
     initialisation everywhere; a client's P-model is the global model fine-tuned ``finetune_epochs``
     (all layers) at ``finetune_lr`` (the authors' code: 0.001; null = client.lr). A new client is
     adapted the same way: the global model fine-tuned ``eval.new_client_epochs`` at ``finetune_lr``.
+    ``client_momentum`` applies to training and fine-tuning, ``keep_momentum`` to training.
 
     Args:
         head_layers: layers at the end of the model kept at their initialisation during training.
         finetune_epochs: epochs of fine-tuning (all layers) that give each P-model.
         finetune_lr: learning rate of that fine-tuning (null: client.lr).
-        client_momentum: SGD momentum of training and fine-tuning (null: client.momentum).
-        keep_momentum: keep each client's SGD momentum of training across rounds (null: client.keep_momentum).
     """
 
     name = "fedbabu"
@@ -34,14 +35,13 @@ class FedBABU(LayerSharing):
         head_layers: int = 1,
         finetune_epochs: int = 1,
         finetune_lr: float | None = 0.001,
-        client_momentum: float | None = None,
-        keep_momentum: bool | None = None,
+        **kwargs: Any,
     ):
         require(head_layers >= 0, "method.head_layers", f"must be >= 0 (got {head_layers})")
         require(finetune_epochs >= 0, "method.finetune_epochs", f"must be >= 0 (got {finetune_epochs})")
         require(finetune_lr is None or finetune_lr > 0, "method.finetune_lr", "must be > 0, or null for client.lr")
         self.head_layers, self.finetune_epochs, self.finetune_lr = head_layers, finetune_epochs, finetune_lr
-        self.set_client_optimizer(client_momentum, keep_momentum)
+        super().__init__(**kwargs)
 
     def shared_mask(self, layout: ModelLayout) -> Tensor:
         self.check_layers("head_layers", self.head_layers, layout)

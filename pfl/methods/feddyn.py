@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any, Literal
+
 import torch
 
 from pfl.engine.terms import LinearTerm, Proximal
@@ -8,7 +10,7 @@ from pfl.methods.base import ClientContext, ServerContext, State, Upload, weight
 from pfl.methods.fedavg import FedAvg
 from pfl.methods.registry import register
 
-WEIGHTINGS = ("uniform", "samples")
+Weighting = Literal["uniform", "samples"]
 
 
 @register
@@ -24,8 +26,6 @@ class FedDyn(FedAvg):
         alpha: α, the dynamic regulariser's coefficient.
         finetune_epochs: epochs of fine-tuning the global model to get each P-model (0: none).
         weighting: uniform (the paper) or samples (FedAvg's sample-weighted mean).
-        client_momentum: SGD momentum of the local fit (null: client.momentum).
-        keep_momentum: keep each client's SGD momentum across rounds (null: client.keep_momentum).
     """
 
     name = "feddyn"
@@ -36,15 +36,11 @@ class FedDyn(FedAvg):
         self,
         alpha: float = 0.1,
         finetune_epochs: int = 0,
-        weighting: str = "uniform",
-        client_momentum: float | None = None,
-        keep_momentum: bool | None = None,
+        weighting: Weighting = "uniform",
+        **kwargs: Any,
     ):
-        super().__init__(finetune_epochs, client_momentum=client_momentum, keep_momentum=keep_momentum)
+        super().__init__(finetune_epochs=finetune_epochs, share_buffers=True, **kwargs)
         require(alpha >= 0, "method.alpha", f"must be >= 0 (got {alpha})")
-        require(
-            weighting in WEIGHTINGS, "method.weighting", f"unknown value {weighting!r}", f"choose one of {WEIGHTINGS}"
-        )
         self.alpha, self.weighting = alpha, weighting
 
     def init_server(self, server: ServerContext) -> State:

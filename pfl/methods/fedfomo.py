@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from pfl.errors import require
-from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload
+from pfl.methods.base import ClientContext, ClientOptimizerMethod, ServerContext, State, Upload
 from pfl.methods.registry import register
 from pfl.seeding import torch_generator
 
@@ -47,7 +47,7 @@ def select_models(
 
 
 @register
-class FedFomo(Method):
+class FedFomo(ClientOptimizerMethod):
     """FedFomo. The validation part V_i is the client's val split when it has one (``data.val_frac``;
     then every train sample is trained on), else a fixed random ``val_frac`` of its train split that
     is held out of training (the authors' code and the PGFed authors' code both hold out 20%).
@@ -64,8 +64,6 @@ class FedFomo(Method):
         epsilon: initial exploration probability of each download slot.
         epsilon_decay: subtracted from epsilon every round.
         normalize_affinity: add normalised weights to P (authors' code of PGFed) instead of raw ones.
-        client_momentum: SGD momentum of the local fit (null: client.momentum).
-        keep_momentum: keep each client's SGD momentum across rounds (null: client.keep_momentum).
     """
 
     name = "fedfomo"
@@ -79,8 +77,7 @@ class FedFomo(Method):
         epsilon: float = 0.3,
         epsilon_decay: float = 0.05,
         normalize_affinity: bool = False,
-        client_momentum: float | None = None,
-        keep_momentum: bool | None = None,
+        **kwargs: Any,
     ):
         require(num_models >= 0, "method.num_models", f"must be >= 0 (got {num_models})")
         require(0 < val_frac < 1, "method.val_frac", f"must be in (0, 1): a part is held out (got {val_frac})")
@@ -88,7 +85,7 @@ class FedFomo(Method):
         require(epsilon_decay >= 0, "method.epsilon_decay", f"must be >= 0 (got {epsilon_decay})")
         self.num_models, self.val_frac = num_models, val_frac
         self.epsilon, self.epsilon_decay, self.normalize_affinity = epsilon, epsilon_decay, normalize_affinity
-        self.set_client_optimizer(client_momentum, keep_momentum)
+        super().__init__(**kwargs)
 
     # -- server ---------------------------------------------------------------------------------
     def init_server(self, server: ServerContext) -> State:

@@ -4,6 +4,7 @@ IEEE TNSE 2022): MGDA on the clients' normalised updates with the weights kept n
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import numpy as np
 import torch
@@ -11,10 +12,11 @@ import torch
 from pfl.errors import require
 from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload, weighted_mean
 from pfl.methods.registry import register
-from pfl.optim.capped_simplex import SOLVERS, box_around, min_norm_capped
+from pfl.optim.capped_simplex import box_around, min_norm_capped
 from pfl.optim.minnorm import gram_matrix
 
-CENTERS = ("samples", "uniform")  # FedMGDA+'s λ⁰: FedAvg's sample weights (paper) or 1/m
+Center = Literal["samples", "uniform"]  # FedMGDA+'s λ⁰: FedAvg's sample weights (paper) or 1/m
+Solver = Literal["auto", "cvxopt", "pgd"]  # pfl.optim.capped_simplex.SOLVERS
 
 
 @register
@@ -55,14 +57,12 @@ class FedMGDAPlus(Method):
         server_lr: float = 1.0,
         lr_decay: float = 1.0,
         normalize: bool = True,
-        solver: str = "auto",
-        center: str = "samples",
+        solver: Solver = "auto",
+        center: Center = "samples",
     ):
-        require(center in CENTERS, "method.center", f"unknown value {center!r}", f"choose {', '.join(CENTERS)}")
         require(epsilon >= 0, "method.epsilon", f"must be >= 0 (got {epsilon})")
         require(0 < server_lr < math.inf, "method.server_lr", f"must be a finite number > 0 (got {server_lr})")
         require(0 < lr_decay <= 1, "method.lr_decay", f"must be in (0, 1] (got {lr_decay})")
-        require(solver in SOLVERS, "method.solver", f"unknown solver {solver!r}", f"choose one of {', '.join(SOLVERS)}")
         self.epsilon, self.server_lr, self.lr_decay = epsilon, server_lr, lr_decay
         self.normalize, self.solver, self.center = normalize, solver, center
 

@@ -7,6 +7,8 @@ the paper-vs-code list and how the handshake, the stores and new clients are des
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
@@ -16,7 +18,6 @@ from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload
 from pfl.methods.registry import register
 from pfl.methods.stores import clipped_cosine, row_gram
 from pfl.optim.propagation import (
-    LAMBDA_RULES,
     PAPER_EPS,
     new_client_row,
     official_similarity,
@@ -30,10 +31,11 @@ from pfl.optim.propagation import (
 )
 from pfl.seeding import torch_generator
 
-KINDS = ("subspace", "official", "random", "parameter", "gradient", "identity", "uniform")
-PROPAGATIONS = ("closed", "iterative")
-PULLS = ("gradient", "decoupled")
+Similarity = Literal["subspace", "official", "random", "parameter", "gradient", "identity", "uniform"]
+Propagation = Literal["closed", "iterative"]
+Pull = Literal["gradient", "decoupled"]
 _F64 = torch.float64
+LambdaRule = Literal["paper", "official"]  # pfl.optim.propagation.LAMBDA_RULES
 
 
 class DecoupledPull(Term):
@@ -106,14 +108,14 @@ class FedORA(Method):
         alpha: float | None = 1.0,
         kappa: float | None = None,
         p: int = 1,
-        similarity: str = "subspace",
-        propagation: str = "closed",
+        similarity: Similarity = "subspace",
+        propagation: Propagation = "closed",
         iters: int | None = None,
         tol: float | None = 1e-7,
-        lambda_rule: str = "paper",
+        lambda_rule: LambdaRule = "paper",
         lam: float | None = None,
         eps: float = PAPER_EPS,
-        pull: str = "gradient",
+        pull: Pull = "gradient",
         replace_server_copy: bool = False,
         top_k: int = 2,
         temperature: float = 10.0,
@@ -132,8 +134,6 @@ class FedORA(Method):
         if kappa is not None:
             require(0 <= kappa < 1, "method.kappa", f"must be in [0, 1) (got {kappa})")
         require(p >= 1, "method.p", f"must be >= 1 (got {p})")
-        require(similarity in KINDS, "method.similarity", f"unknown kind {similarity!r}", f"use one of {KINDS}")
-        require(propagation in PROPAGATIONS, "method.propagation", f"unknown {propagation!r}", f"use {PROPAGATIONS}")
         require(iters is None or iters >= 1, "method.iters", f"must be >= 1 (got {iters})")
         require(tol is None or tol > 0, "method.tol", f"must be > 0 (got {tol})")
         require(
@@ -141,10 +141,8 @@ class FedORA(Method):
             "method.tol",
             "the iterative propagation needs iters and/or tol",
         )
-        require(lambda_rule in LAMBDA_RULES, "method.lambda_rule", f"unknown {lambda_rule!r}", f"use {LAMBDA_RULES}")
         require(lam is None or lam >= 0, "method.lam", f"a constant lambda must be >= 0 (got {lam})")
         require(eps > 0, "method.eps", f"must be > 0 (got {eps})")
-        require(pull in PULLS, "method.pull", f"unknown {pull!r}", f"use one of {PULLS}")
         require(top_k >= 1, "method.top_k", f"must be >= 1 (got {top_k})")
         require(label_scale > 0, "method.label_scale", f"must be > 0 (got {label_scale})")
         self.alpha, self.kappa, self.p, self.similarity = alpha, kappa, p, similarity

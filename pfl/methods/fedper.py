@@ -1,22 +1,23 @@
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor
 
 from pfl.engine.flat import ModelLayout
 from pfl.errors import require
+from pfl.methods.base import ClientOptimizerMethod
 from pfl.methods.layer_sharing import LayerSharing
 from pfl.methods.registry import register
 
 
 @register
-class FedPer(LayerSharing):
+class FedPer(LayerSharing, ClientOptimizerMethod):
     """FedPer (Arivazhagan et al. 2019): shared body, the last ``personal_layers`` layers stay local.
 
     Args:
         personal_layers: layers at the end of the model that stay on the client (1: the classifier).
         share_buffers: share the float buffers with the body (false: FedBN-style local statistics).
-        client_momentum: SGD momentum of the local fit (null: client.momentum).
-        keep_momentum: keep each client's SGD momentum across rounds (null: client.keep_momentum).
     """
 
     name = "fedper"
@@ -26,12 +27,11 @@ class FedPer(LayerSharing):
         self,
         personal_layers: int = 1,
         share_buffers: bool = True,
-        client_momentum: float | None = None,
-        keep_momentum: bool | None = None,
+        **kwargs: Any,
     ):
         require(personal_layers >= 0, "method.personal_layers", f"must be >= 0 (got {personal_layers})")
         self.personal_layers, self.share_buffers = personal_layers, share_buffers
-        self.set_client_optimizer(client_momentum, keep_momentum)
+        super().__init__(**kwargs)
 
     def shared_mask(self, layout: ModelLayout) -> Tensor:
         self.check_layers("personal_layers", self.personal_layers, layout)

@@ -11,8 +11,7 @@ documented in docs/fedpg.md ("The federated method").
 from __future__ import annotations
 
 import math
-import time
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -20,19 +19,19 @@ from torch import Tensor
 from pfl.errors import require
 from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload, weighted_mean
 from pfl.methods.registry import register
+from pfl.methods.reports import SCALAR_BYTES
 from pfl.optim.descent import (
-    RESCALES,
     CommonDirectionInfo,
     armijo_line_search,
     common_direction,
     fairness_gradient,
     personal_directions,
 )
-from pfl.optim.minnorm import SOLVERS
 
-SCALAR_BYTES = 4  # a loss or a step size on the wire (a 32-bit number, as pfl.metrics.comm counts scalars)
 # A slope g·d counts as a conflict only above this share of ‖g‖‖d‖ (the solver's round-off is ~1e-12).
 CONFLICT_REL_TOL = 1e-7
+Solver = Literal["auto", "cvxopt", "frank_wolfe", "pgd"]  # pfl.optim.minnorm.SOLVERS
+Rescale = Literal["none", "mean", "median"]  # pfl.optim.descent.RESCALES
 
 
 @register
@@ -89,7 +88,6 @@ class FedPG(Method):
     description = "common descent direction of all clients + fairness (min-norm, cvxopt); non-conflicting P-models"
     has_personal_model = True
     uploads_gradients = True  # attacks in "auto" space perturb the pseudo-gradient w − w_i
-    searches_step = False  # S-FedPG: the step comes from a line search (timed apart)
 
     def __init__(
         self,
@@ -97,18 +95,16 @@ class FedPG(Method):
         lr_decay: float = 1.0,
         fairness: bool = True,
         history: bool = True,
-        rescale: str = "median",
+        rescale: Rescale = "median",
         gamma: float = 0.0,
         personal_lr: float | None = None,
-        solver: str = "auto",
+        solver: Solver = "auto",
         history_max_age: int | None = None,
     ):
         require(0 < server_lr < math.inf, "method.server_lr", f"must be a finite number > 0 (got {server_lr})")
         require(0 < lr_decay <= 1, "method.lr_decay", f"must be in (0, 1] (got {lr_decay})")
         require(0 <= gamma <= 1, "method.gamma", f"must be in [0, 1] (got {gamma})", "γ > 1 leaves the cone")
         require(personal_lr is None or personal_lr > 0, "method.personal_lr", "must be > 0, or null for the G-step")
-        require(solver in SOLVERS, "method.solver", f"unknown solver {solver!r}", f"choose one of {', '.join(SOLVERS)}")
-        require(rescale in RESCALES, "method.rescale", f"unknown value {rescale!r}", f"choose {', '.join(RESCALES)}")
         require(
             history_max_age is None or (isinstance(history_max_age, int) and history_max_age >= 1),
             "method.history_max_age",
@@ -118,12 +114,10 @@ class FedPG(Method):
         self.server_lr, self.lr_decay = server_lr, lr_decay
         self.fairness, self.history, self.rescale = fairness, history, rescale
         self.gamma, self.personal_lr, self.solver = gamma, personal_lr, solver
-        # Timings only (excluded from comparable metrics, not state): seconds and rounds since the last report.
-        self._timing = {"solve": 0.0, "client": 0.0, "search": 0.0, "rounds": 0}
 
     # -- server ---------------------------------------------------------------------------------
     def init_server(self, server: ServerContext) -> State:
-        state: State = {"global": server.init_state.clone(), "history": {}, "stats": {}, "comm": [0, 0]}
+        state: State = {"global": server.init_state.clone(), "history": {}, "stats": {}}
         state["history_round"] = {}  # the round each stored gradient was uploaded in
         if self.gamma > 0:
             state["personal"] = {}
@@ -134,55 +128,48 @@ class FedPG(Method):
         return self.server_lr * self.lr_decay**server.round
 
     def aggregate(self, server: ServerContext, uploads: dict[int, Upload]) -> None:
-        started = time.perf_counter()
-        w = server["global"]
-        p = server.layout.num_params
         cids = [c for c in sorted(uploads) if bool(torch.isfinite(uploads[c].state).all())]
         dropped = len(uploads) - len(cids)  # a diverged client (NaN/inf upload) is treated as absent
         if not cids:
             server["stats"] = {"dropped_nonfinite": dropped}
             return
-        grads = torch.stack([w[:p] - uploads[c].state[:p] for c in cids])
-        losses = torch.cat([uploads[c]["loss"].reshape(-1) for c in cids]).to(torch.float64)
-        fairness_row = None
-        if self.fairness and bool(torch.isfinite(losses).all()) and float(losses.norm()) > 0:
-            fairness_row = fairness_gradient(losses, grads)
-        if self.history_max_age is not None:
-            self.forget_stale(server)
-        absent = [c for c in sorted(server["history"]) if c not in uploads] if self.history else []
-        history = torch.stack([server["history"][c].to(grads) for c in absent]) if absent else None
-        d, lam, info = common_direction(grads, fairness_row, history, self.rescale, solver=self.solver)
-        conflicts = count_conflicts(info.slopes, [grads, fairness_row, history], info.norm_sq)
-        solve_seconds = time.perf_counter() - started
-
-        started = time.perf_counter()
+        w = server["global"]
+        p = server.layout.num_params
+        with server.timed("solve"):
+            grads = torch.stack([w[:p] - uploads[c].state[:p] for c in cids])
+            losses = torch.cat([uploads[c]["loss"].reshape(-1) for c in cids]).to(torch.float64)
+            fairness_row = None
+            if self.fairness and bool(torch.isfinite(losses).all()) and float(losses.norm()) > 0:
+                fairness_row = fairness_gradient(losses, grads)
+            if self.history_max_age is not None:
+                self.forget_stale(server)
+            absent = [c for c in sorted(server["history"]) if c not in uploads] if self.history else []
+            history = torch.stack([server["history"][c].to(grads) for c in absent]) if absent else None
+            d, lam, info = common_direction(grads, fairness_row, history, self.rescale, solver=self.solver)
+            conflicts = count_conflicts(info.slopes, [grads, fairness_row, history], info.norm_sq)
         eta, search = self.choose_step(server, uploads, cids, losses, d, info)
-        self._timing["search"] += time.perf_counter() - started
-        started = time.perf_counter()
-        new = w.clone()
-        new[:p] += eta * d
-        if server.layout.num_buffers:
-            new[p:] = weighted_mean([uploads[c].state[p:] for c in cids], [uploads[c].weight for c in cids])
-        if self.gamma > 0:
-            rows = grads if history is None else torch.cat([grads, history])
-            directions = personal_directions(
-                rows, self.gamma, common=d, solver=self.solver, clients=list(range(len(cids)))
-            )
-            eta_p = self.personal_lr if self.personal_lr is not None else eta
-            for i, cid in enumerate(cids):
-                pm = new.clone()  # the G-model's buffers
-                pm[:p] = w[:p] + eta_p * directions[i]
-                server["personal"][cid] = pm
-            element = w.element_size()
-            self._count(server, down=len(cids) * p * element)  # d_i to each sampled client
-        if self.history:
-            for i, cid in enumerate(cids):
-                server["history"][cid] = grads[i].clone()
-                server["history_round"][cid] = server.round
-        server["global"] = new
-        server["lambda"] = lam  # over [client rows (sorted ids), ∇F, history rows (sorted ids)]
-        self._timing["solve"] += solve_seconds + time.perf_counter() - started
-        self._timing["rounds"] += 1
+        with server.timed("solve"):
+            new = w.clone()
+            new[:p] += eta * d
+            if server.layout.num_buffers:
+                new[p:] = weighted_mean([uploads[c].state[p:] for c in cids], [uploads[c].weight for c in cids])
+            if self.gamma > 0:
+                rows = grads if history is None else torch.cat([grads, history])
+                directions = personal_directions(
+                    rows, self.gamma, common=d, solver=self.solver, clients=list(range(len(cids)))
+                )
+                eta_p = self.personal_lr if self.personal_lr is not None else eta
+                for i, cid in enumerate(cids):
+                    pm = new.clone()  # the G-model's buffers
+                    pm[:p] = w[:p] + eta_p * directions[i]
+                    server["personal"][cid] = pm
+                server.count_bytes(down=len(cids) * p * w.element_size())  # d_i to each sampled client
+            if self.history:
+                for i, cid in enumerate(cids):
+                    server["history"][cid] = grads[i].clone()
+                    server["history_round"][cid] = server.round
+            server["global"] = new
+            server["lambda"] = lam  # over [client rows (sorted ids), ∇F, history rows (sorted ids)]
         server["stats"] = self.round_stats(lam, info, eta, conflicts, dropped, fairness_row is not None, search)
 
     def forget_stale(self, server: ServerContext) -> None:
@@ -230,25 +217,10 @@ class FedPG(Method):
         return stats
 
     def metrics(self, server: ServerContext) -> dict[str, float]:
+        """The round's statistics, and the seconds per round of the solve, the clients' local updates
+        and (S-FedPG) the line search."""
         out = {f"{self.name}.{k}": float(v) for k, v in server.get("stats", {}).items()}
-        rounds = self._timing["rounds"]
-        if rounds:
-            out[f"time.{self.name}.solve_s_per_round"] = self._timing["solve"] / rounds
-            out[f"time.{self.name}.client_s_per_round"] = self._timing["client"] / rounds
-            if self.searches_step:
-                # S-FedPG: the line search, mostly the sampled clients evaluating their loss at each trial
-                out[f"time.{self.name}.search_s_per_round"] = self._timing["search"] / rounds
-        self._timing = {"solve": 0.0, "client": 0.0, "search": 0.0, "rounds": 0}
-        return out
-
-    def comm_extra(self, server: ServerContext) -> tuple[int, int]:
-        up, down = server["comm"]
-        server["comm"] = [0, 0]
-        return up, down
-
-    @staticmethod
-    def _count(server: ServerContext, up: int = 0, down: int = 0) -> None:
-        server["comm"] = [server["comm"][0] + up, server["comm"][1] + down]
+        return out | super().metrics(server)
 
     def personal_state(self, server: ServerContext, client: ClientContext) -> Tensor:
         if self.gamma > 0 and client.cid in server["personal"]:
@@ -257,11 +229,10 @@ class FedPG(Method):
 
     # -- client ---------------------------------------------------------------------------------
     def local_update(self, client: ClientContext, payload: State) -> Upload:
-        started = time.perf_counter()
         w = payload["global"]
-        loss = client.evaluate(w, "train").loss  # L_i(w): the loss F and the line search compare against
-        trained = client.fit(w)
-        self._timing["client"] += time.perf_counter() - started
+        with self.timed("client"):
+            loss = client.evaluate(w, "train").loss  # L_i(w): the loss F and the line search compare against
+            trained = client.fit(w)
         return Upload(trained, client.num_samples, {"loss": torch.tensor([loss], device=w.device)})
 
 
@@ -281,8 +252,9 @@ class SFedPG(FedPG):
     The oracle L_i(w + ηd): the server sends d once to every sampled client (P numbers each), then per
     trial the candidate η (one number); client i answers its mean train loss at w + ηd (one number),
     evaluated exactly like the L_i(w) it uploaded (eval mode, whole train split). Every trial's bytes
-    go into the communication metrics (``comm_extra``). In the simulation the loop gives the server
-    ``ServerContext.ask_loss(cid, state)``, which evaluates that client on its train split.
+    go into the communication metrics. In the simulation the server asks through
+    ``ServerContext.ask_loss(cid, state)``, which evaluates that client on its train split and counts
+    the exchange's bytes.
 
     Inputs of the search: η = ``server_lr`` · ``lr_decay``^t (the step it searches around; the accepted
     η_t is not carried to the next round), s, β, σ (σ = ‖d_r‖/‖d‖ is defined in the main paper, which
@@ -297,24 +269,9 @@ class SFedPG(FedPG):
 
     name = "sfedpg"
     description = "FedPG with Algorithm 1's Armijo step-size line search (losses at trial steps counted in comm)"
-    searches_step = True
 
-    def __init__(
-        self,
-        server_lr: float = 1.0,
-        lr_decay: float = 1.0,
-        fairness: bool = True,
-        history: bool = True,
-        rescale: str = "median",
-        gamma: float = 0.0,
-        personal_lr: float | None = None,
-        solver: str = "auto",
-        history_max_age: int | None = None,
-        s: int = 1,
-        beta: float = 1e-4,
-        sigma: float = 1.0,
-    ):
-        super().__init__(server_lr, lr_decay, fairness, history, rescale, gamma, personal_lr, solver, history_max_age)
+    def __init__(self, s: int = 1, beta: float = 1e-4, sigma: float = 1.0, **kwargs: Any):
+        super().__init__(**kwargs)  # FedPG's options
         require(isinstance(s, int) and s >= 0, "method.s", f"must be an integer >= 0 (got {s})")
         require(0 < beta < 1, "method.beta", f"must be in (0, 1) (got {beta})")
         require(0 < sigma < math.inf, "method.sigma", f"must be a finite number > 0 (got {sigma})")
@@ -335,15 +292,30 @@ class SFedPG(FedPG):
         d: Tensor,
         info: CommonDirectionInfo,
     ) -> tuple[float, dict[str, Any]]:
+        with server.timed("search"):  # mostly the sampled clients evaluating their loss at each trial
+            return self.line_search(server, uploads, cids, losses, d, info)
+
+    def line_search(
+        self,
+        server: ServerContext,
+        uploads: dict[int, Upload],
+        cids: list[int],
+        losses: Tensor,
+        d: Tensor,
+        info: CommonDirectionInfo,
+    ) -> tuple[float, dict[str, Any]]:
+        """Algorithm 1's search along d; each trial asks every sampled client for its loss."""
         w = server["global"]
         p = server.layout.num_params
         candidate = w.clone()
         if server.layout.num_buffers:
             candidate[p:] = weighted_mean([uploads[c].state[p:] for c in cids], [uploads[c].weight for c in cids])
+        server.count_bytes(down=len(cids) * p * w.element_size())  # d once to each sampled client
 
-        def losses_at(eta: float) -> Tensor:
+        def losses_at(eta: float) -> Tensor:  # η down and one loss up per client
             candidate[:p] = w[:p] + eta * d
-            return torch.tensor([server.ask_loss(cid, candidate) for cid in cids], dtype=torch.float64)
+            losses = [server.ask_loss(cid, candidate, sent=SCALAR_BYTES) for cid in cids]
+            return torch.tensor(losses, dtype=torch.float64)
 
         previous = server.get("previous_ids")
         prev_all_present = previous is None or set(previous.tolist()) <= set(cids)
@@ -361,10 +333,6 @@ class SFedPG(FedPG):
             fairness_slope=fairness_slope,
         )
         server["previous_ids"] = torch.tensor(cids, dtype=torch.long)
-        # d once to each sampled client, then per trial η down and one loss up per client.
-        self._count(
-            server, up=m * result.trials * SCALAR_BYTES, down=m * (p * w.element_size() + result.trials * SCALAR_BYTES)
-        )
         server["trials_total"] += result.trials
         server["armijo_rounds"] += int(result.rule == "armijo")
         rule = {"armijo": 0, "mean_loss": 1, "best_seen": 2}[result.rule]

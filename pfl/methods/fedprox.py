@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from pfl.engine.terms import Proximal, Term
 from pfl.errors import require
 from pfl.methods.base import ClientContext, State
@@ -12,11 +14,7 @@ class FedProx(FedAvg):
     """FedProx: FedAvg whose local objective adds μ/2·‖θ − w‖² to stay near the global model w.
 
     Args:
-        mu: proximal coefficient μ (0 is FedAvg).
-        finetune_epochs: epochs of fine-tuning the global model to get each P-model (0: none).
-        share_buffers: average the float buffers with the parameters (false: FedBN-style local statistics).
-        client_momentum: SGD momentum of this method's local fits (null: client.momentum).
-        keep_momentum: keep each client's SGD momentum across its rounds (null: client.keep_momentum).
+        mu: proximal coefficient μ (0 is FedAvg); the other options are FedAvg's.
     """
 
     name = "fedprox"
@@ -26,12 +24,9 @@ class FedProx(FedAvg):
     def __init__(
         self,
         mu: float = 0.01,
-        finetune_epochs: int = 0,
-        share_buffers: bool = True,
-        client_momentum: float | None = None,
-        keep_momentum: bool | None = None,
+        **kwargs: Any,
     ):
-        super().__init__(finetune_epochs, share_buffers, client_momentum, keep_momentum)
+        super().__init__(**kwargs)
         require(mu >= 0, "method.mu", f"the proximal coefficient must be >= 0 (got {mu})")
         self.mu = mu
 

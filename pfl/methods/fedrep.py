@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor
 
 from pfl.engine.terms import Freeze
@@ -17,14 +19,12 @@ class FedRep(FedPer):
     A new client takes the server's body and the initial head and learns its head on the frozen body
     (``eval.new_client_epochs`` epochs), as the paper adapts new clients; with ``adapt_body`` it then
     also trains the body (head frozen) for as many epochs, i.e. one FedRep local update.
+    Its other options are FedPer's; ``client_momentum`` applies to both fits, ``keep_momentum`` to the
+    body's.
 
     Args:
-        personal_layers: layers at the end of the model that form the personal head (1: the classifier).
         head_epochs: epochs on the head (body frozen) before the body epochs.
         adapt_body: new clients also train the body after their head.
-        share_buffers: share the float buffers with the body (false: FedBN-style local statistics).
-        client_momentum: SGD momentum of both fits (null: client.momentum).
-        keep_momentum: keep each client's SGD momentum of the body fit across rounds (null: client.keep_momentum).
     """
 
     name = "fedrep"
@@ -32,14 +32,11 @@ class FedRep(FedPer):
 
     def __init__(
         self,
-        personal_layers: int = 1,
         head_epochs: int = 1,
         adapt_body: bool = False,
-        share_buffers: bool = True,
-        client_momentum: float | None = None,
-        keep_momentum: bool | None = None,
+        **kwargs: Any,
     ):
-        super().__init__(personal_layers, share_buffers, client_momentum, keep_momentum)
+        super().__init__(**kwargs)
         require(head_epochs >= 0, "method.head_epochs", f"must be >= 0 (got {head_epochs})")
         self.head_epochs, self.adapt_body = head_epochs, adapt_body
 

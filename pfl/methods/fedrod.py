@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any, Literal
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -18,7 +20,7 @@ def balanced_softmax_loss(logits: Tensor, y: Tensor, class_counts: Tensor) -> Te
     return F.cross_entropy(logits + class_counts.clamp_min(1e-8).log(), y)
 
 
-HEAD_INITS = ("zero", "init")
+HeadInit = Literal["zero", "init"]
 
 
 @register
@@ -40,8 +42,6 @@ class FedRoD(FedAvg):
     Args:
         head_lr: learning rate of the personal head (null: client.lr).
         head_init: zero or init (a copy of the initial classifier, the authors' code).
-        client_momentum: SGD momentum of the generic model and the personal head (null: client.momentum).
-        keep_momentum: keep both momentum buffers per client across rounds (null: client.keep_momentum).
     """
 
     name = "fedrod"
@@ -51,15 +51,11 @@ class FedRoD(FedAvg):
     def __init__(
         self,
         head_lr: float | None = None,
-        head_init: str = "zero",
-        client_momentum: float | None = None,
-        keep_momentum: bool | None = None,
+        head_init: HeadInit = "zero",
+        **kwargs: Any,
     ):
-        super().__init__(finetune_epochs=0, client_momentum=client_momentum, keep_momentum=keep_momentum)
+        super().__init__(finetune_epochs=0, share_buffers=True, **kwargs)
         require(head_lr is None or head_lr > 0, "method.head_lr", "must be > 0, or null for client.lr")
-        require(
-            head_init in HEAD_INITS, "method.head_init", f"unknown value {head_init!r}", f"choose one of {HEAD_INITS}"
-        )
         self.head_lr, self.head_init = head_lr, head_init
 
     def initial_head(self, client: ClientContext) -> Tensor:

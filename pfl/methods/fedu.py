@@ -3,6 +3,8 @@ graph; after local training the server moves each sampled client's model towards
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
@@ -11,7 +13,7 @@ from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload
 from pfl.methods.registry import register
 from pfl.seeding import torch_generator
 
-GRAPHS = ("full", "random")
+Graph = Literal["full", "random"]
 
 
 @register
@@ -33,10 +35,9 @@ class FedU(Method):
     description = "local training + a Laplacian-regularisation step pulling each model towards its neighbours"
     has_global_model = False
 
-    def __init__(self, lam: float = 0.1, eta: float = 0.05, graph: str = "full"):
+    def __init__(self, lam: float = 0.1, eta: float = 0.05, graph: Graph = "full"):
         require(lam >= 0, "method.lam", f"must be >= 0 (got {lam})")
         require(eta > 0, "method.eta", f"must be > 0 (got {eta})")
-        require(graph in GRAPHS, "method.graph", f"unknown graph {graph!r}", f"use one of {GRAPHS}")
         self.lam, self.eta, self.graph = lam, eta, graph
 
     def init_server(self, server: ServerContext) -> State:

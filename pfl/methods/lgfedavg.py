@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor
 
 from pfl.engine.flat import ModelLayout
 from pfl.engine.worker import ClientModule
 from pfl.errors import require
-from pfl.methods.base import ClientContext
+from pfl.methods.base import ClientContext, ClientOptimizerMethod
 from pfl.methods.layer_sharing import LayerSharing
 from pfl.methods.registry import register
 
@@ -34,7 +36,7 @@ class AlternatingSteps(ClientModule):
 
 
 @register
-class LGFedAvg(LayerSharing):
+class LGFedAvg(LayerSharing, ClientOptimizerMethod):
     """LG-FedAvg (Liang et al. 2020): local representation, the last ``global_layers`` layers shared;
     clients train every layer jointly (the paper). ``alternate``: two steps per batch, the
     representation then the global layers, as the authors' code of PGFed trains it.
@@ -44,8 +46,6 @@ class LGFedAvg(LayerSharing):
         alternate: per batch, a step on the representation then one on the global layers (authors' code).
         share_buffers: with every layer global, average the float buffers too (false: keep them
             local, FedBN-style); with a local representation they are local either way.
-        client_momentum: SGD momentum of the local fit (null: client.momentum).
-        keep_momentum: keep each client's SGD momentum across rounds (null: client.keep_momentum).
     """
 
     name = "lgfedavg"
@@ -56,12 +56,11 @@ class LGFedAvg(LayerSharing):
         global_layers: int = 1,
         alternate: bool = False,
         share_buffers: bool = True,
-        client_momentum: float | None = None,
-        keep_momentum: bool | None = None,
+        **kwargs: Any,
     ):
         require(global_layers >= 0, "method.global_layers", f"must be >= 0 (got {global_layers})")
         self.global_layers, self.alternate, self.share_buffers = global_layers, alternate, share_buffers
-        self.set_client_optimizer(client_momentum, keep_momentum)
+        super().__init__(**kwargs)
 
     def shared_mask(self, layout: ModelLayout) -> Tensor:
         self.check_layers("global_layers", self.global_layers, layout)

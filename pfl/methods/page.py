@@ -27,7 +27,8 @@ c = ``client_reward_weight`` and s = ``server_reward_weight`` scale each agent's
 code multiplies the rewards by ``c_reward_weight`` / ``s_reward_weight``); the paper's biased
 variants PAGE-10:1 (generalization first) and PAGE-1:10 (personalization first) are the ratios s:c.
 
-**Lag.** ``client_lag = 1`` (ALGORITHMS.md, the authors' code): the state a client acts on in round t
+**Lag.** ``client_lag = 1`` (the authors' code, github.com/ivy-h7/PAGE: a client's agent reads the
+accuracy of the model received one round earlier): the state a client acts on in round t
 is the local-test accuracy of the global model it received in round t − 1 (round 0: the initial
 model's); the accuracy of the model received in round t is measured before training and becomes the
 next state, so each transition (s_t, a_t, r_t, s_{t+1}) is stored in round t. ``client_lag = 0``: the
@@ -46,45 +47,33 @@ run. See docs/page.md for the defaults, the paper-vs-code options and the overhe
 
 from __future__ import annotations
 
-import time
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from pfl.errors import ConfigError, require
-from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload, weighted_mean
+from pfl.errors import require
+from pfl.methods.base import ClientContext, ServerContext, State, Upload, weighted_mean
 from pfl.methods.registry import register
 from pfl.methods.rl_tuning import (
     VAL_FIX,
     AgentPool,
-    HparamRange,
-    Timers,
+    DDPGMethod,
     agent_score,
-    check_reward_split,
     check_warmup,
     learn_after_warmup,
     uniform_action,
 )
-from pfl.optim.ddpg import INIT_SCHEMES, DDPGAgent, DDPGConfig, server_action_to_weights
+from pfl.optim.ddpg import DDPGAgent, DDPGConfig, server_action_to_weights
 from pfl.seeding import derive_seed
 
 TUNABLE = ("lr", "epochs", "weights")
-ACTIONS = ("agent", "fixed", "random")
-
-
-def ddpg_config(state_dim: int, action_dim: int, names: dict[str, str] | None = None, **kwargs: Any) -> DDPGConfig:
-    """A DDPGConfig whose validation errors name the method's own fields (``names``: DDPG field →
-    method field where they differ)."""
-    try:
-        return DDPGConfig(state_dim, action_dim, **kwargs)
-    except ConfigError as err:
-        key = err.field.removeprefix("ddpg.")
-        raise ConfigError(f"method.{(names or {}).get(key, key)}", err.problem, err.fix) from None
+Actions = Literal["agent", "fixed", "random"]
+Lag = Literal[0, 1]  # rounds a state lags behind the model it describes
 
 
 @register
-class PAGE(Method):
+class PAGE(DDPGMethod):
     """PAGE; the module docstring states the game. Defaults are PAGE's Synthetic settings."""
 
     name = "page"
@@ -94,73 +83,31 @@ class PAGE(Method):
 
     def __init__(
         self,
-        lr_min: float = 1e-3,
-        lr_max: float = 0.1,
-        epoch_max: int = 20,
         client_reward_weight: float = 1.0,
         server_reward_weight: float = 1.0,
         penalty: float = 1e-5,
-        client_lag: int = 1,
-        server_lag: int = 0,
+        client_lag: Lag = 1,
+        server_lag: Lag = 0,
         tune: list[str] | None = None,
-        hidden: list[int] | None = None,
-        actor_lr: float = 5e-4,
-        critic_lr: float = 5e-3,
         server_actor_lr: float = 5e-4,
         server_critic_lr: float = 5e-3,
-        tau: float = 0.005,
-        gamma: float = 0.99,
-        buffer_size: int = 60000,
-        ddpg_batch_size: int = 32,
-        warmup: int = 35,
-        ou_theta: float = 0.15,
-        ou_sigma: float = 0.2,
-        eps_decay_steps: int = 500,
-        init: str = "fan_in",
-        epoch_rounding: str = "round",
-        warmup_space: str = "agent",
-        replay_actions: str = "agent",
-        action_map: str = "linear",
-        ou_dt: float = 1.0,
-        actions: str = "agent",
-        reward_split: str = "validation",
+        actions: Actions = "agent",
+        **kwargs: Any,
     ):
-        require(actions in ACTIONS, "method.actions", f"unknown {actions!r}", f"choose one of {', '.join(ACTIONS)}")
-        check_reward_split(reward_split)
+        super().__init__(**kwargs)  # the range, the DDPG settings and the reward split (DDPGParams)
         require(client_reward_weight > 0, "method.client_reward_weight", f"must be > 0 (got {client_reward_weight})")
         require(server_reward_weight > 0, "method.server_reward_weight", f"must be > 0 (got {server_reward_weight})")
         require(penalty > 0, "method.penalty", f"must be > 0 (got {penalty})", "it keeps 1/(loss + penalty) finite")
-        require(client_lag in (0, 1), "method.client_lag", f"must be 0 or 1 (got {client_lag})")
-        require(server_lag in (0, 1), "method.server_lag", f"must be 0 or 1 (got {server_lag})")
         tune = list(TUNABLE) if tune is None else list(tune)
         unknown = sorted(set(tune) - set(TUNABLE))
         require(not unknown, "method.tune", f"unknown factors {unknown}", f"choose from {', '.join(TUNABLE)}")
-        require(init in INIT_SCHEMES, "method.init", f"unknown scheme {init!r}", f"use one of {INIT_SCHEMES}")
-        self.lr_min, self.lr_max, self.epoch_max = lr_min, lr_max, epoch_max
-        self.client_reward_weight, self.server_reward_weight, self.penalty = (
-            client_reward_weight,
-            server_reward_weight,
-            penalty,
-        )
-        self.client_lag, self.server_lag, self.tune = client_lag, server_lag, tune
-        self.hidden = [40, 30] if hidden is None else list(hidden)
-        self.actor_lr, self.critic_lr = actor_lr, critic_lr
+        self.client_reward_weight, self.server_reward_weight = client_reward_weight, server_reward_weight
+        self.penalty, self.client_lag, self.server_lag, self.tune = penalty, client_lag, server_lag, tune
         self.server_actor_lr, self.server_critic_lr = server_actor_lr, server_critic_lr
-        self.tau, self.gamma, self.buffer_size, self.ddpg_batch_size, self.warmup = (
-            tau,
-            gamma,
-            buffer_size,
-            ddpg_batch_size,
-            warmup,
-        )
-        self.ou_theta, self.ou_sigma, self.eps_decay_steps, self.init = ou_theta, ou_sigma, eps_decay_steps, init
-        self.epoch_rounding, self.warmup_space, self.replay_actions = epoch_rounding, warmup_space, replay_actions
-        self.action_map, self.ou_dt, self.actions, self.reward_split = action_map, ou_dt, actions, reward_split
-        self.range = HparamRange(lr_min, lr_max, epoch_max, epoch_rounding, warmup_space, replay_actions, action_map)
-        self.client_config = self._config(1, 2, actor_lr, critic_lr, noise=True)
-        self._config(1, 1, server_actor_lr, server_critic_lr, noise=False)  # validated before any training
+        self.actions = actions
+        self.client_config = self.ddpg.agent(1, 2, noise=True)
+        self.server_config(1)  # validated before any training
         self._pool = AgentPool()
-        self._timers = Timers()
         # (lr, epochs, reward) of the clients trained since the last aggregation, then of the last
         # round: what ``metrics`` reports (a function of the round, so resumed runs report the same).
         self._trained: dict[int, tuple[float, int, float | None]] = {}
@@ -187,31 +134,16 @@ class PAGE(Method):
     def _server_score(self, server: ServerContext, state: Tensor) -> Any:
         return server.evaluate_val(state) if self.reward_split == "validation" else server.evaluate(state)
 
-    def _config(self, state_dim: int, action_dim: int, actor_lr: float, critic_lr: float, noise: bool) -> DDPGConfig:
-        prefix = "" if noise else "server_"
-        return ddpg_config(
-            state_dim,
-            action_dim,
-            {"batch_size": "ddpg_batch_size", "actor_lr": f"{prefix}actor_lr", "critic_lr": f"{prefix}critic_lr"},
-            hidden=tuple(self.hidden),
-            actor_lr=actor_lr,
-            critic_lr=critic_lr,
-            tau=self.tau,
-            gamma=self.gamma,
-            buffer_size=self.buffer_size,
-            batch_size=self.ddpg_batch_size,
-            warmup=self.warmup,
-            noise=noise,
-            ou_theta=self.ou_theta,
-            ou_dt=self.ou_dt,
-            ou_sigma=self.ou_sigma,
-            eps_decay_steps=self.eps_decay_steps,
-            init=self.init,
-        )
-
     def server_config(self, num_clients: int) -> DDPGConfig:
         """The server agent: state and action have one entry per client; no exploration noise."""
-        return self._config(num_clients, num_clients, self.server_actor_lr, self.server_critic_lr, noise=False)
+        return self.ddpg.agent(
+            num_clients,
+            num_clients,
+            noise=False,
+            actor_lr=self.server_actor_lr,
+            critic_lr=self.server_critic_lr,
+            prefix="server_",
+        )
 
     # -- hooks a test (or a variant) may replace ---------------------------------------------------
     def client_action(self, agent: DDPGAgent, state: Tensor, client: ClientContext) -> Tensor:
@@ -265,47 +197,43 @@ class PAGE(Method):
 
     def aggregate(self, server: ServerContext, uploads: dict[int, Upload]) -> None:
         self._last_round, self._trained = self._trained, {}
-        timers = self._timers
-        started = time.perf_counter()
         if not self.tunes_server or self.actions == "random":
-            weights = None
-            if self.tunes_server:  # random weights, drawn afresh every round
-                action = uniform_action(server.num_clients, server.seed, "page", "random", "server", server.round)
-                weights = server_action_to_weights(action.to(torch.float64))
-                server["weights"] = weights.float()
-            self._aggregate(server, uploads, weights)
-            timers.add("aggregation", started)
+            with server.timed("aggregation"):
+                weights = None
+                if self.tunes_server:  # random weights, drawn afresh every round
+                    action = uniform_action(server.num_clients, server.seed, "page", "random", "server", server.round)
+                    weights = server_action_to_weights(action.to(torch.float64))
+                    server["weights"] = weights.float()
+                self._aggregate(server, uploads, weights)
             return
-        cids = sorted(uploads)
-        accs = server["acc"].clone()
-        for cid in cids:
-            accs[cid] = self._server_score(server, uploads[cid].state).acc
-        started = timers.add("server_eval", started)
-        config = self.server_config(server.num_clients)
-        agent = self._pool.load(config, server["agent"])
-        if self.server_lag == 0:
-            if "pending" in server:
-                p = server["pending"]
-                agent.remember(p["state"], p["action"], p["reward"], accs)
+        with server.timed("server_eval"):
+            accs = server["acc"].clone()
+            for cid in sorted(uploads):
+                accs[cid] = self._server_score(server, uploads[cid].state).acc
+        with server.timed("server_agent"):
+            agent = self._pool.load(self.server_config(server.num_clients), server["agent"])
+            if self.server_lag == 0:
+                if "pending" in server:
+                    p = server["pending"]
+                    agent.remember(p["state"], p["action"], p["reward"], accs)
+                    learn_after_warmup(agent)
+                observed = accs
+            else:
+                observed = server["acc"]
+            action = self.server_action(agent, observed, server)
+            weights = server_action_to_weights(action.detach().to(torch.float64).cpu())
+        with server.timed("aggregation"):
+            self._aggregate(server, uploads, weights)
+        with server.timed("server_eval"):
+            reward = self.server_reward_weight / (self._server_score(server, server["global"]).loss + self.penalty)
+        with server.timed("server_agent"):
+            stored = action if self.replay_actions == "agent" else weights.float()
+            if self.server_lag == 0:
+                server["pending"] = {"state": accs.clone(), "action": stored.clone(), "reward": torch.tensor(reward)}
+            else:
+                agent.remember(observed, stored, reward, accs)
                 learn_after_warmup(agent)
-            observed = accs
-        else:
-            observed = server["acc"]
-        action = self.server_action(agent, observed, server)
-        weights = server_action_to_weights(action.detach().to(torch.float64).cpu())
-        started = timers.add("server_agent", started)
-        self._aggregate(server, uploads, weights)
-        started = timers.add("aggregation", started)
-        reward = self.server_reward_weight / (self._server_score(server, server["global"]).loss + self.penalty)
-        started = timers.add("server_eval", started)
-        stored = action if self.replay_actions == "agent" else weights.float()
-        if self.server_lag == 0:
-            server["pending"] = {"state": accs.clone(), "action": stored.clone(), "reward": torch.tensor(reward)}
-        else:
-            agent.remember(observed, stored, reward, accs)
-            learn_after_warmup(agent)
-        server["agent"] = agent.state_dict()
-        timers.add("server_agent", started)
+            server["agent"] = agent.state_dict()
         server["acc"] = accs
         server["weights"] = weights.float()
         server["reward"] = torch.tensor(reward)
@@ -317,45 +245,44 @@ class PAGE(Method):
         return self._pool.new(self.client_config, derive_seed(client.worker.seed, "page", "client", client.cid))
 
     def local_update(self, client: ClientContext, payload: State) -> Upload:
-        timers = self._timers
         g = payload["global"]
         lr, epochs = client.lr, client.epochs
         agent, action, reward = None, None, None
-        started = time.perf_counter()
         if self.tunes_client and self.actions == "random":
             action = uniform_action(2, client.worker.seed, "page", "random", client.cid, client.round)
         elif self.tunes_client:
-            received = torch.tensor([self._client_score(client, g).acc])  # the received model's accuracy
-            started = timers.add("client_eval", started)
-            agent = self._client_agent(client)
-            if self.client_lag == 0:
-                pending = client.state.get("pending")
-                if pending is not None:
-                    agent.remember(pending["state"], pending["action"], pending["reward"], received)
-                    learn_after_warmup(agent)
-                observed = received
-            else:
-                observed = client.state.get("obs", received)
-            action = self.client_action(agent, observed, client)
+            with self.timed("client_eval"):
+                received = torch.tensor([self._client_score(client, g).acc])  # the received model's accuracy
+            with self.timed("client_agent"):
+                agent = self._client_agent(client)
+                if self.client_lag == 0:
+                    pending = client.state.get("pending")
+                    if pending is not None:
+                        agent.remember(pending["state"], pending["action"], pending["reward"], received)
+                        learn_after_warmup(agent)
+                    observed = received
+                else:
+                    observed = client.state.get("obs", received)
+                action = self.client_action(agent, observed, client)
         if action is not None:
             tuned_lr, tuned_epochs = self.range.hparams(action)
             lr = tuned_lr if "lr" in self.tune else lr
             epochs = tuned_epochs if "epochs" in self.tune else epochs
-            started = timers.add("client_agent", started)
-        trained = client.fit(g, lr=lr, epochs=epochs)
-        started = timers.add("local_train", started)
+        with self.timed("local_train"):
+            trained = client.fit(g, lr=lr, epochs=epochs)
         if agent is not None:
-            reward = self.client_reward_weight / (self._client_score(client, trained).loss + self.penalty)
-            started = timers.add("client_eval", started)
-            stored = self.range.replayed(action, lr, epochs)
-            if self.client_lag == 0:
-                client.state["pending"] = {"state": received, "action": stored.clone(), "reward": torch.tensor(reward)}
-            else:
-                agent.remember(observed, stored, reward, received)
-                learn_after_warmup(agent)
-                client.state["obs"] = received
-            client.state["agent"] = agent.state_dict()
-            timers.add("client_agent", started)
+            with self.timed("client_eval"):
+                reward = self.client_reward_weight / (self._client_score(client, trained).loss + self.penalty)
+            with self.timed("client_agent"):
+                stored = self.range.replayed(action, lr, epochs)
+                if self.client_lag == 0:
+                    pending = {"state": received, "action": stored.clone(), "reward": torch.tensor(reward)}
+                    client.state["pending"] = pending
+                else:
+                    agent.remember(observed, stored, reward, received)
+                    learn_after_warmup(agent)
+                    client.state["obs"] = received
+                client.state["agent"] = agent.state_dict()
         client.state["personal"] = trained
         self._trained[client.cid] = (lr, epochs, reward)
         return Upload(trained, client.num_samples)
@@ -367,7 +294,8 @@ class PAGE(Method):
         client under ``*_per_client_ms``) and the agents' share of it; plus the latest round's mean
         learning rate, epochs and rewards (of the clients this process trained) and the largest
         aggregation weight. ``page.lr.std`` / ``page.epochs.std``: the spread over those clients."""
-        seconds, counts = self._timers.take()
+        times = self.take_times(server)
+        seconds, counts = times.seconds, times.counts
         rounds = max(counts.get("aggregation", 0), 1)
         out: dict[str, float] = {}
         for phase in ("local_train", "client_agent", "client_eval", "aggregation", "server_agent", "server_eval"):

@@ -10,14 +10,18 @@ around them with its momentum restored. Design and derivations: docs/plgu.md.
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 import torch
 from torch import Tensor
 
 from pfl.errors import require
 from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload
 from pfl.methods.registry import register
-from pfl.optim.hypernet import SAM_GRADIENTS, HyperNetwork, hn_sam_server_update, hn_server_update, layer_sizes
+from pfl.optim.hypernet import HyperNetwork, hn_sam_server_update, hn_server_update, layer_sizes
 from pfl.seeding import torch_generator
+
+SamGradient = Literal["paper", "surrogate"]  # pfl.optim.hypernet.SAM_GRADIENTS
 
 
 @register
@@ -209,36 +213,10 @@ class PLGUGHN(PFedHN):
     name = "plgu_ghn"
     description = "pFedHN with the hypernetwork updated at a SAM-perturbed point (PLGU)"
 
-    def __init__(
-        self,
-        rho: float = 0.05,
-        p: float = 2.0,
-        sam_gradient: str = "paper",
-        hn_lr: float = 1e-2,
-        hn_momentum: float = 0.9,
-        hn_weight_decay: float = 1e-3,
-        embed_lr: float | None = None,
-        hidden: int = 100,
-        n_hidden: int = 5,
-        embed_dim: int | None = None,
-        chunk: int | None = 1 << 17,
-        chunk_embed_dim: int = 16,
-        max_grad_norm: float | None = None,
-        per_client: bool = False,
-        finetune_epochs: int = 0,
-    ):
-        super().__init__(
-            hn_lr, hn_momentum, hn_weight_decay, embed_lr, hidden, n_hidden, embed_dim, chunk, chunk_embed_dim,
-            max_grad_norm, per_client, finetune_epochs,
-        )  # fmt: skip
+    def __init__(self, rho: float = 0.05, p: float = 2.0, sam_gradient: SamGradient = "paper", **kwargs: Any):
+        super().__init__(**kwargs)  # pFedHN's options
         require(rho >= 0, "method.rho", f"must be >= 0 (got {rho})")
         require(p >= 1, "method.p", f"must be >= 1 (got {p})", "the ℓ_p ball needs p >= 1 (2 is SAM)")
-        require(
-            sam_gradient in SAM_GRADIENTS,
-            "method.sam_gradient",
-            f"unknown {sam_gradient!r}",
-            f"choose one of {', '.join(SAM_GRADIENTS)}",
-        )
         self.rho, self.p, self.sam_gradient = rho, p, sam_gradient
 
     def server_step(self, hn: HyperNetwork, optimizer: torch.optim.Optimizer, cids: list[int], delta: Tensor) -> None:

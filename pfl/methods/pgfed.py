@@ -11,14 +11,14 @@ after every step, which is the default here (``clip_alpha``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from pfl.engine.terms import Term
 from pfl.errors import require
-from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload, weighted_mean_of
+from pfl.methods.base import ClientContext, ClientOptimizerMethod, ServerContext, State, Upload, weighted_mean_of
 from pfl.methods.registry import register
 
 
@@ -53,7 +53,7 @@ class AuxiliaryRisk(Term):
 
 
 @register
-class PGFed(Method):
+class PGFed(ClientOptimizerMethod):
     """PGFed.
 
     Args:
@@ -62,9 +62,6 @@ class PGFed(Method):
         beta: PGFedMo's momentum on the auxiliary gradient (0: PGFed).
         alpha_init: initial α_ij (null: 1/M, Algorithm 1).
         clip_alpha: clip α at 0 after every step (the paper's α ≥ 0, as the authors' code enforces it).
-        client_momentum: SGD momentum of the local fit (null: client.momentum).
-        keep_momentum: keep each client's SGD momentum across rounds, as the authors' code does
-            (null: client.keep_momentum).
     """
 
     name = "pgfed"
@@ -78,8 +75,7 @@ class PGFed(Method):
         beta: float = 0.0,
         alpha_init: float | None = None,
         clip_alpha: bool = True,
-        client_momentum: float | None = None,
-        keep_momentum: bool | None = None,
+        **kwargs: Any,
     ):
         require(mu >= 0, "method.mu", f"the auxiliary-risk coefficient must be >= 0 (got {mu})")
         require(eta2 >= 0, "method.eta2", f"the α learning rate must be >= 0 (got {eta2})")
@@ -87,7 +83,7 @@ class PGFed(Method):
         require(alpha_init is None or alpha_init >= 0, "method.alpha_init", "must be >= 0, or null for 1/M")
         self.mu, self.eta2, self.beta = mu, eta2, beta
         self.alpha_init, self.clip_alpha = alpha_init, clip_alpha
-        self.set_client_optimizer(client_momentum, keep_momentum)
+        super().__init__(**kwargs)
 
     # -- server ---------------------------------------------------------------------------------
     def init_server(self, server: ServerContext) -> State:
@@ -159,25 +155,21 @@ class PGFed(Method):
 
 @register
 class PGFedMo(PGFed):
-    """PGFedMo: PGFed whose auxiliary gradient is a momentum average over the client's participations."""
+    """PGFedMo: PGFed whose auxiliary gradient is a momentum average over the client's participations.
+    Its options are PGFed's; only the default of ``beta`` differs.
+
+    Args:
+        beta: momentum on the auxiliary gradient (the authors' script: 0.5; 0 is PGFed).
+    """
 
     name = "pgfedmo"
     description = "PGFed with momentum beta on the auxiliary gradient, kept per client across participations"
 
-    def __init__(
-        self,
-        mu: float = 0.1,
-        eta2: float = 0.01,
-        beta: float = 0.5,
-        alpha_init: float | None = None,
-        clip_alpha: bool = True,
-        client_momentum: float | None = None,
-        keep_momentum: bool | None = None,
-    ):
-        super().__init__(mu, eta2, beta, alpha_init, clip_alpha, client_momentum, keep_momentum)
+    def __init__(self, beta: float = 0.5, **kwargs: Any):
+        super().__init__(beta=beta, **kwargs)
 
 
-CE_SCALARS = ("per_client", "mean")
+CEScalar = Literal["per_client", "mean"]
 
 
 @register
@@ -198,21 +190,8 @@ class PGFedCE(PGFed):
     name = "pgfed_ce"
     description = "communication-efficient PGFed: the server sends grad_j^T theta_glob scalars instead of gbar"
 
-    def __init__(
-        self,
-        mu: float = 0.1,
-        eta2: float = 0.01,
-        beta: float = 0.0,
-        alpha_init: float | None = None,
-        clip_alpha: bool = True,
-        ce_scalar: str = "per_client",
-        client_momentum: float | None = None,
-        keep_momentum: bool | None = None,
-    ):
-        super().__init__(mu, eta2, beta, alpha_init, clip_alpha, client_momentum, keep_momentum)
-        require(
-            ce_scalar in CE_SCALARS, "method.ce_scalar", f"unknown value {ce_scalar!r}", f"choose one of {CE_SCALARS}"
-        )
+    def __init__(self, ce_scalar: CEScalar = "per_client", **kwargs: Any):
+        super().__init__(**kwargs)
         self.ce_scalar = ce_scalar
 
     def alpha_gradient_part(self, server: ServerContext) -> State:

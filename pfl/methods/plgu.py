@@ -13,7 +13,7 @@ The LWSAM math (ξ, Λ, ε) is ``pfl.optim.sharpness``; the two-pass step is ``p
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -29,8 +29,8 @@ from pfl.methods.fedrep import FedRep
 from pfl.methods.registry import register
 from pfl.optim.sharpness import layer_scale, layer_scores, top_layers
 
-SCALES = ("layer", "identity")
-ASCENTS = ("personal", "global")
+Scale = Literal["layer", "identity"]
+Ascent = Literal["personal", "global"]
 
 
 def buffer_slices(flat: FlatModule) -> dict[str, slice]:
@@ -167,15 +167,13 @@ class PLGULF(FedAvg):
         personal_layers: int = 5,
         rho: float = 0.05,
         p: float = 2.0,
-        scale: str = "layer",
-        ascent: str = "personal",
+        scale: Scale = "layer",
+        ascent: Ascent = "personal",
     ):
         super().__init__(finetune_epochs=0)
         require(personal_layers >= 0, "method.personal_layers", f"must be >= 0 (got {personal_layers})")
         require(rho >= 0, "method.rho", f"must be >= 0 (got {rho})")
         require(p >= 1, "method.p", f"must be >= 1 (got {p})", "the ℓ_p ball needs p >= 1 (2 is SAM)")
-        require(scale in SCALES, "method.scale", f"unknown scale {scale!r}", f"choose one of {', '.join(SCALES)}")
-        require(ascent in ASCENTS, "method.ascent", f"unknown {ascent!r}", f"choose one of {', '.join(ASCENTS)}")
         self.personal_layers, self.rho, self.p, self.scale, self.ascent = personal_layers, rho, p, scale, ascent
 
     def split_layers(self, theta: Tensor, w: Tensor, client: ClientContext) -> tuple[Tensor, list[int], list[int]]:
@@ -299,7 +297,7 @@ class PLGUGRep(FedRep):
     def __init__(
         self, personal_layers: int = 1, head_epochs: int = 5, rho: float = 0.05, p: float = 2.0, pre_step: bool = False
     ):
-        super().__init__(personal_layers, head_epochs)
+        super().__init__(personal_layers=personal_layers, head_epochs=head_epochs)
         require(rho >= 0, "method.rho", f"must be >= 0 (got {rho})")
         require(p >= 1, "method.p", f"must be >= 1 (got {p})", "the ℓ_p ball needs p >= 1 (2 is SAM)")
         self.rho, self.p, self.pre_step = rho, p, pre_step

@@ -1,6 +1,6 @@
-"""What PAGE and Dap-FL share: DDPG agents kept as plain state dicts, the client action → (learning
-rate, epochs) mapping with its warm-up and replay options, the split the agents are scored on
-(``reward_split``) and per-round timers.
+"""What PAGE and Dap-FL share: their agents' hyper-parameters (``DDPGParams``, the options of every
+``DDPGMethod``), DDPG agents kept as plain state dicts, the client action → (learning rate, epochs)
+mapping with its warm-up and replay options, and the split the agents are scored on (``reward_split``).
 
 An agent's whole state (networks, Adam moments, replay rows, OU noise, counters, generator) lives in
 the client's or the server's state dict, so it is checkpointed with the federation and a resumed
@@ -11,26 +11,30 @@ cache, every call to ``load`` restores everything the agent does next.
 
 from __future__ import annotations
 
-import time
-from collections import defaultdict
-from dataclasses import dataclass
-from typing import Any
+import inspect
+from dataclasses import dataclass, fields
+from typing import Any, Literal, get_args, get_type_hints
 
 import torch
 from torch import Tensor
 
 from pfl.engine.worker import EvalStats
-from pfl.errors import require
-from pfl.methods.base import ClientContext
+from pfl.errors import ConfigError, require
+from pfl.methods.base import ClientContext, Method
 from pfl.optim.ddpg import ACTION_MAPS, DDPGAgent, DDPGConfig, client_action_to_hparams
 from pfl.seeding import torch_generator
 
-WARMUP_SPACES = ("agent", "hparams")
+WarmupSpace = Literal["agent", "hparams"]
+ReplayActions = Literal["agent", "mapped"]
+WARMUP_SPACES, REPLAY_ACTIONS = get_args(WarmupSpace), get_args(ReplayActions)
+EpochRounding = Literal["round", "floor"]
+ActionMap = Literal["linear", "clip"]  # pfl.optim.ddpg.ACTION_MAPS
+Init = Literal["fan_in", "code"]  # pfl.optim.ddpg.INIT_SCHEMES
 # What the agents' states and rewards are scored on: the clients' validation splits (and their union
 # on the server), or the papers' choice, the local test splits (and the global test set) reported.
-REWARD_SPLITS = ("validation", "test")
+RewardSplit = Literal["validation", "test"]
+REWARD_SPLITS = get_args(RewardSplit)
 VAL_FIX = "set data.val_frac > 0 (e.g. 0.1), or method.reward_split: test (the paper: tunes on the test set)"
-REPLAY_ACTIONS = ("agent", "mapped")
 
 
 class AgentPool:
@@ -69,15 +73,6 @@ def check_warmup(warmup: int, rounds: int) -> None:
         "method.warmup",
         f"{warmup} warm-up rounds of random actions leave no round of the {rounds}-round run to the agents",
         "lower method.warmup well under trainer.rounds (about a tenth), or set method.actions: random",
-    )
-
-
-def check_reward_split(reward_split: str) -> None:
-    require(
-        reward_split in REWARD_SPLITS,
-        "method.reward_split",
-        f"unknown {reward_split!r}",
-        f"choose one of {', '.join(REWARD_SPLITS)}",
     )
 
 
@@ -198,22 +193,136 @@ class HparamRange:
         return action if self.replay == "agent" else torch.tensor([lr, float(epochs)])
 
 
-class Timers:
-    """Wall-clock seconds per named phase and how often each phase ran, since the last ``take``.
-    Timings describe the machine, not the run: they are never part of the checkpointed state."""
+@dataclass(frozen=True)
+class DDPGParams:
+    """The hyper-parameters PAGE's client agents and Dap-FL's agents share: the range their actions
+    map onto, the DDPG agent's settings and the split they are scored on. Defaults are PAGE's Synthetic settings; the DDPG ones
+    follow PAGE's appendix C.2 and the authors' code (github.com/ivy-h7/PAGE).
 
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.counts: dict[str, int] = defaultdict(int)
+    Args:
+        lr_min: lower end of the local learning-rate range.
+        lr_max: upper end of the local learning-rate range.
+        epoch_max: most local epochs an action can choose.
+        hidden: the two hidden widths of actor and critic (null: [40, 30]).
+        actor_lr: Adam learning rate of the actor.
+        critic_lr: Adam learning rate of the critic.
+        tau: soft target-network update rate.
+        gamma: discount factor.
+        buffer_size: replay buffer rows.
+        ddpg_batch_size: replay mini-batch size.
+        warmup: rounds of uniform random actions before the actors act and learn.
+        ou_theta: OU noise mean reversion θ.
+        ou_sigma: OU noise scale σ.
+        eps_decay_steps: exploration noise scale 1 − k/eps_decay_steps (0: no decay).
+        init: network initialisation: fan_in (Lillicrap et al.) or code (the authors' code).
+        epoch_rounding: round or floor (the authors' code) of the clip map's epochs.
+        warmup_space: agent (uniform in the agent's box) or hparams (clip map: the authors' code).
+        replay_actions: agent (the agent's action) or mapped (the (lr, epochs) it gave) in the replay buffer.
+        action_map: linear (onto the whole range) or clip (the authors' code).
+        ou_dt: OU time step (1: Lillicrap et al.; the authors' code: 0.01).
+        reward_split: what the agents' states and rewards are scored on: validation (the clients'
+            validation splits and their union) or test (the local test splits and the global test
+            set, the papers' choice; flagged in reports).
+    """
 
-    def add(self, name: str, started: float) -> float:
-        now = time.perf_counter()
-        self.seconds[name] += now - started
-        self.counts[name] += 1
-        return now
+    lr_min: float = 1e-3
+    lr_max: float = 0.1
+    epoch_max: int = 20
+    hidden: list[int] | None = None
+    actor_lr: float = 5e-4
+    critic_lr: float = 5e-3
+    tau: float = 0.005
+    gamma: float = 0.99
+    buffer_size: int = 60000
+    ddpg_batch_size: int = 32
+    warmup: int = 35
+    ou_theta: float = 0.15
+    ou_sigma: float = 0.2
+    eps_decay_steps: int = 500
+    init: Init = "fan_in"
+    epoch_rounding: EpochRounding = "round"
+    warmup_space: WarmupSpace = "agent"
+    replay_actions: ReplayActions = "agent"
+    action_map: ActionMap = "linear"
+    ou_dt: float = 1.0
+    reward_split: RewardSplit = "validation"
 
-    def take(self) -> tuple[dict[str, float], dict[str, int]]:
-        out = dict(self.seconds), dict(self.counts)
-        self.seconds.clear()
-        self.counts.clear()
-        return out
+    @property
+    def widths(self) -> tuple[int, ...]:
+        return (40, 30) if self.hidden is None else tuple(self.hidden)
+
+    def range(self) -> HparamRange:
+        """The client actions' map onto (learning rate, epochs); checks the range options."""
+        return HparamRange(
+            self.lr_min,
+            self.lr_max,
+            self.epoch_max,
+            self.epoch_rounding,
+            self.warmup_space,
+            self.replay_actions,
+            self.action_map,
+        )
+
+    def agent(
+        self,
+        state_dim: int,
+        action_dim: int,
+        *,
+        noise: bool,
+        actor_lr: float | None = None,
+        critic_lr: float | None = None,
+        prefix: str = "",
+    ) -> DDPGConfig:
+        """A DDPGConfig of these settings (``actor_lr`` / ``critic_lr``: another agent's, e.g. PAGE's
+        server agent, whose options are named ``<prefix>actor_lr``); its validation errors name the
+        method's own fields."""
+        names = {"batch_size": "ddpg_batch_size", "actor_lr": f"{prefix}actor_lr", "critic_lr": f"{prefix}critic_lr"}
+        try:
+            return DDPGConfig(
+                state_dim=state_dim,
+                action_dim=action_dim,
+                hidden=self.widths,
+                actor_lr=self.actor_lr if actor_lr is None else actor_lr,
+                critic_lr=self.critic_lr if critic_lr is None else critic_lr,
+                tau=self.tau,
+                gamma=self.gamma,
+                buffer_size=self.buffer_size,
+                batch_size=self.ddpg_batch_size,
+                warmup=self.warmup,
+                noise=noise,
+                ou_theta=self.ou_theta,
+                ou_sigma=self.ou_sigma,
+                ou_dt=self.ou_dt,
+                eps_decay_steps=self.eps_decay_steps,
+                init=self.init,
+            )
+        except ConfigError as err:
+            key = err.field.removeprefix("ddpg.")
+            raise ConfigError(f"method.{names.get(key, key)}", err.problem, err.fix) from None
+
+
+class DDPGMethod(Method):
+    """A method whose agents ``DDPGParams`` configures. Its options are that dataclass's fields, flat
+    (``method.actor_lr``, ``method.warmup``, ...) and declared there only: this ``__init__`` shows
+    jsonargparse their signature, and a subclass passes them on with ``**kwargs`` (naming a field in
+    its own signature changes its default, as Dap-FL does). The values are kept as attributes of the
+    same names (``hparams``), as ``self.ddpg`` and as the client actions' range ``self.range``."""
+
+    def __init__(self, **kwargs: Any):
+        self.ddpg = DDPGParams(**kwargs)
+        for f in fields(DDPGParams):
+            setattr(self, f.name, getattr(self.ddpg, f.name))
+        self.hidden = list(self.ddpg.widths)
+        self.range = self.ddpg.range()
+
+
+_TYPES = get_type_hints(DDPGParams)  # resolved: jsonargparse validates against them
+DDPGMethod.__init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    + [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=_TYPES[f.name])
+        for f in fields(DDPGParams)
+    ]
+)
+DDPGMethod.__init__.__annotations__ = {f.name: _TYPES[f.name] for f in fields(DDPGParams)}
+DDPGMethod.__init__.__doc__ = DDPGParams.__doc__

@@ -1,13 +1,14 @@
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
 from pfl.engine.terms import LinearTerm
-from pfl.errors import require
 from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload, weighted_mean_of
 from pfl.methods.registry import register
 
-WEIGHTINGS = ("uniform", "samples")
+Weighting = Literal["uniform", "samples"]
 
 
 @register
@@ -23,8 +24,7 @@ class Scaffold(Method):
     averages_uploads = True  # the model is the mean; c takes the Δc of the uploads given
     has_personal_model = False
 
-    def __init__(self, weighting: str = "uniform"):
-        require(weighting in WEIGHTINGS, "method.weighting", f"got {weighting!r}", f"choose one of {WEIGHTINGS}")
+    def __init__(self, weighting: Weighting = "uniform"):
         self.weighting = weighting
 
     def init_server(self, server: ServerContext) -> State:

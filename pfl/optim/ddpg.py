@@ -481,11 +481,11 @@ def clip_action_to_hparams(
         lr     = u₀                                          ∈ [lr_min, lr_max]
         epochs = max(1, R(u₁ · epoch_max / lr_max))          ∈ [1, epoch_max]
 
-    R = round half up ("round", ALGORITHMS.md's reading) or floor ("floor": the authors' code, which
-    truncates with int() and also truncates the scale int(epoch_max / lr_max)). Only u₁ ∈
-    [lr_min, lr_max] varies the epochs, i.e. a₁ ∈ [2·lr_min − 1, 2·lr_max − 1] ([−0.998, −0.8] for
-    PAGE's Synthetic range); every larger a₁ gives epoch_max, and likewise lr_max for a₀ (90 % of
-    the box). Computed in float64.
+    R = round half up ("round": the formula's epochs read as the nearest integer) or floor ("floor":
+    the authors' code, github.com/ivy-h7/PAGE, which truncates with int() and also truncates the
+    scale int(epoch_max / lr_max)). Only u₁ ∈ [lr_min, lr_max] varies the epochs, i.e.
+    a₁ ∈ [2·lr_min − 1, 2·lr_max − 1] ([−0.998, −0.8] for PAGE's Synthetic range); every larger a₁
+    gives epoch_max, and likewise lr_max for a₀ (90 % of the box). Computed in float64.
     """
     require(a.numel() == 2, "page.client_action", f"expected 2 values (lr, epochs), got {a.numel()}")
     _check_range(lr_min, lr_max, epoch_max)
