@@ -196,8 +196,9 @@ class HparamRange:
 @dataclass(frozen=True)
 class DDPGParams:
     """The hyper-parameters PAGE's client agents and Dap-FL's agents share: the range their actions
-    map onto, the DDPG agent's settings and the split they are scored on. Defaults are PAGE's Synthetic settings; the DDPG ones
-    follow PAGE's appendix C.2 and the authors' code (github.com/ivy-h7/PAGE).
+    map onto, the DDPG agent's settings and the split they are scored on. Defaults are PAGE's
+    Synthetic settings; the DDPG ones follow PAGE's appendix C.2 and the authors' code
+    (github.com/ivy-h7/PAGE).
 
     Args:
         lr_min: lower end of the local learning-rate range.
