@@ -18,7 +18,9 @@ VAL = {"val_frac": 0.2}
 def test_reward_split_defaults_to_validation_and_is_checked():
     assert DapFL().reward_split == PAGE().reward_split == "validation"
     assert DapFL(reward_split="test").reward_split == "test"
-    with pytest.raises(ConfigError, match=r"method.reward_split: unknown 'train' \(choose one of validation, test\)"):
+    with pytest.raises(
+        ConfigError, match=r"method.reward_split: unknown value 'train' \(choose one of validation, test\)"
+    ):
         DapFL(reward_split="train")
 
 

@@ -22,14 +22,6 @@ OUTSIDE = {
     "a paper by file number": re.compile(r"\bpapers? 00\d\b"),
 }
 
-# Known exceptions, (file, what): these files are being rewritten elsewhere and fix their own
-# citations; remove an entry once its file is clean (the test then guards it).
-KNOWN = {
-    ("pfl/optim/ddpg.py", "ALGORITHMS.md"),
-    ("pfl/methods/page.py", "ALGORITHMS.md"),
-    ("pfl/methods/fedpg.py", "a paper by file number"),
-}
-
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 INLINE_CODE = re.compile(r"`[^`\n]*`")
@@ -80,19 +72,8 @@ def test_no_file_cites_a_document_outside_the_repository():
         f"{path.relative_to(ROOT)}:{n}: {what}: {line}"
         for path in tracked(*SCANNED)
         for what, n, line in outside_references(path)
-        if (path.relative_to(ROOT).as_posix(), what) not in KNOWN
     ]
     assert not hits, "cite docs/algorithms.md, the paper or the authors' code instead:\n" + "\n".join(hits)
-
-
-def test_known_exceptions_are_still_needed():
-    """An exception whose file is clean must be removed, so the file is guarded again."""
-    stale = [
-        (file, what)
-        for file, what in sorted(KNOWN)
-        if (ROOT / file).is_file() and not any(w == what for w, *_ in outside_references(ROOT / file))
-    ]
-    assert not stale, f"remove these from KNOWN in {Path(__file__).name}: {stale}"
 
 
 def test_every_relative_link_in_the_docs_exists():

@@ -1,4 +1,4 @@
-"""FedPG and S-FedPG ("Preserving Global Performance in Personalized FL", paper 000; appendix A,
+"""FedPG and S-FedPG ("Preserving Global Performance in Personalized FL", appendix A,
 Algorithm 1). The math is in pfl.optim.descent / pfl.optim.minnorm and docs/fedpg.md; this module is
 the federated method: what clients send, what the server solves, where P-models live.
 
