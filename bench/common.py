@@ -59,9 +59,9 @@ def cifar_like(num_clients: int, seed: int = 0, per_client: int = 50) -> Federat
     return FederatedData("cifar-like", x, y, 10, clients, global_test=torch.zeros(0, dtype=torch.long))
 
 
-# The benchmark data has no validation splits: PAGE's agents score on the test splits (the paper's choice,
-# the same cost) instead of refusing to start.
-BENCH_METHOD_ARGS: dict[str, dict] = {"page": {"reward_split": "test"}}
+# The benchmark data has no validation splits: PAGE's and Dap-FL's agents score on the test splits (the
+# papers' choice, the same cost) instead of refusing to start.
+BENCH_METHOD_ARGS: dict[str, dict] = {"page": {"reward_split": "test"}, "dapfl": {"reward_split": "test"}}
 
 
 def bench_config(
