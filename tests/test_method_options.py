@@ -3,6 +3,7 @@ the defaults they change, and what the command line sees of them."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import fields
 from typing import Any, Literal, get_args
@@ -194,3 +195,28 @@ def test_choices_mirrored_from_pfl_optim_agree_with_it():
     assert get_args(fedora.LambdaRule) == propagation.LAMBDA_RULES
     assert get_args(pfedhn.SamGradient) == hypernet.SAM_GRADIENTS
     assert get_args(rl_tuning.ActionMap) == ddpg.ACTION_MAPS and get_args(rl_tuning.Init) == ddpg.INIT_SCHEMES
+
+
+def test_page_and_dapfl_ddpg_choices_are_literals_their_parser_validates():
+    """Every choice among the shared agent options is a Literal in the signature jsonargparse reads."""
+    signature = inspect.signature(rl_tuning.DDPGMethod.__init__).parameters
+    expected = {
+        "epoch_rounding": ("round", "floor"),
+        "action_map": ddpg.ACTION_MAPS,
+        "init": ddpg.INIT_SCHEMES,
+        "warmup_space": ("agent", "hparams"),
+        "replay_actions": ("agent", "mapped"),
+        "reward_split": ("validation", "test"),
+    }
+    assert {name: get_args(signature[name].annotation) for name in expected} == expected
+    for name in ("page", "dapfl"):
+        with pytest.raises(ArgumentError):
+            build_fit_parser(name).parse_args(["--method.epoch_rounding", "ceil"])
+
+
+def test_page_and_dapfl_ddpg_params_are_frozen_and_documented_in_their_help():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        DapFL().ddpg.lr_min = 0.5  # type: ignore[misc]
+    for name in ("page", "dapfl"):
+        help_text = " ".join(build_fit_parser(name).format_help().split())
+        assert "Adam learning rate of the actor" in help_text and "OU noise mean reversion" in help_text

@@ -43,7 +43,19 @@ Weighting = Literal["samples", "uniform"]
 
 @register
 class DapFL(DDPGMethod):
-    """Dap-FL without its secure aggregation; the module docstring states the agents' MDP."""
+    """Dap-FL without its secure aggregation; the module docstring states the agents' MDP.
+
+    The rest of the options (the action range, the DDPG settings, ``reward_split``) are PAGE's
+    (``DDPGParams``); the four below are the ones the Dap-FL code sets otherwise.
+
+    Args:
+        penalty: added to the loss in the agents' states and rewards (keeps 1/(loss + penalty) finite).
+        weighting: the server's average over the clients' models: samples (by train size) or uniform.
+        actor_lr: Adam learning rate of the actor (the Dap-FL code's 1e-4).
+        critic_lr: Adam learning rate of the critic (the Dap-FL code's 1e-3).
+        tau: soft target-network update rate (the Dap-FL code's 0.001).
+        eps_decay_steps: exploration noise scale 1 − k/eps_decay_steps (0, the Dap-FL code: no decay).
+    """
 
     name = "dapfl"
     description = "per-client DDPG agents tune local lr and epochs (Dap-FL, without secure aggregation)"

@@ -33,7 +33,6 @@ Init = Literal["fan_in", "code"]  # pfl.optim.ddpg.INIT_SCHEMES
 # What the agents' states and rewards are scored on: the clients' validation splits (and their union
 # on the server), or the papers' choice, the local test splits (and the global test set) reported.
 RewardSplit = Literal["validation", "test"]
-REWARD_SPLITS = get_args(RewardSplit)
 VAL_FIX = "set data.val_frac > 0 (e.g. 0.1), or method.reward_split: test (the paper: tunes on the test set)"
 
 
