@@ -220,3 +220,10 @@ def test_page_and_dapfl_ddpg_params_are_frozen_and_documented_in_their_help():
     for name in ("page", "dapfl"):
         help_text = " ".join(build_fit_parser(name).format_help().split())
         assert "Adam learning rate of the actor" in help_text and "OU noise mean reversion" in help_text
+
+
+def test_dapfl_weighting_is_a_choice_the_parser_validates():
+    parser = build_fit_parser("dapfl")
+    assert parser.parse_args(["--method.weighting", "uniform"]).method.weighting == "uniform"
+    with pytest.raises(ArgumentError):
+        parser.parse_args(["--method.weighting", "sizes"])
