@@ -1,0 +1,118 @@
+"""Properties every registered method must have, checked in each method's own test file.
+
+A method's test module (``tests/methods/test_<module>.py``, mirroring ``pfl/methods/<module>.py``) holds
+``class TestRegistryProperties(RegistryProperties): METHODS = (...)`` with the names its module registers;
+``tests/methods/conftest.py`` runs every test below once per name. ``test_mirror.py`` checks that every
+registered method is covered exactly once, so a new method gets these checks when its test file is added:
+
+- it trains end to end, and the same seed gives the same numbers;
+- a round does not depend on the order in which its clients are trained;
+- a run resumed from a checkpoint (through torch.save / torch.load(weights_only=True), as --resume does)
+  ends with the uninterrupted run's numbers;
+- it declares whether it has a global and/or personal model, and describes itself;
+- its class defaults are the settings of ``conf/method/<name>.yaml``;
+- its defaults learn on the default experiment (``tests/methods/defaults_learn.py``).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import torch
+
+from pfl.federation.loop import comparable_metrics
+from pfl.methods import method_class
+from tests.conftest import make_loop, tiny_config
+from tests.methods.defaults_learn import META_INITIALIZATION, floors, run_defaults
+
+TINY = {"rounds": 3, "fraction": 0.5}
+# Per-FedAvg's outer step (the paper's β = 0.005) barely moves a 3-round run; a larger one shows it trains.
+ARGS = {"perfedavg": {"outer_lr": 0.05}}
+# PAGE's and Dap-FL's agents score on validation splits (method.reward_split: validation).
+DATA = {"page": {"val_frac": 0.2}, "dapfl": {"val_frac": 0.2}}
+CONF = Path(__file__).resolve().parents[2] / "conf" / "method"
+
+# (has_global_model, has_personal_model) of every method: what the evaluation reports (gm.*, P-models).
+GLOBAL_ONLY = ("dapfl", "fedavg", "feddyn", "fedmgda_plus", "fedprox", "fedsam", "scaffold")
+PERSONAL_ONLY = ("fedamp", "fedfomo", "fedora", "fedper", "fedrecon", "fedrep", "fesem", "fedu", "ifca", "lgfedavg")
+PERSONAL_ONLY += ("local", "pfedhn", "plgu_ghn", "plgu_grep")
+FLAGS = {n: (True, False) for n in GLOBAL_ONLY} | {n: (False, True) for n in PERSONAL_ONLY}
+
+
+def _config(name: str, args: dict | None = None):
+    return tiny_config(name, args, trainer=TINY, data=DATA.get(name, {}))
+
+
+def _state_equal(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_state_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_state_equal(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+class RegistryProperties:
+    """Base of each method file's ``TestRegistryProperties``; ``METHODS`` names the methods to check."""
+
+    METHODS: tuple[str, ...] = ()
+
+    def test_trains_end_to_end_and_is_deterministic(self, name):
+        first = make_loop(_config(name, ARGS.get(name)))
+        untrained = first.evaluate()["pm.l_loss.mean"]
+        a = first.fit()
+        b = make_loop(_config(name, ARGS.get(name))).fit()
+        assert comparable_metrics(a) == comparable_metrics(b)
+        assert a["metrics"]["pm.l_loss.mean"] < untrained, "training did not lower the P-models' test loss"
+
+    def test_round_does_not_depend_on_client_order(self, name):
+        forward, backward = (make_loop(_config(name)) for _ in range(2))
+        train = backward.dispatcher.train  # the local updates run in reversed id order
+        backward.dispatcher.train = lambda method, r, cids, payloads: train(method, r, list(reversed(cids)), payloads)
+        for _ in range(2):
+            forward.run_round(), backward.run_round()
+        assert _state_equal(forward.server.state, backward.server.state)
+        assert _state_equal(forward.clients, backward.clients)
+
+    def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(self, name):
+        straight = make_loop(_config(name))
+        straight.run_round()
+        buffer = io.BytesIO()
+        torch.save(straight.state_dict(), buffer)
+        buffer.seek(0)
+        resumed = make_loop(_config(name))
+        resumed.load_state_dict(torch.load(buffer, weights_only=True))
+        for _ in range(2):
+            straight.run_round(), resumed.run_round()
+        assert _state_equal(straight.server.state, resumed.server.state)
+        assert _state_equal(straight.clients, resumed.clients)
+        assert straight.evaluate()["pm.l_acc.mean"] == resumed.evaluate()["pm.l_acc.mean"]
+
+    def test_declares_what_it_is_evaluated_on_and_describes_itself(self, name):
+        cls = method_class(name)
+        assert (cls.has_global_model, cls.has_personal_model) == FLAGS.get(name, (True, True))
+        assert type(cls.has_global_model) is bool and type(cls.has_personal_model) is bool
+        assert cls.name == name and isinstance(cls.description, str) and len(cls.description) > 20
+
+    def test_class_defaults_are_the_settings_of_its_config_file(self, name):
+        """conf/method/<name>.yaml is the paper's setting, and the class defaults say the same."""
+        import yaml
+
+        conf = dict(yaml.safe_load((CONF / f"{name}.yaml").read_text())["method"])
+        default = method_class(conf.pop("name"))()
+        assert {k: getattr(default, k) for k in conf} == conf
+        if "finetune_epochs" not in conf:  # fixed by the class: no fine-tuning
+            assert default.hparams().get("finetune_epochs", 0) == 0
+
+    def test_defaults_learn_on_the_default_experiment(self, name, fedavg_run):
+        reference, classes = fedavg_run
+        metrics = reference if name == "fedavg" else run_defaults(name)[0]
+        checked = {"pm.l_acc.mean": metrics["pm.l_acc.mean"]}
+        if name not in META_INITIALIZATION and not math.isnan(metrics.get("gm.acc", math.nan)):
+            checked["gm.acc"] = metrics["gm.acc"]
+        floor = floors(reference, classes)
+        low = {key: round(value, 4) for key, value in checked.items() if not value >= floor[key]}
+        assert not low, f"{name} ends at {low}, under a third of FedAvg's gain over chance ({floor})"
