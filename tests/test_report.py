@@ -316,3 +316,45 @@ def test_render_and_cells_default_to_four_decimals_and_every_column_gets_its_bes
 def test_measured_but_never_reached_reads_never_in_a_cell_of_several_runs(tmp_path):
     runs = [write_run(tmp_path, f"r{i}", "fedavg", {"rounds_to_target": None}) for i in range(2)]
     assert report(runs, ["rounds_to_target"]).splitlines()[2] == "| r0 +1 | fedavg | 2 | never |"
+
+
+def test_an_option_a_run_predates_counts_at_its_default(tmp_path, capsys):
+    """A run made before pfl had an option (its config.yaml lacks the key) groups with today's runs that
+    leave the option at its default, and apart from runs that change it; the same in report, compare and plots."""
+    import pandas as pd
+
+    from pfl.api import Run, compare
+    from pfl.metrics.compare_plots import plot_groups
+    from pfl.runner.args import default_config
+
+    defaults = default_config("fedavg")
+    assert defaults["server"]["aggregator"] == "mean" and defaults["method"] == {"name": "fedavg", **defaults["method"]}
+    assert default_config("no_such_method") is None
+    old = config("fedavg", 0, tmp_path, "old")
+    new = config("fedavg", 1, tmp_path, "new") | {"server": {"aggregator": "mean"}}
+    robust = config("fedavg", 2, tmp_path, "robust") | {"server": {"aggregator": "median"}}
+    runs = [
+        write_run(tmp_path, n, "fedavg", {"gm.acc": acc}, config=c)
+        for n, c, acc in (("old", old, 0.5), ("new", new, 0.7), ("robust", robust, 0.1))
+    ]
+    md = report(runs, ["gm.acc"], defaults=default_config).splitlines()
+    assert md[0] == "| run | method | server.aggregator | n | gm.acc |"
+    assert md[2:] == [
+        "| old +1 | fedavg | mean | 2 | **0.6000 ± 0.1414** |",
+        "| robust | fedavg | median | 1 | 0.1000 |",
+    ]
+    assert len(report(runs, ["gm.acc"]).splitlines()) == 5  # without defaults the old run is a row of its own
+    assert main(["report", *map(str, runs), "--metrics", "gm.acc"]) == 0
+    assert capsys.readouterr().out.splitlines() == md
+    loaded = [Run(r, json.loads((r / "summary.json").read_text()), pd.DataFrame(), pd.DataFrame(), c)
+              for r, c in zip(runs, (old, new, robust), strict=True)]  # fmt: skip
+    assert list(compare(loaded, ["gm.acc"])["n"]) == [2, 1]
+    assert [len(g.run_dirs) for g in plot_groups(runs, defaults=default_config)] == [2, 1]
+    unknown = config("not_registered", 3, tmp_path, "u")
+    assert run_settings_of(unknown) == run_settings_of(unknown, defaults=default_config)  # nothing to fill
+
+
+def run_settings_of(cfg: dict, **kwargs) -> dict:
+    from pfl.metrics.report import run_settings
+
+    return run_settings({"method": cfg["method"]["name"]}, cfg, **kwargs)

@@ -15,6 +15,7 @@ import yaml
 
 from pfl.errors import ConfigError
 from pfl.metrics.report import build_table, render
+from pfl.runner.args import default_config
 
 FIX = "pass a folder written by pfl.fit or `python -m pfl fit`"
 
@@ -84,5 +85,6 @@ def compare(
         metrics,
         [r.config or None for r in loaded],  # None: a folder without config.yaml, described by its summary
         group=not per_run,
+        defaults=default_config,  # an option added after a run was made counts at its default
     )
     return pd.read_csv(io.StringIO(render(header, rows, best, "csv")))  # the report's own numbers, exact (repr)

@@ -39,6 +39,8 @@ class APFL(FedAvg):
     description = "FedAvg model w + personal v trained through the mixture mix*v + (1-mix)*w"
     has_personal_model = True
 
+    fixed_options = ("finetune_epochs", "share_buffers")  # passed to the parent fixed: not options of apfl
+
     def __init__(
         self,
         mix: float = 0.5,

@@ -295,6 +295,9 @@ class Method:
     # (``server.aggregator``, pfl.federation.robust) can then stand in for that mean by rewriting the
     # uploads. A class that overrides ``aggregate`` states it for itself (False unless it does).
     averages_uploads: ClassVar[bool] = True
+    # Parent ``__init__`` arguments a class fixes in its ``super().__init__`` call: not options of the
+    # class (its config cannot set them), so ``hparams`` leaves them out.
+    fixed_options: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -405,14 +408,21 @@ class Method:
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def hparams(self) -> dict[str, Any]:
-        """The ``__init__`` arguments of the whole class hierarchy, read back from the attributes."""
+        """The options a config can set, read back from the attributes: the class's ``__init__``
+        arguments and, where it passes ``**kwargs`` on, its parents' in method resolution order, as
+        jsonargparse follows them, less the ``fixed_options`` the class passes its parent itself."""
         names: list[str] = []
         for cls in type(self).__mro__:
-            if "__init__" in vars(cls) and cls is not object:
-                for p in inspect.signature(cls.__init__).parameters.values():
-                    if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in names:
-                        names.append(p.name)
-        return {n: getattr(self, n) for n in names if hasattr(self, n)}
+            if "__init__" not in vars(cls) or cls is object:
+                continue
+            params = inspect.signature(cls.__init__).parameters.values()
+            names += [
+                p.name for p in params if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            ]
+            if not any(p.kind is p.VAR_KEYWORD for p in params):
+                break
+        options = [n for n in dict.fromkeys(names) if n not in self.fixed_options]
+        return {n: getattr(self, n) for n in options if hasattr(self, n)}
 
 
 class ClientOptimizerMethod(Method):

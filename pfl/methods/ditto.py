@@ -36,6 +36,8 @@ class Ditto(FedAvg):
     description = "FedAvg global model + personal models regularised towards it by lam/2*||v - w||^2"
     has_personal_model = True
 
+    fixed_options = ("finetune_epochs", "share_buffers")  # passed to the parent fixed: not options of ditto
+
     def __init__(
         self,
         lam: float = 0.75,

@@ -32,6 +32,8 @@ class FedDyn(FedAvg):
     description = "dynamic regulariser -<g_i, theta> + alpha/2*||theta - w||^2 with server correction h"
     averages_uploads = True  # the mean and h's correction both come from the uploads given
 
+    fixed_options = ("share_buffers",)  # passed to the parent fixed: not options of feddyn
+
     def __init__(
         self,
         alpha: float = 0.1,

@@ -48,6 +48,8 @@ class FedRoD(FedAvg):
     description = "generic model with balanced softmax + personal linear head on detached features"
     has_personal_model = True
 
+    fixed_options = ("finetune_epochs", "share_buffers")  # passed to the parent fixed: not options of fedrod
+
     def __init__(
         self,
         head_lr: float | None = None,

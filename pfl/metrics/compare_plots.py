@@ -26,7 +26,7 @@ from matplotlib.ticker import MaxNLocator
 
 from pfl.errors import ConfigError
 from pfl.metrics.plots import LABELS, new_figure
-from pfl.metrics.report import group_runs, load_config, load_summary, setting_text, swept_settings, table_runs
+from pfl.metrics.report import Defaults, group_runs, load_config, load_summary, setting_text, swept_settings, table_runs
 
 HISTORY_FILE = "metrics.csv"  # one row per evaluated round (pfl.runner.outputs)
 CLIENTS_FILE = "clients.csv"  # one row per client of the reported round
@@ -48,13 +48,19 @@ class PlotGroup:
 
 
 def plot_groups(
-    run_dirs: list[Path], names: list[str] | None = None, *, group: bool = True, label_by_name: bool = False
+    run_dirs: list[Path],
+    names: list[str] | None = None,
+    *,
+    group: bool = True,
+    label_by_name: bool = False,
+    defaults: Defaults | None = None,
 ) -> list[PlotGroup]:
-    """The runs grouped as ``pfl report`` groups them (``group=False``: one per run), each labelled by
-    its method and the settings that differ between groups (``label_by_name``: by its first run's name)."""
+    """The runs grouped as ``pfl report`` groups them (``group=False``: one per run; ``defaults`` fills
+    options a config lacks), each labelled by its method and the settings that differ between groups
+    (``label_by_name``: by its first run's name)."""
     dirs = [Path(d) for d in run_dirs]
     names = list(names) if names is not None else [d.name for d in dirs]
-    runs = table_runs([load_summary(d) for d in dirs], names, [load_config(d) for d in dirs], group)
+    runs = table_runs([load_summary(d) for d in dirs], names, [load_config(d) for d in dirs], group, defaults)
     folder = {id(run): d for run, d in zip(runs, dirs, strict=True)}  # names need not be unique
     groups = group_runs(runs)
     swept = swept_settings(groups)

@@ -21,6 +21,7 @@ import io
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,9 @@ from typing import Any
 import yaml
 
 from pfl.errors import ConfigError
+
+# The config.yaml a run of a method with every option at its default would write (None: unknown method).
+Defaults = Callable[[str], dict[str, Any] | None]
 
 DEFAULT_METRICS = (
     "pm.l_acc",
@@ -85,12 +89,18 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def run_settings(summary: dict[str, Any], config: dict[str, Any] | None, keep_seed: bool = False) -> dict[str, Any]:
+def run_settings(
+    summary: dict[str, Any], config: dict[str, Any] | None, keep_seed: bool = False, defaults: Defaults | None = None
+) -> dict[str, Any]:
     """What defines a run's experiment: the flattened config minus bookkeeping (``method.name`` is
     ``method``), or the summary's description when there is no config. ``keep_seed`` keeps the seed
-    (one group per run)."""
+    (one group per run). ``defaults`` fills the options a run's config lacks (written by a pfl that had
+    no such option yet) with their defaults, so such a run groups with today's runs of the same setting."""
     if config is not None:
         flat = flatten(config)
+        method = config.get("method", {}).get("name") if isinstance(config.get("method"), dict) else None
+        default = defaults(method) if defaults is not None and isinstance(method, str) else None
+        flat = {**flatten(default), **flat} if default else flat
         out = {k: v for k, v in flat.items() if not k.startswith(BOOKKEEPING)}
         out = {"method": out.pop("method.name", summary.get("method", "")), **out}
     else:
@@ -287,14 +297,16 @@ def table_runs(
     names: list[str],
     configs: list[dict[str, Any] | None] | None = None,
     group: bool = True,
+    defaults: Defaults | None = None,
 ) -> list[Run]:
     """The runs as the table tells them apart: settings from the configs when every run has one, else
-    from the summaries for all; ``group=False`` keeps the seed (one group per run)."""
+    from the summaries for all; ``group=False`` keeps the seed (one group per run); ``defaults`` fills
+    the options a config lacks (``run_settings``)."""
     configs = list(configs) if configs is not None else [None] * len(summaries)
     if any(c is None for c in configs):  # compare like with like: summary descriptions for all
         configs = [None] * len(summaries)
     return [
-        Run(name, s, run_settings(s, c, keep_seed=not group))
+        Run(name, s, run_settings(s, c, keep_seed=not group, defaults=defaults))
         for name, s, c in zip(names, summaries, configs, strict=True)
     ]
 
@@ -305,13 +317,14 @@ def build_table(
     metrics: list[str] | None = None,
     configs: list[dict[str, Any] | None] | None = None,
     group: bool = True,
+    defaults: Defaults | None = None,
 ) -> tuple[list[str], list[list[Any]], list[list[bool]]]:
     """(header, rows, best flags). A row is ``[run, method, *swept settings, n, *cells]``: strings,
     then one ``Cell`` per metric; ``best[i][j]`` marks row i's cell of metric j. ``configs`` (one per
     summary, None where a run has no config.yaml) tell settings apart; settings come from the
     summaries unless every run has a config. ``group=False``: one row per run (the seed a setting).
-    Without ``metrics``, the default keys no run has are dropped."""
-    groups = group_runs(table_runs(summaries, names, configs, group))
+    Without ``metrics``, the default keys no run has are dropped. ``defaults``: see ``run_settings``."""
+    groups = group_runs(table_runs(summaries, names, configs, group, defaults))
     keys = list(metrics) if metrics else list(DEFAULT_METRICS)
     cells = [group_cells(g, keys) for g in groups]
     if metrics is None:  # the default list shows only what was measured
@@ -439,8 +452,10 @@ def report(
     *,
     group: bool = True,
     digits: int = 4,
+    defaults: Defaults | None = None,
 ) -> str:
-    """The table of ``run_dirs`` (each with summary.json, optionally config.yaml) in ``fmt``."""
+    """The table of ``run_dirs`` (each with summary.json, optionally config.yaml) in ``fmt``; ``defaults``
+    fills the options a run's config.yaml lacks (``run_settings``)."""
     if fmt not in FORMATS:
         raise ConfigError("--format", f"unknown format {fmt!r}", f"choose one of {', '.join(FORMATS)}")
     if digits < 0:
@@ -448,5 +463,5 @@ def report(
     dirs = [Path(d) for d in run_dirs]
     summaries = [load_summary(d) for d in dirs]
     configs = [load_config(d) for d in dirs]
-    header, rows, best = build_table(summaries, [d.name for d in dirs], metrics, configs, group)
+    header, rows, best = build_table(summaries, [d.name for d in dirs], metrics, configs, group, defaults)
     return render(header, rows, best, fmt, digits)

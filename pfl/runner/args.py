@@ -10,6 +10,7 @@ read as ``--key value``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,17 @@ def build_fit_parser(method_name: str) -> ArgumentParser:
     for group, dc in GROUPS.items():
         parser.add_class_arguments(dc, group)
     return parser
+
+
+@functools.cache
+def default_config(method_name: str) -> dict[str, Any] | None:
+    """The config.yaml a run of ``method_name`` with every option at its default writes (None for a
+    name this pfl cannot build, e.g. a user's method class that is not importable here)."""
+    try:
+        parser = build_fit_parser(method_name)
+    except ConfigError:
+        return None
+    return yaml.safe_load(parser.dump(parser.get_defaults()))
 
 
 def method_from_argv(argv: list[str]) -> tuple[str, list[str]]:

@@ -24,7 +24,7 @@ from pfl.metrics.compare_plots import clients_figure, curve_figure, plot_groups
 from pfl.metrics.plots import save_figure
 from pfl.metrics.protocols import reference_metrics
 from pfl.metrics.report import build_table, load_config, render
-from pfl.runner.args import parse_fit_args
+from pfl.runner.args import default_config, parse_fit_args
 from pfl.runner.claims import (
     Claim,
     Contrast,
@@ -264,7 +264,7 @@ def claim_section(
     names = [job.label for job in finished]
     summaries = [s[job.seed][job.label] for job in finished]
     configs = [load_config(job.run_dir) for job in finished]
-    header, rows, best = build_table(summaries, names, list(claim.metrics), configs)
+    header, rows, best = build_table(summaries, names, list(claim.metrics), configs, defaults=default_config)
     for row in rows:  # a row is a label over its seeds (column n), not the first run "+k"
         row[0] = str(row[0]).split(" +")[0]
     seeds = sorted(s)
@@ -291,7 +291,9 @@ def claim_section(
 def comparison_plots(key: str, finished: list[Job], out: Path, title: str) -> list[str]:
     """The claim's runs as ``pfl report --plot/--plot-clients`` draws them, a row per label: the curves
     over rounds (``<key>_curves.png``) and the per-client scores (``<key>_clients.png``); the report's lines."""
-    groups = plot_groups([j.run_dir for j in finished], [j.label for j in finished], label_by_name=True)
+    groups = plot_groups(
+        [j.run_dir for j in finished], [j.label for j in finished], label_by_name=True, defaults=default_config
+    )
     lines = []
     for name, draw in (("curves", curve_figure), ("clients", clients_figure)):
         path = out / f"{key}_{name}.png"

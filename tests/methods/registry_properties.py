@@ -10,7 +10,8 @@ registered method is covered exactly once, so a new method gets these checks whe
 - a run resumed from a checkpoint (through torch.save / torch.load(weights_only=True), as --resume does)
   ends with the uninterrupted run's numbers;
 - it declares whether it has a global and/or personal model, and describes itself;
-- its class defaults are the settings of ``conf/method/<name>.yaml``;
+- its class defaults are the settings of ``conf/method/<name>.yaml``, and ``hparams()`` (what summary.json
+  and W&B record) are exactly the options its config can set;
 - its defaults learn on the default experiment (``tests/methods/defaults_learn.py``).
 """
 
@@ -106,6 +107,12 @@ class RegistryProperties:
         assert {k: getattr(default, k) for k in conf} == conf
         if "finetune_epochs" not in conf:  # fixed by the class: no fine-tuning
             assert default.hparams().get("finetune_epochs", 0) == 0
+
+    def test_hparams_are_the_options_its_config_can_set(self, name):
+        from pfl.runner.args import build_fit_parser
+
+        options = set(vars(build_fit_parser(name).get_defaults().method)) - {"name"}
+        assert set(method_class(name)().hparams()) == options
 
     def test_defaults_learn_on_the_default_experiment(self, name, fedavg_run):
         reference, classes = fedavg_run
