@@ -6,8 +6,10 @@ from typing import Any
 
 import torch
 
+from pfl.engine.flat import ModelLayout
 from pfl.federation.loop import FederatedLoop
-from pfl.methods import Upload
+from pfl.methods import ClientContext, ServerContext, Upload
+from tests.conftest import make_loop, tiny_config
 
 
 def exchanged_round(loop: FederatedLoop) -> tuple[dict[int, dict], dict[int, dict[str, Any]]]:
@@ -30,3 +32,43 @@ def tensor_bytes(exchanged: Any) -> int:
     if isinstance(exchanged, Upload):
         return tensor_bytes({"state": exchanged.state, **exchanged.extras})
     return sum(v.numel() * v.element_size() for v in exchanged.values() if isinstance(v, torch.Tensor))
+
+
+# -- FedPG / FedMGDA+: a bare server over a P-dimensional parameter vector --------------------------
+def bare_server(method, p: int, num_clients: int = 8, round_idx: int = 0) -> ServerContext:
+    layout = ModelLayout(p, 0, (("0", slice(0, p)),), torch.device("cpu"))
+    server = ServerContext(round_idx, num_clients, num_clients, layout, torch.zeros(p, dtype=torch.float64))
+    server.state = method.init_server(server)
+    return server
+
+
+# -- FedORA and the baselines of its table (IFCA, FeSEM, FedAMP, FedU) --------------------------------
+VAL = {"val_frac": 0.2}
+
+
+def run(loop, rounds):
+    for _ in range(rounds):
+        loop.run_round()
+    return loop
+
+
+def personal(loop):
+    return torch.stack(
+        [loop.method.personal_state(loop.server, loop.client(c)) for c in range(loop.server.num_clients)]
+    )
+
+
+NEW = {"val_frac": 0.2, "num_clients": 8, "new_clients": 0.25}
+
+
+def new_client_context(loop, j):
+    return ClientContext(loop.server.num_clients + j, loop.round, loop.worker, {}, loop.init_state)
+
+
+# -- SplitGP's routed evaluation ---------------------------------------------------------------------
+def _trained(threshold: float | None, **groups):
+    loop = make_loop(tiny_config("splitgp", {"entropy_threshold": threshold}, **groups))
+    loop.run_round()
+    loop.run_round()
+    metrics = loop.evaluate()
+    return loop, metrics, loop.client_rows

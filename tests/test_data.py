@@ -221,3 +221,31 @@ def test_loop_trains_and_evaluates_only_the_training_clients(tiny):
     loop.run_round()
     loop.evaluate()
     assert len(loop.client_rows) == 7 and len(loop.worker.data.new_clients) == 3
+
+
+def test_synthetic_regression_has_shared_group_and_client_parts():
+    from pfl.data import build_data
+    from pfl.data.regression import RegressionConfig
+
+    cfg = DataConfig(
+        source="synthetic_regression",
+        num_clients=8,
+        regression=RegressionConfig(dim=5, groups=2, samples=400, noise=0.01, client=0.01),
+        test_frac=0.2,
+        global_test_frac=0.0,
+    )
+    data = build_data(cfg, 0)
+    again = build_data(cfg, 0)
+    assert torch.equal(data.x, again.x) and torch.equal(data.y, again.y)
+    assert data.y.dtype == torch.float32 and data.num_classes == 1 and data.num_clients == 8
+    coefs = []
+    for split in data.clients:  # least squares recovers each client's linear task [w, b]
+        idx = split.train
+        a = torch.cat([data.x[idx].double(), torch.ones(len(idx), 1, dtype=torch.float64)], dim=1)
+        coefs.append(torch.linalg.lstsq(a, data.y[idx].double()[:, None]).solution[:, 0])
+    dist = torch.cdist(torch.stack(coefs), torch.stack(coefs))
+    group = torch.arange(8) % 2
+    same = (group[:, None] == group[None, :]) & ~torch.eye(8, dtype=torch.bool)
+    assert float(dist[same].max()) < float(dist[group[:, None] != group[None, :]].min())
+    with pytest.raises(ConfigError):
+        build_data(DataConfig(source="synthetic_regression", regression=RegressionConfig(noise=-1.0)), 0)

@@ -5,6 +5,7 @@ schedule lives in the training settings, and the Checkpointer owns the chain."""
 from __future__ import annotations
 
 import ast
+import math
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,19 @@ def test_the_checkpointer_owns_the_chain_and_its_schedule(tmp_path):
     assert not checkpointer.due(2) and checkpointer.due(3)
     checkpointer.run_dir = None
     assert checkpointer.chain is None
+
+
+def test_client_learning_rate_decays_per_round():
+    loop = make_loop(tiny_config("fedavg", client={"lr": 0.2, "lr_decay": 0.5}))
+    seen = []
+    update = loop.method.local_update
+
+    def recording(client, payload):
+        seen.append((client.round, client.lr))
+        return update(client, payload)
+
+    loop.method.local_update = recording
+    for _ in range(3):
+        loop.run_round()
+    assert {r: lr for r, lr in seen} == {0: 0.2, 1: 0.1, 2: 0.05}
+    assert not math.isnan(loop.evaluate()["pm.l_acc.mean"])

@@ -2,8 +2,40 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
+
+from pfl.seeding import torch_generator
+from tests.conftest import make_loop, tiny_config
 from tests.methods.registry_properties import RegistryProperties
+from tests.methods_helpers import exchanged_round, personal, run
 
 
 class TestRegistryProperties(RegistryProperties):
     METHODS = ("fedu",)
+
+
+def test_fedu_without_coupling_is_local_bit_for_bit():
+    cfg = {"trainer": {"clients_per_round": 4}}
+    fedu = run(make_loop(tiny_config("fedu", {"lam": 0.0}, **cfg)), 3)
+    local = run(make_loop(tiny_config("local", **cfg)), 3)
+    assert torch.equal(personal(fedu), personal(local))
+
+
+@pytest.mark.parametrize("graph", ["full", "random"])
+def test_fedu_takes_one_laplacian_step_over_the_sampled_clients(graph):
+    cfg = tiny_config("fedu", {"lam": 0.5, "eta": 0.1, "graph": graph}, trainer={"clients_per_round": 3}, seed=3)
+    loop = make_loop(cfg)
+    if graph == "full":
+        a = torch.ones(6, 6, dtype=torch.float64)
+    else:  # symmetric, a_ij the mean of two keyed U[0, 1) draws
+        r = torch.rand(6, 6, generator=torch_generator(3, "fedu", "graph"), dtype=torch.float64)
+        a = (r + r.T) / 2
+    assert torch.equal(loop.server["A"], a - torch.diag(a.diagonal()))
+    _, uploads = exchanged_round(loop)
+    cids = sorted(uploads)
+    for i in cids:
+        pull = sum(float(a[i, j]) * (uploads[i].state - uploads[j].state) for j in cids if j != i)
+        assert torch.allclose(loop.server["models"][i], uploads[i].state - 0.1 * 0.5 * pull, atol=1e-6)
+    for i in set(range(6)) - set(cids):
+        assert torch.equal(loop.server["models"][i], loop.init_state)
