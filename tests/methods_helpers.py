@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
+from jsonargparse import ArgumentParser
 
 from pfl.engine.flat import ModelLayout
 from pfl.federation.loop import FederatedLoop
-from pfl.methods import ClientContext, ServerContext, Upload
+from pfl.methods import ClientContext, ServerContext, Upload, methods, weighted_mean
 from tests.conftest import make_loop, tiny_config
 
 
@@ -72,3 +74,64 @@ def _trained(threshold: float | None, **groups):
     loop.run_round()
     metrics = loop.evaluate()
     return loop, metrics, loop.client_rows
+
+
+# -- PAGE, Dap-FL and their shared RL tuning (tests/methods/test_{page,dapfl,rl_tuning}.py) --------------
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RANGE = {"lr_min": 0.01, "lr_max": 0.1, "epoch_max": 3}
+FAST_AGENTS = {"warmup": 2, "ddpg_batch_size": 2, **RANGE}
+AGENT_VAL = {"val_frac": 0.2}  # PAGE's agents score on validation splits by default
+
+
+def fixed_client_action(cid: int) -> torch.Tensor:
+    """Agent-space actions spread over the range: lr 0.0145 + 0.0045·cid, epochs 1, 1, 2, 2, 2, 3."""
+    return torch.tensor([-0.9 + 0.1 * cid, -0.9 + 0.3 * cid])
+
+
+def reference_round(loop, global_state, hparams, weights):
+    """One FedAvg round with per-client learning rates, epochs and aggregation weights, trained on
+    a separate loop over the same federation and seed (so the same keyed batches)."""
+    trained = []
+    for cid in range(loop.server.num_clients):
+        ctx = ClientContext(cid, loop.round, loop.worker, {}, loop.init_state)
+        lr, epochs = hparams[cid]
+        trained.append(ctx.fit(global_state, lr=lr, epochs=epochs))
+    loop.round += 1
+    return weighted_mean(trained, weights), trained
+
+
+# -- FedSAM, PLGU and pFedHN (tests/methods/test_{fedsam,plgu,pfedhn}.py) -------------------------------
+SAM_HALF = {"fraction": 0.5}
+SAM_MOMENTUM = {"momentum": 0.9, "weight_decay": 1e-3}
+
+
+def fit_half_momentum(name: str, args: dict | None = None, **groups) -> FederatedLoop:
+    """A whole tiny run, half the clients a round, the client optimizer with momentum and weight decay."""
+    loop = make_loop(tiny_config(name, args, **{"trainer": SAM_HALF, "client": SAM_MOMENTUM, **groups}))
+    loop.fit()
+    return loop
+
+
+def equal_servers(a: FederatedLoop, b: FederatedLoop) -> bool:
+    """The two server states hold the same keys and bit-identical tensors (one level of nesting)."""
+    if a.server.state.keys() != b.server.state.keys():
+        return False
+    for key, value in a.server.state.items():
+        other = b.server[key]
+        if isinstance(value, dict):
+            if value.keys() != other.keys() or not all(torch.equal(value[k], other[k]) for k in value):
+                return False
+        elif not torch.equal(value, other):
+            return False
+    return True
+
+
+# -- every registered method's options (tests/methods/test_{base,choices,rl_tuning}.py) ------------------
+REGISTERED = list(methods())
+
+
+def method_options(cls: type) -> dict[str, Any]:
+    """The ``method.*`` options jsonargparse builds for ``cls``: name → default."""
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(cls, "method")
+    return {a.dest.removeprefix("method."): a.default for a in parser._actions if a.dest.startswith("method.")}

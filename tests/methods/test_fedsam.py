@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import torch
+
 from tests.methods.registry_properties import RegistryProperties
+from tests.methods_helpers import fit_half_momentum as _fit
 
 
 class TestRegistryProperties(RegistryProperties):
     METHODS = ("fedsam",)
+
+
+# -- identities -----------------------------------------------------------------------------------
+def test_fedsam_with_rho_zero_is_fedavg_and_with_rho_not():
+    fedavg = _fit("fedavg")
+    assert torch.equal(fedavg.server["global"], _fit("fedsam", {"rho": 0.0}).server["global"])
+    assert not torch.equal(fedavg.server["global"], _fit("fedsam").server["global"])
