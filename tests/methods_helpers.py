@@ -1,4 +1,5 @@
-"""Helpers for method tests: run a round while keeping what was exchanged."""
+"""Helpers shared by the method tests: a round that keeps what was exchanged, small runs, hand gradients,
+the BatchNorm model, the method configs and the methods' declared flags."""
 
 from __future__ import annotations
 
@@ -109,17 +110,12 @@ def _bare_server(p: int = 3) -> ServerContext:
     return ServerContext(0, 4, 2, layout, torch.zeros(p, dtype=torch.float64))
 
 
+# The method configs, conf/method/<name>.yaml.
 CONF = Path(__file__).resolve().parents[1] / "conf" / "method"
 
 
 # (has_global_model, has_personal_model): what the evaluation reports for each method (gm.*, P-models).
 FLAGS = {"local": (False, True), "fedavg": (True, False), "fedprox": (True, False), "feddyn": (True, False)}
-
-
 FLAGS |= {n: (False, True) for n in ("fedper", "fedrep", "lgfedavg", "fedfomo")}
-
-
 FLAGS |= {n: (True, True) for n in ("ditto", "apfl", "fedrod", "pfedme", "perfedavg", "fedbabu", "pgfed", "pgfedmo")}
-
-
 FLAGS |= {"pgfed_ce": (True, True)}
