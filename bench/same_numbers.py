@@ -31,7 +31,7 @@ from pfl.runner.experiment import run_experiment
 CONF = Path(__file__).resolve().parents[1] / "conf"
 COMMON = ["--trainer.rounds", "4", "--trainer.eval_every", "2", "--trainer.progress", "false",
           "--tracking.wandb", "false", "--data.num_clients", "8", "--trainer.fraction", "0.5"]  # fmt: skip
-# Methods whose warm-up is sized for paper-length runs use their short configs (as tests/test_defaults_learn.py).
+# Methods whose warm-up is sized for paper-length runs use their short configs (as tests/methods/defaults_learn.py).
 SHORT_RUN = {"page": ["--config", str(CONF / "method" / "page_short.yaml"), "--data.val_frac", "0.1",
                       "--method.warmup", "2"],
              "dapfl": ["--config", str(CONF / "method" / "dapfl_short.yaml"), "--data.val_frac", "0.1",

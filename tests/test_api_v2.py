@@ -24,7 +24,6 @@ from pfl.federation.server_opt import ServerOptimizer
 from pfl.methods import method_class
 from pfl.methods.ditto import Ditto
 from tests.conftest import make_loop, tiny_config
-from tests.methods_helpers import exchanged_round
 
 ROOT = Path(__file__).resolve().parents[1]
 HALF = {"rounds": 3, "fraction": 0.5}
@@ -107,42 +106,6 @@ def test_bad_server_settings_are_refused(field, value):
 
     with pytest.raises(ConfigError, match=f"server.{field}"):
         validate(tiny_config("fedavg", server={field: value}))
-
-
-# -- SCAFFOLD -------------------------------------------------------------------------------------
-def test_scaffold_control_variates_follow_option_two():
-    """Round 0 (c = c_i = 0): c_i⁺ = (x − y)/(Kη) is the mean of the K batch gradients along the local
-    path; the server's c is then (1/N) Σ c_i, and round 1's steps add c − c_i to every gradient."""
-    cfg = tiny_config("scaffold", trainer={"rounds": 2, "fraction": 1.0})
-    loop = make_loop(cfg)
-    x = loop.server["global"].clone()
-    payloads, uploads = exchanged_round(loop)
-    p = loop.flat.num_params
-    for cid, up in uploads.items():
-        ctx = loop.client(cid)
-        ctx.round = 0
-        loop.flat.load(x)
-        grads = []
-        for b in ctx.batches():
-            ctx.gradient(b)
-            grads.append(loop.flat.grads.clone())
-            loop.flat.params.sub_(loop.flat.grads, alpha=ctx.lr)
-        mean = torch.stack(grads).mean(0)
-        torch.testing.assert_close(loop.clients[cid]["c"], mean, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(up["dc"], mean, rtol=1e-4, atol=1e-5)
-        assert up.weight == 1.0  # the paper's uniform mean
-    c = torch.stack([loop.clients[i]["c"] for i in range(cfg.data.num_clients)]).mean(0)
-    torch.testing.assert_close(loop.server["c"], c, rtol=1e-5, atol=1e-7)
-    assert loop.server["global"][:p].sub(x[:p]).norm() > 0
-
-
-def test_scaffold_with_equal_control_variates_is_fedavg_with_uniform_weights():
-    scaffold = make_loop(tiny_config("scaffold", trainer=HALF))
-    fedavg = make_loop(tiny_config("fedavg", trainer=HALF))
-    _, ups = exchanged_round(scaffold)
-    _, fups = exchanged_round(fedavg)
-    for cid in ups:
-        assert torch.equal(ups[cid].state, fups[cid].state)  # c − c_i = 0 in round 0
 
 
 # -- Lightning-style objectives -------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pfl.models import ModelConfig
 from tests.methods.defaults_learn import run_defaults
 
 
@@ -17,3 +18,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def fedavg_run() -> tuple[dict[str, float], int]:
     """FedAvg's defaults on the short default experiment: the reference every method's floor comes from."""
     return run_defaults("fedavg")
+
+
+@pytest.fixture
+def bn_model() -> ModelConfig:
+    """The MLP with one BatchNorm layer (tests/methods_helpers.py's ``bn_mlp``): a model with float buffers."""
+    return ModelConfig(name="tests.methods_helpers:bn_mlp")

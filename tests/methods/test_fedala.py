@@ -102,3 +102,25 @@ def test_fedala_learns_weights_in_the_unit_box_on_the_top_layers_only():
     loop.run_round()
     fedavg.run_round()
     assert not torch.equal(loop.server["global"], fedavg.server["global"])
+
+
+BOUNDS = [
+    ("fedala", "eta", 0.0, -0.01),
+    ("fedala", "rand_percent", 0.5, 0.0),
+    ("fedala", "rand_percent", 100.0, 100.01),
+    ("fedala", "layer_idx", 0, -1),
+    ("fedala", "threshold", 0.0, -0.01),
+    ("fedala", "num_pre_loss", 1, 0),
+    ("fedala", "max_start_epochs", 1, 0),
+]
+
+
+@pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
+def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
+    from pfl.errors import ConfigError
+    from pfl.methods import method_class
+
+    cls = method_class(name)
+    assert getattr(cls(**{field: ok}), field) == ok
+    with pytest.raises(ConfigError, match=f"method.{field}"):
+        cls(**{field: bad})

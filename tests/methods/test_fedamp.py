@@ -73,3 +73,22 @@ def test_fedamp_cloud_models_are_the_attention_mix_of_the_uploaded_models():
     xi = attention_weights(torch.cdist(models, models) ** 2, 1.0, 100.0, seen)
     assert not torch.allclose(xi, torch.eye(6, dtype=torch.float64))
     torch.testing.assert_close(loop.server["cloud"], (xi @ models).to(loop.server["cloud"].dtype))
+
+
+BOUNDS = [
+    ("fedamp", "alpha_k", 1e-6, 0.0),
+    ("fedamp", "alpha_k", 1.0, float("inf")),
+    ("fedamp", "sigma", 1e-6, 0.0),
+    ("fedamp", "lam", 0.0, -0.01),
+]
+
+
+@pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
+def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
+    from pfl.errors import ConfigError
+    from pfl.methods import method_class
+
+    cls = method_class(name)
+    assert getattr(cls(**{field: ok}), field) == ok
+    with pytest.raises(ConfigError, match=f"method.{field}"):
+        cls(**{field: bad})

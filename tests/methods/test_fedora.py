@@ -355,7 +355,7 @@ def test_parameter_graph_is_recomputed_every_round_from_the_parameters_only(bn_m
 
 @pytest.fixture
 def bn_model():
-    return ModelConfig(name="tests.test_methods_fidelity:bn_mlp")
+    return ModelConfig(name="tests.methods_helpers:bn_mlp")
 
 
 def test_a_single_seen_client_has_self_similarity_p():

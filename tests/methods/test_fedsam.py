@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.methods.registry_properties import RegistryProperties
@@ -17,3 +18,20 @@ def test_fedsam_with_rho_zero_is_fedavg_and_with_rho_not():
     fedavg = _fit("fedavg")
     assert torch.equal(fedavg.server["global"], _fit("fedsam", {"rho": 0.0}).server["global"])
     assert not torch.equal(fedavg.server["global"], _fit("fedsam").server["global"])
+
+
+BOUNDS = [
+    ("fedsam", "rho", 0.0, -0.01),
+    ("fedsam", "p", 1.0, 0.99),
+]
+
+
+@pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
+def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
+    from pfl.errors import ConfigError
+    from pfl.methods import method_class
+
+    cls = method_class(name)
+    assert getattr(cls(**{field: ok}), field) == ok
+    with pytest.raises(ConfigError, match=f"method.{field}"):
+        cls(**{field: bad})

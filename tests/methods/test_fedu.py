@@ -39,3 +39,19 @@ def test_fedu_takes_one_laplacian_step_over_the_sampled_clients(graph):
         assert torch.allclose(loop.server["models"][i], uploads[i].state - 0.1 * 0.5 * pull, atol=1e-6)
     for i in set(range(6)) - set(cids):
         assert torch.equal(loop.server["models"][i], loop.init_state)
+
+
+BOUNDS = [
+    ("fedu", "eta", 1e-6, 0.0),
+]
+
+
+@pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
+def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
+    from pfl.errors import ConfigError
+    from pfl.methods import method_class
+
+    cls = method_class(name)
+    assert getattr(cls(**{field: ok}), field) == ok
+    with pytest.raises(ConfigError, match=f"method.{field}"):
+        cls(**{field: bad})

@@ -152,7 +152,7 @@ def test_pfedhn_server_momentum_carries_over_rounds():
 def test_pfedhn_clients_keep_their_trained_buffers():
     from pfl.models import ModelConfig
 
-    loop = make_loop(tiny_config("pfedhn", model=ModelConfig(name="tests.test_methods_fidelity:bn_mlp"), trainer=HALF))
+    loop = make_loop(tiny_config("pfedhn", model=ModelConfig(name="tests.methods_helpers:bn_mlp"), trainer=HALF))
     n, b = loop.flat.num_params, loop.flat.num_buffers
     assert b > 0
     _, uploads = exchanged_round(loop)

@@ -2,8 +2,148 @@
 
 from __future__ import annotations
 
+import copy
+
+import pytest
+import torch
+
+from pfl.methods import methods
+from tests.conftest import make_loop, tiny_config
 from tests.methods.registry_properties import RegistryProperties
+from tests.methods_helpers import CONF, FLAGS, HALF, _fit, _grads, _one_client_loop, exchanged_round
+from tests.methods_reference import drawn_batches, initial_net
 
 
 class TestRegistryProperties(RegistryProperties):
     METHODS = ("pfedme",)
+
+
+@pytest.mark.parametrize("name", ["pfedme"])
+def test_registered_runs_and_resumes_identically(name):
+    assert name in methods()
+    cfg = tiny_config(name, trainer=HALF)
+    a = make_loop(cfg)
+    a.run_round(), a.run_round()
+    b = make_loop(cfg)
+    b.load_state_dict(copy.deepcopy(a.state_dict()))
+    a.run_round(), b.run_round()
+    assert a.evaluate()["pm.l_acc.mean"] == b.evaluate()["pm.l_acc.mean"]
+    for key, value in a.server.state.items():
+        assert torch.equal(value, b.server[key]), key
+
+
+def test_pfedme_with_unit_proximal_steps_is_fedavg():
+    """K = 1, λ·η_p = 1 and λ·η = 1 make θ ← w − η∇f(θ) and w ← θ: plain SGD, i.e. FedAvg."""
+    lr = 0.1
+    a = _fit("fedavg", client={"lr": lr})
+    b = _fit("pfedme", {"lam": 1 / lr, "inner_steps": 1, "personal_lr": lr, "beta": 1.0}, client={"lr": lr})
+    torch.testing.assert_close(a.server["global"], b.server["global"], rtol=1e-4, atol=1e-5)
+    c = _fit("pfedme", client={"lr": lr})
+    assert not torch.allclose(a.server["global"], c.server["global"], atol=1e-3)
+
+
+@pytest.mark.parametrize("l2", [0.0, 0.1])
+def test_pfedme_local_update_and_beta_aggregation_match_hand_computation(l2):
+    lam, k, plr, lr, beta = 15.0, 3, 0.01, 0.05, 0.5
+    args = {"lam": lam, "inner_steps": k, "personal_lr": plr, "beta": beta, "personal_l2": l2}
+    cfg, loop = _one_client_loop("pfedme", args, lr=lr)
+    net = initial_net(cfg, loop)
+    names = [n for n, _ in net.named_parameters()]
+    w0 = {n: p.detach().clone() for n, p in net.named_parameters()}
+    theta, w = dict(w0), dict(w0)
+    data, idx = loop.worker.data, loop.worker.data.clients[0].train
+    for b in drawn_batches(cfg.seed, 0, 0, "train", idx, 16):
+        for _ in range(k):
+            live = {n: t.clone().requires_grad_(True) for n, t in theta.items()}
+            g = _grads(net, live, data.x[b], data.y[b])
+            step = {n: gn + lam * (theta[n] - w[n]) + l2 * theta[n] for n, gn in zip(names, g, strict=True)}
+            theta = {n: theta[n] - plr * step[n] for n in names}
+        w = {n: w[n] - lr * lam * (w[n] - theta[n]) for n in names}
+    flat = lambda d: torch.cat([d[n].reshape(-1) for n in names])  # noqa: E731
+    torch.testing.assert_close(loop.clients[0]["personal"], flat(theta), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loop.server["global"], (1 - beta) * flat(w0) + beta * flat(w), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("name", "per_step"), [("pfedme", 1), ("perfedavg", 2)])
+def test_pfedme_and_perfedavg_record_their_own_loops_steps(name, per_step):
+    """Methods running their own loop account for it: one step per batch (Per-FedAvg: per pair of batches)."""
+    loop = make_loop(tiny_config(name))
+    ctx = loop.client(1)
+    loop.method.local_update(ctx, loop.method.payload(loop.server, 1))
+    batches = len(list(ctx.batches()))
+    assert batches > 4 and ctx.fits[-1].steps == batches // per_step
+    assert ctx.fits[-1].samples_seen == ctx.num_samples * ctx.epochs
+
+
+def test_pfedme_unsampled_clients_personalize_from_the_round_global_model():
+    loop = make_loop(tiny_config("pfedme", trainer=HALF))
+    sent = loop.server["global"].clone()
+    payloads, _ = exchanged_round(loop)
+    unsampled = [c for c in range(6) if c not in payloads]
+    assert unsampled
+    fresh = make_loop(tiny_config("pfedme", trainer=HALF))  # the same client, had it been sampled in round 0
+    for cid in unsampled:
+        got = loop.method.personal_state(loop.server, loop.client(cid))
+        expected, _ = fresh.method.personalize(fresh.client(cid), sent)
+        assert torch.equal(got, expected)
+        assert not torch.equal(got, loop.init_state)
+    for cid in payloads:  # the sampled ones keep what they trained
+        assert loop.method.personal_state(loop.server, loop.client(cid)) is loop.clients[cid]["personal"]
+    only = make_loop(tiny_config("pfedme", {"all_clients_train": False}, trainer=HALF))
+    exchanged_round(only)
+    for cid in unsampled:
+        assert torch.equal(only.method.personal_state(only.server, only.client(cid)), only.init_state)
+
+
+@pytest.mark.parametrize("name", ["pfedme"])
+def test_every_baseline_of_the_pgfed_code_has_an_official_config(name):
+    import yaml
+
+    from pfl.methods import method_class
+
+    conf = yaml.safe_load((CONF / f"{name}_official.yaml").read_text())
+    args = dict(conf["method"])
+    method = method_class(args.pop("name"))(**args)
+    assert conf["client"]["drop_last"] is True  # their loaders drop the last incomplete batch
+    if hasattr(method, "client_momentum") and name not in ("perfedavg", "pfedme"):
+        assert method.client_momentum in (0.0, 0.9)  # stated, so --client.momentum cannot change it
+    paper = yaml.safe_load((CONF / f"{name}.yaml").read_text())["method"]
+    assert paper["name"] == conf["method"]["name"] and paper != conf["method"]
+
+
+@pytest.mark.parametrize("name", ["pfedme"])
+def test_defaults_are_the_paper_config_and_flags_are_declared(name):
+    import yaml
+
+    from pfl.methods import method_class
+
+    conf = dict(yaml.safe_load((CONF / f"{name}.yaml").read_text())["method"])
+    cls = method_class(conf.pop("name"))
+    default = cls()
+    assert {k: getattr(default, k) for k in conf} == conf  # the class defaults are the paper's, as documented
+    hparams = default.hparams()
+    assert hparams.items() >= conf.items()
+    inherited = {k: v for k, v in hparams.items() if k not in conf}  # fixed by the subclass: reported neutral
+    assert inherited.items() <= {"finetune_epochs": 0, "share_buffers": True}.items()
+    assert (cls.has_global_model, cls.has_personal_model) == FLAGS[name]
+    assert cls.name == name and len(cls.description) > 20
+
+
+BOUNDS = [
+    ("pfedme", "lam", 0.0, -0.01),
+    ("pfedme", "inner_steps", 1, 0),
+    ("pfedme", "personal_lr", 1e-6, 0.0),
+    ("pfedme", "beta", 1e-6, 0.0),
+    ("pfedme", "personal_l2", 0.0, -0.01),
+]
+
+
+@pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
+def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
+    from pfl.errors import ConfigError
+    from pfl.methods import method_class
+
+    cls = method_class(name)
+    assert getattr(cls(**{field: ok}), field) == ok
+    with pytest.raises(ConfigError, match=f"method.{field}"):
+        cls(**{field: bad})

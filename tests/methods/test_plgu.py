@@ -295,7 +295,7 @@ def test_every_plgu_experiment_parses_with_every_plgu_method_config(path):
 
 # -- PLGU's buffers, regression, bounds and branches -----------------------------------------------------
 def test_buffer_slices_and_views_follow_the_flat_layout():
-    loop = make_loop(tiny_config("plgu_lf", model=ModelConfig(name="tests.test_methods_fidelity:bn_mlp")))
+    loop = make_loop(tiny_config("plgu_lf", model=ModelConfig(name="tests.methods_helpers:bn_mlp")))
     flat = loop.worker.flat
     assert buffer_slices(flat) == {"2": slice(0, 32)}  # the BatchNorm's running mean and variance
     state = loop.init_state.clone()

@@ -2,8 +2,84 @@
 
 from __future__ import annotations
 
+import torch
+
+from tests.conftest import make_loop, tiny_config
 from tests.methods.registry_properties import RegistryProperties
+from tests.methods_helpers import HALF, _grads, exchanged_round
+from tests.methods_reference import drawn_batches, initial_net
 
 
 class TestRegistryProperties(RegistryProperties):
     METHODS = ("scaffold",)
+
+
+def test_scaffold_steps_control_variates_and_aggregation_match_the_formulas():
+    """Option II by hand over two rounds of half the clients: the local steps y ← y − η(∇f_i(y) − c_i + c),
+    c_i⁺ = c_i − c + (x − y)/(Kη), the upload Δc_i = c_i⁺ − c_i, and the server's uniform mean of the
+    y and c ← c + Σ Δc_i / N. Round 2 has c ≠ c_i, so every sign of the correction shows."""
+    lr = 0.1
+    cfg = tiny_config("scaffold", trainer=HALF, client={"lr": lr})
+    loop = make_loop(cfg)
+    net = initial_net(cfg, loop)
+    sizes = [p.numel() for _, p in net.named_parameters()]
+    data, n = loop.worker.data, loop.worker.data.num_clients
+    for r in range(2):
+        before = {cid: loop.clients.get(cid, {}).get("c") for cid in range(n)}
+        payloads, results = exchanged_round(loop)
+        x, c = payloads[next(iter(payloads))]["global"], payloads[next(iter(payloads))]["c"]
+        assert r == 0 or c.abs().sum() > 0
+        for cid, up in results.items():
+            c_i = before[cid] if before[cid] is not None else torch.zeros_like(c)
+            y = {k: t.view_as(p) for (k, p), t in zip(net.named_parameters(), x.split(sizes), strict=True)}
+            batches = drawn_batches(cfg.seed, r, cid, "train", data.clients[cid].train, 16)
+            for b in batches:
+                live = {k: t.clone().requires_grad_(True) for k, t in y.items()}
+                grads = _grads(net, live, data.x[b], data.y[b])
+                step = torch.cat([g.reshape(-1) for g in grads]) + (c - c_i)
+                y = {k: t - lr * s.view_as(t) for (k, t), s in zip(y.items(), step.split(sizes), strict=True)}
+            flat_y = torch.cat([t.reshape(-1) for t in y.values()])
+            torch.testing.assert_close(up.state, flat_y, rtol=1e-5, atol=1e-6)
+            c_new = c_i - c + (x - up.state) / (len(batches) * lr)
+            torch.testing.assert_close(loop.clients[cid]["c"], c_new)
+            torch.testing.assert_close(up["dc"], c_new - c_i)
+            assert up.weight == 1.0  # uniform over the sampled clients, as in the paper
+        assert len({len(data.clients[cid].train) for cid in results}) > 1  # a sample-weighted mean would differ
+        mean = sum(up.state for up in results.values()) / len(results)
+        torch.testing.assert_close(loop.server["global"], mean)
+        torch.testing.assert_close(loop.server["c"], c + sum(up["dc"] for up in results.values()) / n)
+
+
+def test_scaffold_control_variates_follow_option_two():
+    """Round 0 (c = c_i = 0): c_i⁺ = (x − y)/(Kη) is the mean of the K batch gradients along the local
+    path; the server's c is then (1/N) Σ c_i, and round 1's steps add c − c_i to every gradient."""
+    cfg = tiny_config("scaffold", trainer={"rounds": 2, "fraction": 1.0})
+    loop = make_loop(cfg)
+    x = loop.server["global"].clone()
+    payloads, uploads = exchanged_round(loop)
+    p = loop.flat.num_params
+    for cid, up in uploads.items():
+        ctx = loop.client(cid)
+        ctx.round = 0
+        loop.flat.load(x)
+        grads = []
+        for b in ctx.batches():
+            ctx.gradient(b)
+            grads.append(loop.flat.grads.clone())
+            loop.flat.params.sub_(loop.flat.grads, alpha=ctx.lr)
+        mean = torch.stack(grads).mean(0)
+        torch.testing.assert_close(loop.clients[cid]["c"], mean, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(up["dc"], mean, rtol=1e-4, atol=1e-5)
+        assert up.weight == 1.0  # the paper's uniform mean
+    c = torch.stack([loop.clients[i]["c"] for i in range(cfg.data.num_clients)]).mean(0)
+    torch.testing.assert_close(loop.server["c"], c, rtol=1e-5, atol=1e-7)
+    assert loop.server["global"][:p].sub(x[:p]).norm() > 0
+
+
+def test_scaffold_with_equal_control_variates_is_fedavg_with_uniform_weights():
+    scaffold = make_loop(tiny_config("scaffold", trainer={"rounds": 3, "fraction": 0.5}))
+    fedavg = make_loop(tiny_config("fedavg", trainer={"rounds": 3, "fraction": 0.5}))
+    _, ups = exchanged_round(scaffold)
+    _, fups = exchanged_round(fedavg)
+    for cid in ups:
+        assert torch.equal(ups[cid].state, fups[cid].state)  # c − c_i = 0 in round 0
