@@ -318,6 +318,9 @@ def test_default_new_client_adaptation_fine_tunes_the_global_model_or_the_initia
 
 
 def test_hparams_are_the_init_arguments_in_method_resolution_order():
+    """A class's options are its own ``__init__`` arguments and, through ``**kwargs``, its parents' in
+    method resolution order (as jsonargparse follows them), less the ``fixed_options`` it passes itself."""
+
     class Base(Method):
         def __init__(self, x=1):
             self.x = x
@@ -327,15 +330,29 @@ def test_hparams_are_the_init_arguments_in_method_resolution_order():
 
     class Right(Base):
         def __init__(self, b=2, **extra):
-            super().__init__()
-            self.b, self.extra = b, extra  # **extra is not a hyper-parameter
+            super().__init__(**extra)
+            self.b = b
 
     class Diamond(Left, Right):
+        def __init__(self, c=3, **kwargs):
+            super().__init__(**kwargs)
+            self.c = c
+
+    class Closed(Left, Right):  # takes no **kwargs: its parents' arguments are not its options
         def __init__(self, c=3):
             super().__init__()
             self.c = c
 
+    class Fixing(Diamond):
+        fixed_options = ("b",)
+
+        def __init__(self, d=4, **kwargs):
+            super().__init__(b=5, **kwargs)
+            self.d = d
+
     assert list(Diamond().hparams()) == ["c", "b", "x"]
+    assert list(Closed().hparams()) == ["c"]
+    assert Fixing().hparams() == {"d": 4, "c": 3, "x": 1}
 
 
 def test_weighted_mean_refuses_vectors_and_weights_of_different_lengths():
