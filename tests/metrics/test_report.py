@@ -1,77 +1,19 @@
-"""`python -m pfl report`: runs that differ only in seed are one row (mean ± std over seeds), a
-column per swept setting, the best of each column marked; markdown, csv and LaTeX."""
+"""The report's table: runs that differ only in seed are one row (mean ± std over seeds), a column per
+swept setting, the best of each column marked; markdown, csv and LaTeX."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
-import math
 import re
-from pathlib import Path
 
 import pytest
-import yaml
 
 from pfl.cli import main
 from pfl.errors import ConfigError
 from pfl.metrics.report import report
-
-TINY = [
-    "--data.num_clients", "4", "--trainer.rounds", "1", "--model.hidden", "[8]",
-    "--tracking.wandb", "false", "--trainer.progress", "false",
-]  # fmt: skip
-
-
-def write_run(
-    root: Path, name: str, method: str, metrics: dict, select: str = "final", config: dict | None = None
-) -> Path:
-    run = root / name
-    run.mkdir()
-    summary = {"method": method, "select": select, "metrics": metrics}
-    if config is not None:
-        summary.update(seed=config["seed"], hparams={k: v for k, v in config["method"].items() if k != "name"})
-        (run / "config.yaml").write_text(yaml.safe_dump(config))
-    (run / "summary.json").write_text(json.dumps(summary))
-    return run
-
-
-def config(method: str, seed: int, root: Path, name: str, **method_args) -> dict:
-    """A resolved config as `fit` writes it: the seed and tracking differ between repeats."""
-    return {
-        "seed": seed,
-        "method": {"name": method, **method_args},
-        "client": {"lr": 0.1, "epochs": 5},
-        "data": {"source": "digits", "alpha": 0.5},
-        "trainer": {"rounds": 10, "progress": False, "checkpoint_every": 1},
-        "tracking": {"root": str(root), "name": name, "wandb": False},
-    }
-
-
-# Two methods x three seeds; sample std (ddof = 1) of 0.7, 0.8, 0.9 is exactly 0.1.
-SEEDS = {
-    "fedavg": {"pm.l_acc": [0.7, 0.8, 0.9], "rounds_to_target": [20, 30, 40]},
-    "ditto": {"pm.l_acc": [0.6, 0.6, 0.9], "rounds_to_target": [10, 20, 30]},
-}
-
-
-def two_methods_three_seeds(root: Path) -> list[Path]:
-    runs = []
-    for method, series in SEEDS.items():
-        for seed in range(3):
-            name = f"{method}-s{seed}"
-            metrics = {
-                "pm.l_acc.mean": series["pm.l_acc"][seed],
-                "pm.l_acc.std": 0.05,
-                "rounds_to_target": series["rounds_to_target"][seed],
-            }
-            runs.append(write_run(root, name, method, metrics, config=config(method, seed, root, name)))
-    return runs
-
-
-def sample_std(values: list[float]) -> float:
-    m = sum(values) / len(values)
-    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+from tests.report_helpers import SEEDS, config, latex_rows, sample_std, two_methods_three_seeds, write_run
 
 
 def test_seeds_are_grouped_with_mean_and_sample_std(tmp_path):
@@ -103,11 +45,6 @@ def test_csv_is_numeric_with_std_and_best_columns(tmp_path):
     assert (fedavg["pm.l_acc_best"], ditto["pm.l_acc_best"]) == ("1", "0")
     assert (fedavg["rounds_to_target_best"], ditto["rounds_to_target_best"]) == ("0", "1")
     assert fedavg["n"] == "3"
-
-
-def latex_rows(tex: str) -> list[str]:
-    body = tex.split("\\midrule")[1].split("\\bottomrule")[0]
-    return [line for line in body.strip().splitlines()]
 
 
 def test_latex_is_a_well_formed_booktabs_tabular(tmp_path):
@@ -162,22 +99,6 @@ def test_runs_without_config_are_grouped_by_their_summary(tmp_path):
     runs.append(write_run(tmp_path, "r2", "local", {"gm.acc": 0.4}))
     md = report(runs, ["gm.acc"]).splitlines()
     assert md[2:] == ["| r0 +1 | fedavg | 2 | **0.5500 ± 0.0707** |", "| r2 | local | 1 | 0.4000 |"]
-
-
-def test_report_on_two_real_runs_prints_both_rows(tmp_path, capsys):
-    for name, method in (("a", "fedavg"), ("b", "local")):
-        args = ["--tracking.root", str(tmp_path), "--tracking.name", name, "--method", method]
-        assert main(["fit", *TINY, *args]) == 0
-    capsys.readouterr()
-    assert main(["report", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 4  # header, rule, two rows: nothing but the method differs
-    assert lines[2].startswith("| a | fedavg | 1 |") and lines[3].startswith("| b | local | 1 |")
-    assert "pm.l_acc" in lines[0] and "gm.acc" in lines[0]
-    summary = json.loads((tmp_path / "a" / "summary.json").read_text())["metrics"]
-    assert f"{summary['pm.l_acc.mean']:.4f} ({summary['pm.l_acc.std']:.4f})" in lines[2]
-    assert main(["report", str(tmp_path / "a"), "--format", "latex", "--digits", "2"]) == 0
-    assert f"{summary['pm.l_acc.mean']:.2f} ({summary['pm.l_acc.std']:.2f})" in capsys.readouterr().out
 
 
 def test_best_per_column_is_marked_in_markdown_and_csv(tmp_path):
@@ -241,17 +162,6 @@ def test_seeds_that_never_reach_the_target_are_counted_and_the_cell_cannot_win(t
     assert lines[3] == "| ditto0 +2 | ditto | 3 | 28.0 ± 2.0 |"  # the only complete cell: no best among one
     rows = list(csv.DictReader(io.StringIO(report(runs, ["rounds_to_target"], "csv"))))
     assert [r["rounds_to_target_n"] for r in rows] == ["2", "3"]
-
-
-def test_the_command_passes_its_options_to_the_table(tmp_path, capsys):
-    runs = [str(r) for r in two_methods_three_seeds(tmp_path)]
-    assert main(["report", *runs, "--metrics", " rounds_to_target, ,"]) == 0
-    assert capsys.readouterr().out == report(runs, ["rounds_to_target"], digits=4)  # not every measured key
-    assert main(["report", *runs, "--per-run", "--format", "csv", "--digits", "2"]) == 0
-    assert capsys.readouterr().out == report(runs, None, "csv", group=False, digits=2)
-    assert main(["report", *runs, "--per-run"]) == 0
-    out = capsys.readouterr().out
-    assert out == report(runs, group=False) and "| 0.7000 (0.0500) |" in out  # four decimals by default
 
 
 def test_table_runs_tell_repeats_apart_only_by_the_seed_unless_asked(tmp_path):
