@@ -76,12 +76,13 @@ def test_quick_runs_the_first_seed_shortened_and_marks_verdicts_indicative(tmp_p
     assert "QUICK" in report and re.search(r"\*\*Verdict: (held|not held|tie) \(indicative, 1 seed\)\*\*", report)
 
 
-def test_jobs_expand_label_by_seed_into_their_folders(tmp_path, monkeypatch):
+def test_jobs_expand_seed_by_seed_into_their_folders(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     claim = tiny_claim(seeds=(3, 7), base=[*TINY, "--trainer.rounds", "30"])
     jobs = rep.claim_jobs(claim, tmp_path, quick=False, lrs={"ditto": 0.05})
-    assert [(j.label, j.seed) for j in jobs] == [("local", 3), ("local", 7), ("ditto", 3), ("ditto", 7)]
-    assert [j.run_dir for j in jobs][1] == tmp_path / "tiny" / "local" / "s7"
+    # every label of a seed before the next seed: a suite stopped part-way has whole paired seeds
+    assert [(j.label, j.seed) for j in jobs] == [("local", 3), ("ditto", 3), ("local", 7), ("ditto", 7)]
+    assert [j.run_dir for j in jobs][2] == tmp_path / "tiny" / "local" / "s7"
     assert jobs[3].name == "tiny/ditto/s7"
     argv = jobs[3].argv
     assert argv[argv.index("--seed") + 1] == "7" and argv[argv.index("--tracking.name") + 1] == "s7"

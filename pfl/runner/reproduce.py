@@ -71,14 +71,16 @@ def quick_rounds(argv: list[str]) -> int:
 
 
 def claim_jobs(claim: Claim, out: Path, quick: bool, lrs: dict[str, float] | None = None) -> list[Job]:
-    """The claim's runs, label x seed (QUICK: the first seed, 1/10 of the rounds); ``lrs`` are the
-    learning rates the grid chose (label -> lr). Every configuration is parsed here, before anything runs."""
+    """The claim's runs, seed by seed (every label of the first seed, then of the next: a suite stopped
+    part-way has whole seeds, each a complete paired comparison); QUICK: the first seed, 1/10 of the
+    rounds. ``lrs`` are the learning rates the grid chose (label -> lr). Every configuration is parsed
+    here, before anything runs."""
     seeds = claim.seeds[:1] if quick else claim.seeds
     require(bool(seeds), f"{claim.key}.seeds", "a claim needs at least one seed")
     jobs = []
-    for label, args in claim.runs.items():
-        chosen = [claim.lr_grid.arg, str(lrs[label])] if lrs and label in lrs and claim.lr_grid else []
-        for seed in seeds:
+    for seed in seeds:
+        for label, args in claim.runs.items():
+            chosen = [claim.lr_grid.arg, str(lrs[label])] if lrs and label in lrs and claim.lr_grid else []
             where = run_dir(out, claim.key, label, seed)
             argv = [*claim.base, *args, *chosen, "--seed", str(seed)]
             argv += ["--tracking.root", str(where.parent), "--tracking.name", where.name, *RUN_FLAGS]
