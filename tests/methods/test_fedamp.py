@@ -12,7 +12,7 @@ from pfl.methods import ClientContext, Method, ServerContext, State, Upload
 from pfl.methods.fedamp import attention_weights
 from tests.conftest import make_loop, tiny_config
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import exchanged_round, personal, run
+from tests.methods_helpers import check_hyperparameters_are_checked_at_their_bounds, exchanged_round, personal, run
 
 
 class TestRegistryProperties(RegistryProperties):
@@ -85,10 +85,4 @@ BOUNDS = [
 
 @pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
 def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
-    from pfl.errors import ConfigError
-    from pfl.methods import method_class
-
-    cls = method_class(name)
-    assert getattr(cls(**{field: ok}), field) == ok
-    with pytest.raises(ConfigError, match=f"method.{field}"):
-        cls(**{field: bad})
+    check_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tests.methods.registry_properties import RegistryProperties
+from tests.methods_helpers import check_hyperparameters_are_checked_at_their_bounds
 from tests.methods_helpers import fit_half_momentum as _fit
 
 
@@ -28,10 +29,4 @@ BOUNDS = [
 
 @pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
 def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
-    from pfl.errors import ConfigError
-    from pfl.methods import method_class
-
-    cls = method_class(name)
-    assert getattr(cls(**{field: ok}), field) == ok
-    with pytest.raises(ConfigError, match=f"method.{field}"):
-        cls(**{field: bad})
+    check_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad)

@@ -8,7 +8,7 @@ import torch
 from pfl.seeding import torch_generator
 from tests.conftest import make_loop, tiny_config
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import exchanged_round, personal, run
+from tests.methods_helpers import check_hyperparameters_are_checked_at_their_bounds, exchanged_round, personal, run
 
 
 class TestRegistryProperties(RegistryProperties):
@@ -48,10 +48,4 @@ BOUNDS = [
 
 @pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
 def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
-    from pfl.errors import ConfigError
-    from pfl.methods import method_class
-
-    cls = method_class(name)
-    assert getattr(cls(**{field: ok}), field) == ok
-    with pytest.raises(ConfigError, match=f"method.{field}"):
-        cls(**{field: bad})
+    check_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad)

@@ -8,12 +8,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pfl.methods import methods
 from pfl.models import build_model
 from pfl.seeding import seed_everything, torch_generator
 from tests.conftest import make_loop, tiny_config
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import CONF, FLAGS, HALF, _full_grad, exchanged_round, tensor_bytes
+from tests.methods_helpers import (
+    HALF,
+    _full_grad,
+    check_defaults_are_the_paper_config_and_flags_are_declared,
+    check_every_baseline_of_the_pgfed_code_has_an_official_config,
+    check_hyperparameters_are_checked_at_their_bounds,
+    check_registered_runs_and_resumes_identically,
+    exchanged_round,
+    tensor_bytes,
+)
 
 
 class TestRegistryProperties(RegistryProperties):
@@ -168,16 +176,7 @@ def test_state_lives_in_dicts_resume_is_identical():
 
 @pytest.mark.parametrize("name", ["pgfed", "pgfedmo", "pgfed_ce"])
 def test_registered_runs_and_resumes_identically(name):
-    assert name in methods()
-    cfg = tiny_config(name, trainer=HALF)
-    a = make_loop(cfg)
-    a.run_round(), a.run_round()
-    b = make_loop(cfg)
-    b.load_state_dict(copy.deepcopy(a.state_dict()))
-    a.run_round(), b.run_round()
-    assert a.evaluate()["pm.l_acc.mean"] == b.evaluate()["pm.l_acc.mean"]
-    for key, value in a.server.state.items():
-        assert torch.equal(value, b.server[key]), key
+    check_registered_runs_and_resumes_identically(name)
 
 
 def test_pgfed_alpha_stays_nonnegative_by_default():
@@ -218,36 +217,12 @@ def test_pgfed_ce_alpha_step_uses_the_server_scalars(ce_scalar):
 
 @pytest.mark.parametrize("name", ["pgfed", "pgfedmo"])
 def test_every_baseline_of_the_pgfed_code_has_an_official_config(name):
-    import yaml
-
-    from pfl.methods import method_class
-
-    conf = yaml.safe_load((CONF / f"{name}_official.yaml").read_text())
-    args = dict(conf["method"])
-    method = method_class(args.pop("name"))(**args)
-    assert conf["client"]["drop_last"] is True  # their loaders drop the last incomplete batch
-    if hasattr(method, "client_momentum") and name not in ("perfedavg", "pfedme"):
-        assert method.client_momentum in (0.0, 0.9)  # stated, so --client.momentum cannot change it
-    paper = yaml.safe_load((CONF / f"{name}.yaml").read_text())["method"]
-    assert paper["name"] == conf["method"]["name"] and paper != conf["method"]
+    check_every_baseline_of_the_pgfed_code_has_an_official_config(name)
 
 
 @pytest.mark.parametrize("name", ["pgfed", "pgfedmo", "pgfed_ce"])
 def test_defaults_are_the_paper_config_and_flags_are_declared(name):
-    import yaml
-
-    from pfl.methods import method_class
-
-    conf = dict(yaml.safe_load((CONF / f"{name}.yaml").read_text())["method"])
-    cls = method_class(conf.pop("name"))
-    default = cls()
-    assert {k: getattr(default, k) for k in conf} == conf  # the class defaults are the paper's, as documented
-    hparams = default.hparams()
-    assert hparams.items() >= conf.items()
-    inherited = {k: v for k, v in hparams.items() if k not in conf}  # fixed by the subclass: reported neutral
-    assert inherited.items() <= {"finetune_epochs": 0, "share_buffers": True}.items()
-    assert (cls.has_global_model, cls.has_personal_model) == FLAGS[name]
-    assert cls.name == name and len(cls.description) > 20
+    check_defaults_are_the_paper_config_and_flags_are_declared(name)
 
 
 BOUNDS = [
@@ -262,10 +237,4 @@ BOUNDS = [
 
 @pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
 def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
-    from pfl.errors import ConfigError
-    from pfl.methods import method_class
-
-    cls = method_class(name)
-    assert getattr(cls(**{field: ok}), field) == ok
-    with pytest.raises(ConfigError, match=f"method.{field}"):
-        cls(**{field: bad})
+    check_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad)
