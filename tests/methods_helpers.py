@@ -238,8 +238,12 @@ def check_defaults_are_the_paper_config_and_flags_are_declared(name):
     assert {k: getattr(default, k) for k in conf} == conf  # the class defaults are the paper's, as documented
     hparams = default.hparams()
     assert hparams.items() >= conf.items()
-    inherited = {k: v for k, v in hparams.items() if k not in conf}  # fixed by the subclass: reported neutral
+    inherited = {k: v for k, v in hparams.items() if k not in conf}
     assert inherited.items() <= {"finetune_epochs": 0, "share_buffers": True}.items()
+    fixed = {k: getattr(default, k) for k in cls.fixed_options}  # passed to the parent: neutral values
+    assert fixed.items() <= {"finetune_epochs": 0, "share_buffers": True}.items() and fixed.keys() == set(
+        cls.fixed_options
+    )
     assert (cls.has_global_model, cls.has_personal_model) == FLAGS[name]
     assert cls.name == name and len(cls.description) > 20
 
