@@ -51,7 +51,7 @@ def bare_server(method, p: int, num_clients: int = 8, round_idx: int = 0) -> Ser
 
 
 # -- FedORA and the baselines of its table (IFCA, FeSEM, FedAMP, FedU) --------------------------------
-VAL = {"val_frac": 0.2}
+VAL = {"val_frac": 0.2}  # a validation split: FedORA selects on it, PAGE's and Dap-FL's agents score on it
 
 
 def run(loop, rounds):
@@ -86,7 +86,6 @@ def _trained(threshold: float | None, **groups):
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RANGE = {"lr_min": 0.01, "lr_max": 0.1, "epoch_max": 3}
 FAST_AGENTS = {"warmup": 2, "ddpg_batch_size": 2, **RANGE}
-AGENT_VAL = {"val_frac": 0.2}  # PAGE's agents score on validation splits by default
 
 
 def fixed_client_action(cid: int) -> torch.Tensor:

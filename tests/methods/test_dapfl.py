@@ -13,8 +13,7 @@ from pfl.optim.ddpg import client_action_to_hparams
 from pfl.runner.args import build_fit_parser
 from tests.conftest import make_loop, tiny_config
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import AGENT_VAL as VAL
-from tests.methods_helpers import FAST_AGENTS, RANGE, exchanged_round, fixed_client_action, reference_round
+from tests.methods_helpers import FAST_AGENTS, RANGE, VAL, exchanged_round, fixed_client_action, reference_round
 
 
 class TestRegistryProperties(RegistryProperties):
