@@ -36,6 +36,14 @@ class Trained:
         return {cid: [f.loss for f in fits] for cid, fits in self.client_fits.items()}
 
 
+def client_context(
+    cid: int, round_idx: int, worker: Worker | DeferredWorker, clients: ClientStore, init_state: Tensor
+) -> ClientContext:
+    """Client ``cid`` as its local update sees it: its stored state (created empty), which the method
+    may change. The one place a trained client's context is built (the dispatchers and the loop)."""
+    return ClientContext(cid, round_idx, worker, clients.setdefault(cid, {}), init_state)  # type: ignore[arg-type]
+
+
 class Dispatcher(ABC):
     """Runs a round's local updates on this process's share of the sampled clients."""
 
@@ -62,7 +70,7 @@ class SequentialDispatcher(Dispatcher):
     def train(self, method: Method, round_idx: int, cids: Sequence[int], payloads: dict[int, Any]) -> Trained:
         out = Trained(sums=[])
         for cid in cids:
-            ctx = ClientContext(cid, round_idx, self.worker, self.clients.setdefault(cid, {}), self.init_state)
+            ctx = client_context(cid, round_idx, self.worker, self.clients, self.init_state)
             out.uploads[cid] = method.local_update(ctx, payloads[cid])
             out.fits += ctx.fits
             out.client_fits[cid] = ctx.fits
@@ -85,8 +93,7 @@ class VectorizedDispatcher(Dispatcher):
         deferred = DeferredWorker(self.worker, self.trainer)
         with self.clients.pin(cids), self.trained.pin(cids):
             for cid in cids:
-                state = self.clients.setdefault(cid, {})
-                ctx = ClientContext(cid, round_idx, deferred, state, self.init_state)  # type: ignore[arg-type]
+                ctx = client_context(cid, round_idx, deferred, self.clients, self.init_state)
                 out.uploads[cid] = method.local_update(ctx, payloads[cid])
                 out.fits += ctx.fits
                 out.client_fits[cid] = ctx.fits
@@ -148,6 +155,7 @@ __all__ = [
     "MultiProcessDispatcher",
     "SequentialDispatcher",
     "Trained",
+    "client_context",
     "VectorizedDispatcher",
     "make_dispatcher",
     "vectorize_problems",

@@ -25,7 +25,7 @@ from pfl.engine.worker import Worker
 from pfl.federation import divergence
 from pfl.federation.attacks import Attack
 from pfl.federation.checkpoint import Checkpoint, CheckpointChain, Checkpointer
-from pfl.federation.dispatch import Dispatcher
+from pfl.federation.dispatch import Dispatcher, client_context
 from pfl.federation.robust import Aggregator
 from pfl.federation.server_opt import ServerOptimizer
 from pfl.federation.store import ClientStore
@@ -111,8 +111,7 @@ class FederatedLoop:
     def client(self, cid: int) -> ClientContext:
         """Client ``cid`` as its local update sees it: its stored state (created empty), which the
         method may change."""
-        state = self.clients.setdefault(cid, {})
-        return ClientContext(cid, self.round, self.worker, state, self.init_state)
+        return client_context(cid, self.round, self.worker, self.clients, self.init_state)
 
     def peek_client(self, cid: int) -> ClientContext:
         """Client ``cid`` for reading (evaluation): its stored state, or an empty one that is not
