@@ -70,3 +70,18 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
         if not key.startswith(("time.", "throughput.")):
             assert two["metrics"][key] == pytest.approx(value, abs=1e-5), key
     assert [p.name for p in (tmp_path / "b").iterdir()] == ["run"]  # only rank 0 wrote files
+
+
+def test_a_finished_run_destroys_its_process_group(tmp_path):
+    # Left to interpreter shutdown, gloo's threads can abort a finished rank ("terminate called ...").
+    from pfl.runner.experiment import run_experiment
+
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        cfg = tiny_config(trainer={"rounds": 1}, tracking={"root": str(tmp_path / "runs"), "name": "one"})
+        run_experiment(cfg)
+        assert not torch.distributed.is_initialized()
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

@@ -89,6 +89,17 @@ def run_experiment(
         return _run(cfg, config_text, resume_dir, run_dir)
     finally:
         torch.set_num_threads(previous_threads)
+        _close_process_group()
+
+
+def _close_process_group() -> None:
+    """Destroy the process group of a several-process run while Python is fully alive.
+
+    Left to interpreter shutdown, gloo's worker threads can be destroyed still joinable and the
+    process aborts ("terminate called without an active exception") after a finished run.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def _run(cfg: RunConfig, config_text: str | None, resume_dir: Path | None, run_dir: Path | None) -> dict[str, Any]:
