@@ -40,6 +40,16 @@ SHORT_RUN = {"page": ["--config", str(CONF / "method" / "page_short.yaml"), "--d
 PATHS = [
     ("fedavg+vectorize", "fedavg", ["--trainer.vectorize", "true"]),
     ("ditto+vectorize", "ditto", ["--trainer.vectorize", "true"]),
+    (
+        "fedprox+vectorize+momentum",
+        "fedprox",
+        ["--trainer.vectorize", "true", "--client.momentum", "0.9", "--client.weight_decay", "0.001"],
+    ),
+    (
+        "ditto_gradient+vectorize+momentum",
+        "ditto",
+        ["--trainer.vectorize", "true", "--method.prox", "gradient", "--client.momentum", "0.5"],
+    ),
     ("fedavg+attack_scale", "fedavg", ["--attack.kind", "scale", "--attack.fraction", "0.25"]),
     ("fedavg+server_adam", "fedavg", ["--server.optimizer", "adam", "--server.lr", "0.01"]),
     ("fedrep+disk_store", "fedrep", ["--trainer.client_store", "disk", "--trainer.store_budget_mb", "0"]),

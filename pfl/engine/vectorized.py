@@ -10,8 +10,10 @@ such methods only (FedAvg, FedProx, Local, Ditto: ``Method.vectorizable``).
 
 What is supported (anything else is refused before training, ``unsupported``):
 
-- plain SGD with momentum and weight decay, and the terms ``Proximal`` (FedProx; Ditto's ``gradient``
-  mode) and ``ProximalStep`` (Ditto's ``exact`` mode), in vector form;
+- SGD with momentum and weight decay, and the terms ``Proximal`` (FedProx; Ditto's ``gradient``
+  mode) and ``ProximalStep`` (Ditto's ``exact`` mode). The step is the engine's own: the terms'
+  ``on_grad``/``on_step`` and torch's functional SGD, applied to the (clients × parameters) matrix
+  with the anchors stacked one row per client;
 - models without float buffers (no BatchNorm running statistics: GroupNorm/LayerNorm are fine) and
   without active dropout (both would need per-client state or random streams inside ``vmap``);
 - ``*-true`` precisions (no autocast, no gradient scaler); training-batch augmentation (applied per
@@ -29,6 +31,7 @@ steps is the largest client's. Results equal the sequential path's up to float s
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
+from torch.optim.sgd import sgd
 
 from pfl.engine.terms import Proximal, ProximalStep, Term
 from pfl.engine.worker import DEFAULT_FIT, FitSpec, FitStats, Worker
@@ -115,18 +119,10 @@ class VectorTrainer:
         first = reqs[0]
         p = w.flat.num_params
         params = torch.stack([r.start[:p] for r in reqs]).clone()
-        proximal = [t for t in first.terms if isinstance(t, Proximal)]
-        prox_steps = [t for t in first.terms if isinstance(t, ProximalStep)]
-        anchors = None
-        if first.terms:
-            anchors = torch.stack([r.terms[0].anchor.reshape(-1)[:p] for r in reqs])
-            if len(first.terms) > 1:
-                raise NotVectorizable("at most one proximal term per fit")
-        mu = proximal[0].mu if proximal else 0.0
-        c = first.lr * prox_steps[0].lam if prox_steps else 0.0
-        wd, mom, lr = w.settings.weight_decay, first.momentum, first.lr
-        buf = torch.zeros_like(params) if mom else None
-        has_buf = torch.zeros(len(reqs), 1, dtype=torch.bool, device=params.device)
+        terms = _stacked_terms(reqs, p)
+        lr = first.lr
+        hp = {"weight_decay": w.settings.weight_decay, "momentum": first.momentum, "lr": lr}
+        buf: Tensor | None = None  # SGD momentum, one row per client (None before the first step)
         idx = [w.split(r.cid).train for r in reqs]
         sizes = [len(i) for i in idx]
         bs = w.settings.batch_size
@@ -142,30 +138,19 @@ class VectorTrainer:
             orders = [
                 i[torch.randperm(n, generator=g, device=w.device)] for i, n, g in zip(idx, sizes, gens, strict=True)
             ]
+            last_epoch = epoch == first.epochs - 1
             for s in range(max((math.ceil(n / bs) for n in sizes), default=0)):
                 batches = [o[s * bs : (s + 1) * bs] for o in orders]
                 width = max(len(b) for b in batches)
                 active = torch.tensor([len(b) > 0 for b in batches], device=params.device).unsqueeze(1)
                 x, y, mask = self._padded(batches, aug, width, params.dtype)
-                g, loss = self.step(params, x, y, mask)
-                if anchors is not None and mu:
-                    g = g.add(params - anchors, alpha=mu)
-                if wd:
-                    g = g.add(params, alpha=wd)
-                if buf is not None:
-                    buf = torch.where(active, torch.where(has_buf, buf * mom + g, g), buf)
-                    has_buf = has_buf | active
-                    g = buf
-                new = params.add(g, alpha=-lr)
-                if anchors is not None and c:
-                    new = new.add(anchors, alpha=c).div(1.0 + c)
-                params = torch.where(active, new, params)
+                grads, loss = self.step(params, x, y, mask)
+                params, buf = _sgd_step(params, grads, buf, active, terms, hp)
                 for k, b in enumerate(batches):
                     if len(b):
                         steps[k] += 1
-                        if epoch == first.epochs - 1:
-                            last_batches[k] += 1
-                if epoch == first.epochs - 1:
+                        last_batches[k] += last_epoch
+                if last_epoch:
                     loss_sum += torch.where(active.squeeze(1), loss.detach().float(), 0.0)
         seconds = (time.perf_counter() - started) / len(reqs)
         losses = loss_sum.tolist()
@@ -196,6 +181,40 @@ class VectorTrainer:
             m[:n] = 1
             masks.append(m)
         return torch.stack(xs), torch.stack(ys), torch.stack(masks)
+
+
+def _stacked_terms(reqs: list[FitRequest], p: int) -> list[Term]:
+    """The group's terms (one kind and coefficient per group) with anchors stacked one row per client,
+    so the engine's own ``on_grad``/``on_step`` act on the (clients × parameters) matrix."""
+    terms = reqs[0].terms
+    if len(terms) > 1:
+        raise NotVectorizable("at most one proximal term per fit")
+    stacked = []
+    for k, term in enumerate(terms):
+        rows = copy.copy(term)
+        rows.anchor = torch.stack([r.terms[k].anchor.reshape(-1)[:p] for r in reqs])  # type: ignore[attr-defined]
+        stacked.append(rows)
+    return stacked
+
+
+def _sgd_step(
+    params: Tensor, grads: Tensor, buf: Tensor | None, active: Tensor, terms: Sequence[Term], hp: dict[str, float]
+) -> tuple[Tensor, Tensor | None]:
+    """One step of the engine's update for every client at once: the terms' ``on_grad``, torch's SGD
+    (weight decay, momentum), the terms' ``on_step``. Rows of clients without a batch at this step
+    (``active`` false) keep their parameters and momentum."""
+    for term in terms:
+        term.on_grad(params, grads)
+    new = params.clone()
+    bufs = [None if buf is None else buf.clone()]
+    sgd([new], [grads], bufs, foreach=False, dampening=0.0, nesterov=False, maximize=False, **hp)
+    for term in terms:
+        term.on_step(new, hp["lr"])
+    # Before the first step every client with data is active (step 0 of epoch 0), so a buffer
+    # created then holds each such client's own first gradient.
+    if bufs[0] is not None:
+        buf = bufs[0] if buf is None else torch.where(active, bufs[0], buf)
+    return torch.where(active, new, params), buf
 
 
 class DeferredWorker:
