@@ -12,7 +12,7 @@ cache, every call to ``load`` restores everything the agent does next.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, Literal, get_args, get_type_hints
 
 import torch
@@ -192,6 +192,10 @@ class HparamRange:
         return action if self.replay == "agent" else torch.tensor([lr, float(epochs)])
 
 
+# The DDPG agent's defaults are DDPGConfig's: DDPGParams names them once more only as its own fields.
+AGENT_DEFAULTS = {f.name: f.default for f in fields(DDPGConfig) if f.default is not MISSING}
+
+
 @dataclass(frozen=True)
 class DDPGParams:
     """The hyper-parameters PAGE's client agents and Dap-FL's agents share: the range their actions
@@ -229,27 +233,27 @@ class DDPGParams:
     lr_max: float = 0.1
     epoch_max: int = 20
     hidden: list[int] | None = None
-    actor_lr: float = 5e-4
-    critic_lr: float = 5e-3
-    tau: float = 0.005
-    gamma: float = 0.99
-    buffer_size: int = 60000
-    ddpg_batch_size: int = 32
-    warmup: int = 35
-    ou_theta: float = 0.15
-    ou_sigma: float = 0.2
-    eps_decay_steps: int = 500
-    init: Init = "fan_in"
+    actor_lr: float = AGENT_DEFAULTS["actor_lr"]
+    critic_lr: float = AGENT_DEFAULTS["critic_lr"]
+    tau: float = AGENT_DEFAULTS["tau"]
+    gamma: float = AGENT_DEFAULTS["gamma"]
+    buffer_size: int = AGENT_DEFAULTS["buffer_size"]
+    ddpg_batch_size: int = AGENT_DEFAULTS["batch_size"]
+    warmup: int = AGENT_DEFAULTS["warmup"]
+    ou_theta: float = AGENT_DEFAULTS["ou_theta"]
+    ou_sigma: float = AGENT_DEFAULTS["ou_sigma"]
+    eps_decay_steps: int = AGENT_DEFAULTS["eps_decay_steps"]
+    init: Init = AGENT_DEFAULTS["init"]
     epoch_rounding: EpochRounding = "round"
     warmup_space: WarmupSpace = "agent"
     replay_actions: ReplayActions = "agent"
     action_map: ActionMap = "linear"
-    ou_dt: float = 1.0
+    ou_dt: float = AGENT_DEFAULTS["ou_dt"]
     reward_split: RewardSplit = "validation"
 
     @property
     def widths(self) -> tuple[int, ...]:
-        return (40, 30) if self.hidden is None else tuple(self.hidden)
+        return AGENT_DEFAULTS["hidden"] if self.hidden is None else tuple(self.hidden)
 
     def range(self) -> HparamRange:
         """The client actions' map onto (learning rate, epochs); checks the range options."""
