@@ -187,9 +187,11 @@ def run_claims(
             )
         lines, verdicts[claim.key] = claim_section(claim, jobs[claim.key], out, started, ran, seconds)
         sections += lines
-    total = time.perf_counter() - t0
+    reused = sum(j.name not in ran and j.done() for c in ready for j in jobs[c.key])
+    times = {c.key: run_time(jobs[c.key], seconds) for c in ready}
+    timing = SuiteTime(time.perf_counter() - t0, workers, len(ran), reused, times)
     report = out / "REPORT.md"
-    report.write_text("\n".join([*_header(claims, verdicts, quick, workers, total), *sections]) + "\n")
+    report.write_text("\n".join([*_header(claims, verdicts, quick, timing), *sections]) + "\n")
     if failures:
         raise ConfigError("reproduce", f"{'; '.join(failures)} (left out of {report})")
     return report
@@ -218,7 +220,39 @@ def _save_seconds(out: Path, seconds: dict[str, float]) -> None:
     seconds.update({k: v for k, v in known.items() if k not in seconds})
 
 
-def _header(claims: list[Claim], verdicts: dict[str, str], quick: bool, workers: int, total: float) -> list[str]:
+def run_time(jobs: list[Job], seconds: dict[str, float]) -> tuple[int, float, int]:
+    """(runs with a result, the sum of their recorded wall seconds, how many of them have no record:
+    reused runs of a suite whose seconds.json was lost)."""
+    done = [j for j in jobs if j.done()]
+    return len(done), sum(seconds.get(j.name, 0.0) for j in done), sum(j.name not in seconds for j in done)
+
+
+@dataclass
+class SuiteTime:
+    """What the report says about time: this invocation's wall time, and per claim its runs' recorded
+    wall times (an interrupted suite continued with ``--reuse`` still adds up to the whole suite)."""
+
+    wall: float
+    workers: int
+    ran: int
+    reused: int
+    claims: dict[str, tuple[int, float, int]]
+
+    def lines(self) -> list[str]:
+        runs = sum(n for n, _, _ in self.claims.values())
+        total = sum(t for _, t, _ in self.claims.values())
+        missing = sum(k for _, _, k in self.claims.values())
+        text = [
+            f"Measured wall time of this invocation: {self.wall / 60:.1f} min with {self.workers} worker(s); "
+            f"it ran {self.ran} run(s) and reused {self.reused}.",
+            f"Recorded wall time of the report's {runs} runs: {total / 60:.1f} run-minutes, about "
+            f"{total / 60 / self.workers:.1f} min of wall time with {self.workers} worker(s) on an idle machine"
+            + (f"; {missing} reused run(s) have no recorded time and are not in that sum." if missing else "."),
+        ]
+        return text
+
+
+def _header(claims: list[Claim], verdicts: dict[str, str], quick: bool, timing: SuiteTime) -> list[str]:
     mode = (
         f"QUICK: one seed, 1/{QUICK_SHARE} of the rounds, no lr grid: a smoke test, every verdict indicative"
         if quick
@@ -228,17 +262,20 @@ def _header(claims: list[Claim], verdicts: dict[str, str], quick: bool, workers:
         "# Reproduction report",
         "",
         f"Generated {time.strftime('%Y-%m-%d %H:%M')} on CPU, embedded data; {mode}.",
-        f"Measured wall time of this suite: {total / 60:.1f} min with {workers} worker(s).",
+        *timing.lines(),
         "",
         "Verdicts (docs/reproduce.md): per seed, the paired difference of a contrast (positive in the paper's "
         "favour) beyond its margin; **held** when their mean is above their sample std over seeds and every "
         "seed's is positive, **not held** when the mean is below minus that std, **tie** otherwise. A claim "
         "holds when all its contrasts hold, fails when any fails.",
         "",
-        "| claim | verdict |",
-        "|---|---|",
+        "| claim | verdict | runs | run-minutes |",
+        "|---|---|---|---|",
     ]
-    lines += [f"| {c.key} | {verdicts.get(c.key, 'not run')} |" for c in claims]
+    for c in claims:
+        n, took, missing = timing.claims.get(c.key, (0, 0.0, 0))
+        unrecorded = f" ({missing} runs unrecorded)" if missing else ""
+        lines.append(f"| {c.key} | {verdicts.get(c.key, 'not run')} | {n} | {took / 60:.1f}{unrecorded} |")
     return [*lines, ""]
 
 
@@ -285,8 +322,10 @@ def claim_section(
     title = f"{claim.paper}: {claim.key} ({result})"
     plot = seed_plot(s, claim.plot_metric, out / f"{claim.key}.png", claim.winner, title)
     took = sum(seconds.get(j.name, 0.0) for j in finished)
+    missing = sum(j.name not in seconds for j in finished)
+    unrecorded = f"; {missing} without a recorded time" if missing else ""
     lines += ["", f"![{claim.key}]({plot.name})", "", *comparison_plots(claim.key, finished, out, title)]
-    lines += [f"({len(finished)} runs, {took / 60:.1f} run-minutes)", ""]
+    lines += [f"({len(finished)} runs, {took / 60:.1f} run-minutes{unrecorded})", ""]
     return lines, result
 
 
