@@ -52,10 +52,8 @@ def test_report_has_seed_table_paired_diffs_verdict_plot_and_time(tmp_path, monk
     assert re.search(r"\*\*Verdict: (held|not held|tie)\*\*", report) and "indicative" not in report
     assert ("- 2 seeds measured" in report) != ("**Verdict: held**" in report)  # causes only when not held
     assert "Measured wall time of this invocation: " in report and "it ran 4 run(s) and reused 0." in report
-    assert (
-        re.search(r"\| tiny \| (held|not held|tie) \| 4 \| \d+\.\d \|", report)
-        and "| absent | not run | 0 | 0.0 |" in report
-    )
+    row = r"\| tiny \| (held|not held|tie) \| 4 \| \d+\.\d \| \d+\.\d \|"
+    assert re.search(row, report) and "| absent | not run | 0 | 0.0 | 0.0 |" in report
     assert (tmp_path / "tiny.png").exists() and "Not run: methods not available yet: nope" in report
     for name in ("curves", "clients"):  # the runs as `pfl report --plot/--plot-clients` draws them
         assert (tmp_path / f"tiny_{name}.png").exists() and f"![tiny {name}](tiny_{name}.png)" in report
@@ -68,14 +66,16 @@ def test_report_has_seed_table_paired_diffs_verdict_plot_and_time(tmp_path, monk
     again = rep.run_claims(tmp_path, reuse=True).read_text()  # finished runs are kept, not re-run
     assert (tmp_path / "tiny" / "ditto" / "s1" / "summary.json").stat().st_mtime == mtime
     assert "(4 runs, " in again and re.search(r"\| ditto \| ditto \| 2 \|", again)
-    assert "it ran 0 run(s) and reused 4." in again and "without a recorded time" not in again
-    recorded = sum(seconds.values()) / 60
-    assert f"Recorded wall time of the report's 4 runs: {recorded:.1f} run-minutes" in again
-    (tmp_path / "seconds.json").write_text(json.dumps({"tiny/local/s0": 60.0}))  # the others' times lost
+    assert "it ran 0 run(s) and reused 4." in again and "without a recorded" not in again
+    cpu = json.loads((tmp_path / "cpu_seconds.json").read_text())
+    assert set(cpu) == set(seconds) and all(1.0 < cpu[k] < 3 * seconds[k] for k in cpu)  # its own CPU time
+    total = sum(cpu.values()) / 60
+    assert f"Recorded time of the report's 4 runs: {total:.1f} CPU-minutes, about {total:.1f} min" in again
+    (tmp_path / "cpu_seconds.json").write_text(json.dumps({"tiny/local/s0": 60.0}))  # the others' lost
     lost = rep.run_claims(tmp_path, reuse=True, workers=2).read_text()
-    assert "4 runs: 1.0 run-minutes, about 0.5 min of wall time with 2 worker(s)" in lost
-    assert "3 reused run(s) have no recorded time" in lost and "| 4 | 1.0 (3 runs unrecorded) |" in lost
-    assert "(4 runs, 1.0 run-minutes; 3 without a recorded time)" in lost
+    assert "4 runs: 1.0 CPU-minutes, about 0.5 min of wall time with 2 worker(s)" in lost
+    assert "3 reused run(s) have no recorded CPU time" in lost and "| 4 | 1.0 (3 runs unrecorded) |" in lost
+    assert "(4 runs, 1.0 CPU-minutes, " in lost and "; 3 without a recorded CPU time)" in lost
 
 
 def test_quick_runs_the_first_seed_shortened_and_marks_verdicts_indicative(tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ import json
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pfl.errors import ConfigError, require
@@ -156,20 +156,20 @@ def run_claims(
     claims = [c for c in all_claims() if not only or c.key in only]
     ready = [c for c in claims if not c.methods() - set(methods())]
     failures: list[str] = []
-    seconds: dict[str, float] = {}
+    times = RunTimes()
 
     # Every run's configuration is checked before the first one starts (the chosen lrs are grid values).
     grids = {c.key: [] if quick else grid_jobs(c, out) for c in ready}
     jobs = {c.key: claim_jobs(c, out, quick) for c in ready}
-    _run([j for c in ready for j in grids[c.key]], workers, reuse, "lr grid", seconds, failures)
+    _run([j for c in ready for j in grids[c.key]], workers, reuse, "lr grid", times, failures)
     grid_lines: dict[str, list[str]] = {}
     for c in ready:
         if grids[c.key]:  # the claim's runs again, with the chosen learning rates
             chosen, grid_lines[c.key] = choose_lrs(c, out)
             jobs[c.key] = claim_jobs(c, out, quick, chosen)
     started = time.time()
-    ran = _run([j for c in ready for j in jobs[c.key]], workers, reuse, "reproduce", seconds, failures)
-    _save_seconds(out, seconds)
+    ran = _run([j for c in ready for j in jobs[c.key]], workers, reuse, "reproduce", times, failures)
+    times.save(out)
 
     sections: list[str] = []
     verdicts: dict[str, str] = {}
@@ -185,11 +185,11 @@ def run_claims(
                 if quick
                 else grid_lines.get(claim.key, [])
             )
-        lines, verdicts[claim.key] = claim_section(claim, jobs[claim.key], out, started, ran, seconds)
+        lines, verdicts[claim.key] = claim_section(claim, jobs[claim.key], out, started, ran, times)
         sections += lines
     reused = sum(j.name not in ran and j.done() for c in ready for j in jobs[c.key])
-    times = {c.key: run_time(jobs[c.key], seconds) for c in ready}
-    timing = SuiteTime(time.perf_counter() - t0, workers, len(ran), reused, times)
+    per_claim = {c.key: times.of([j for j in jobs[c.key] if j.done()]) for c in ready}
+    timing = SuiteTime(time.perf_counter() - t0, workers, len(ran), reused, per_claim)
     report = out / "REPORT.md"
     report.write_text("\n".join([*_header(claims, verdicts, quick, timing), *sections]) + "\n")
     if failures:
@@ -197,59 +197,85 @@ def run_claims(
     return report
 
 
-def _run(
-    jobs: list[Job], workers: int, reuse: bool, what: str, seconds: dict[str, float], failures: list[str]
-) -> set[str]:
+def _run(jobs: list[Job], workers: int, reuse: bool, what: str, times: RunTimes, failures: list[str]) -> set[str]:
     """Run the jobs (``reuse``: those without a summary yet); the names of the runs started."""
     todo = {j.name: j.argv for j in jobs if not (reuse and j.done())}
     if not jobs:
         return set()
     print(f"{what}: {len(todo)} runs to do, {len(jobs) - len(todo)} reused, {workers} worker(s)", flush=True)
     try:
-        run_parallel(todo, workers, what=what, seconds=seconds)
+        run_parallel(todo, workers, what=what, seconds=times.wall, cpu_seconds=times.cpu)
     except ConfigError as err:  # the failed runs are named in the report; the others still count
         failures.append(str(err))
     return set(todo)
 
 
-def _save_seconds(out: Path, seconds: dict[str, float]) -> None:
-    """Each run's wall time, merged with earlier suites' (a reused run keeps its measured time)."""
-    path = out / "seconds.json"
-    known = json.loads(path.read_text()) if path.exists() else {}
-    path.write_text(json.dumps({**known, **seconds}, indent=1, sort_keys=True) + "\n")
-    seconds.update({k: v for k, v in known.items() if k not in seconds})
+@dataclass
+class RunTimes:
+    """Each run's wall and CPU seconds (``seconds.json``, ``cpu_seconds.json``), merged with earlier
+    suites' by ``save``: a reused run keeps its measured times."""
+
+    wall: dict[str, float] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)
+
+    def save(self, out: Path) -> None:
+        for name, times in (("seconds.json", self.wall), ("cpu_seconds.json", self.cpu)):
+            path = out / name
+            known = json.loads(path.read_text()) if path.exists() else {}
+            path.write_text(json.dumps({**known, **times}, indent=1, sort_keys=True) + "\n")
+            times.update({k: v for k, v in known.items() if k not in times})
+
+    def of(self, jobs: list[Job]) -> ClaimTime:
+        """The recorded times of ``jobs`` (those with a result)."""
+        names = [j.name for j in jobs]
+        return ClaimTime(
+            len(names),
+            sum(self.wall.get(n, 0.0) for n in names),
+            sum(self.cpu.get(n, 0.0) for n in names),
+            sum(n not in self.cpu for n in names),
+        )
 
 
-def run_time(jobs: list[Job], seconds: dict[str, float]) -> tuple[int, float, int]:
-    """(runs with a result, the sum of their recorded wall seconds, how many of them have no record:
-    reused runs of a suite whose seconds.json was lost)."""
-    done = [j for j in jobs if j.done()]
-    return len(done), sum(seconds.get(j.name, 0.0) for j in done), sum(j.name not in seconds for j in done)
+@dataclass
+class ClaimTime:
+    """A claim's runs with a result, their recorded wall and CPU seconds, and how many have no CPU
+    record (reused runs of a suite older than the record, or whose files were lost)."""
+
+    runs: int
+    wall: float
+    cpu: float
+    unrecorded: int
+
+    def text(self) -> str:
+        missing = f"; {self.unrecorded} without a recorded CPU time" if self.unrecorded else ""
+        return f"{self.runs} runs, {self.cpu / 60:.1f} CPU-minutes, {self.wall / 60:.1f} run-minutes{missing}"
 
 
 @dataclass
 class SuiteTime:
     """What the report says about time: this invocation's wall time, and per claim its runs' recorded
-    wall times (an interrupted suite continued with ``--reuse`` still adds up to the whole suite)."""
+    times (an interrupted suite continued with ``--reuse`` still adds up to the whole suite). The CPU
+    time is the budget figure: unlike wall time it does not grow when other work shares the machine."""
 
     wall: float
     workers: int
     ran: int
     reused: int
-    claims: dict[str, tuple[int, float, int]]
+    claims: dict[str, ClaimTime]
 
     def lines(self) -> list[str]:
-        runs = sum(n for n, _, _ in self.claims.values())
-        total = sum(t for _, t, _ in self.claims.values())
-        missing = sum(k for _, _, k in self.claims.values())
-        text = [
+        runs = sum(c.runs for c in self.claims.values())
+        cpu = sum(c.cpu for c in self.claims.values()) / 60
+        wall = sum(c.wall for c in self.claims.values()) / 60
+        missing = sum(c.unrecorded for c in self.claims.values())
+        return [
             f"Measured wall time of this invocation: {self.wall / 60:.1f} min with {self.workers} worker(s); "
             f"it ran {self.ran} run(s) and reused {self.reused}.",
-            f"Recorded wall time of the report's {runs} runs: {total / 60:.1f} run-minutes, about "
-            f"{total / 60 / self.workers:.1f} min of wall time with {self.workers} worker(s) on an idle machine"
-            + (f"; {missing} reused run(s) have no recorded time and are not in that sum." if missing else "."),
+            f"Recorded time of the report's {runs} runs: {cpu:.1f} CPU-minutes, about {cpu / self.workers:.1f} min "
+            f"of wall time with {self.workers} worker(s) on an otherwise idle machine ({wall:.1f} run-minutes of "
+            "wall time as measured, which grows with other load on the machine)"
+            + (f"; {missing} reused run(s) have no recorded CPU time and are not in those sums." if missing else "."),
         ]
-        return text
 
 
 def _header(claims: list[Claim], verdicts: dict[str, str], quick: bool, timing: SuiteTime) -> list[str]:
@@ -269,18 +295,25 @@ def _header(claims: list[Claim], verdicts: dict[str, str], quick: bool, timing: 
         "seed's is positive, **not held** when the mean is below minus that std, **tie** otherwise. A claim "
         "holds when all its contrasts hold, fails when any fails.",
         "",
-        "| claim | verdict | runs | run-minutes |",
-        "|---|---|---|---|",
+        "| claim | verdict | runs | CPU-minutes | run-minutes |",
+        "|---|---|---|---|---|",
     ]
     for c in claims:
-        n, took, missing = timing.claims.get(c.key, (0, 0.0, 0))
-        unrecorded = f" ({missing} runs unrecorded)" if missing else ""
-        lines.append(f"| {c.key} | {verdicts.get(c.key, 'not run')} | {n} | {took / 60:.1f}{unrecorded} |")
+        t = timing.claims.get(c.key, ClaimTime(0, 0.0, 0.0, 0))
+        unrecorded = f" ({t.unrecorded} runs unrecorded)" if t.unrecorded else ""
+        cells = [
+            c.key,
+            verdicts.get(c.key, "not run"),
+            str(t.runs),
+            f"{t.cpu / 60:.1f}{unrecorded}",
+            f"{t.wall / 60:.1f}",
+        ]
+        lines.append(f"| {' | '.join(cells)} |")
     return [*lines, ""]
 
 
 def claim_section(
-    claim: Claim, jobs: list[Job], out: Path, started: float, ran: set[str], seconds: dict[str, float]
+    claim: Claim, jobs: list[Job], out: Path, started: float, ran: set[str], times: RunTimes
 ) -> tuple[list[str], str]:
     """The claim's report lines (table, contrasts, verdict, causes, plot) and its verdict."""
     finished = [j for j in jobs if _finished(j.run_dir, started, j.name in ran)]
@@ -321,11 +354,8 @@ def claim_section(
         lines += ["", "Measured causes:", "", *(f"- {sentence}" for sentence in claim.diagnose(s))]
     title = f"{claim.paper}: {claim.key} ({result})"
     plot = seed_plot(s, claim.plot_metric, out / f"{claim.key}.png", claim.winner, title)
-    took = sum(seconds.get(j.name, 0.0) for j in finished)
-    missing = sum(j.name not in seconds for j in finished)
-    unrecorded = f"; {missing} without a recorded time" if missing else ""
     lines += ["", f"![{claim.key}]({plot.name})", "", *comparison_plots(claim.key, finished, out, title)]
-    lines += [f"({len(finished)} runs, {took / 60:.1f} run-minutes{unrecorded})", ""]
+    lines += [f"({times.of(finished).text()})", ""]
     return lines, result
 
 

@@ -20,6 +20,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -179,13 +180,33 @@ def plan(path: str | Path, count: int | None = None, root: Path | None = None) -
     return runs, root
 
 
+def run_child(argv: list[str], env: dict[str, str]) -> tuple[int, str, float | None]:
+    """Run ``argv`` to its end: (exit code, its stderr, its CPU seconds: user + system of the process
+    and the children it waited for; None where ``os.wait4`` does not exist). Stdout is discarded."""
+    with tempfile.TemporaryFile(mode="w+") as err:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        if not hasattr(os, "wait4"):
+            code, cpu = proc.wait(), None
+        else:
+            _, status, usage = os.wait4(proc.pid, 0)
+            code = proc.returncode = os.waitstatus_to_exitcode(status)
+            cpu = usage.ru_utime + usage.ru_stime
+        err.seek(0)
+        return code, err.read(), cpu
+
+
 def run_parallel(
-    jobs: dict[str, list[str]], workers: int = 1, what: str = "sweep", seconds: dict[str, float] | None = None
+    jobs: dict[str, list[str]],
+    workers: int = 1,
+    what: str = "sweep",
+    seconds: dict[str, float] | None = None,
+    cpu_seconds: dict[str, float] | None = None,
 ) -> None:
     """Run ``python -m pfl <argv>`` for every job in ``workers`` processes; the cores are split between
     workers. A line per finished run (with elapsed time and ETA) and, on a terminal, a live bar below
-    them; ``seconds`` (when given) receives each finished run's wall time. Raises ConfigError naming
-    every failed job.
+    them; ``seconds`` / ``cpu_seconds`` (when given) receive each finished run's wall time / CPU time
+    (the CPU time does not grow when other work shares the machine). Raises ConfigError naming every
+    failed job.
 
     Threads: each run sets torch's threads itself (``trainer.threads``, default 1); the split of the
     cores in OMP_NUM_THREADS is what a run with ``trainer.threads: null`` gets, and bounds the other
@@ -195,10 +216,10 @@ def run_parallel(
     env.pop("WANDB_SERVICE", None)  # each run starts its own W&B service: a killed run frees its id with it
     progress = RunProgress(len(jobs), what, workers)
 
-    def launch(name: str, argv: list[str]) -> tuple[int, str, float]:
+    def launch(name: str, argv: list[str]) -> tuple[int, str, float, float | None]:
         started = progress.started(name)
-        proc = subprocess.run([sys.executable, "-m", "pfl", *argv], env=env, capture_output=True, text=True)
-        return proc.returncode, proc.stderr, time.perf_counter() - started
+        code, err, cpu = run_child([sys.executable, "-m", "pfl", *argv], env)
+        return code, err, time.perf_counter() - started, cpu
 
     failed = []
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -207,10 +228,12 @@ def run_parallel(
             done, _ = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
             for future in done:
                 name = pending.pop(future)
-                code, err, took = future.result()
+                code, err, took, cpu = future.result()
                 progress.finished(name, run_status(code), took)
                 if seconds is not None:
                     seconds[name] = took
+                if cpu_seconds is not None and cpu is not None:
+                    cpu_seconds[name] = cpu
                 if code != 0:
                     failed.append(f"{name}: {(err.strip().splitlines() or [''])[-1]}")
             progress.tick()
