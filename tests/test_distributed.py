@@ -72,16 +72,31 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
     assert [p.name for p in (tmp_path / "b").iterdir()] == ["run"]  # only rank 0 wrote files
 
 
-def test_a_finished_run_destroys_its_process_group(tmp_path):
+def test_a_run_destroys_the_process_group_it_started_and_keeps_a_callers(tmp_path, monkeypatch):
     # Left to interpreter shutdown, gloo's threads can abort a finished rank ("terminate called ...").
-    from pfl.runner.experiment import run_experiment
+    import pfl.runner.experiment as experiment
 
-    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
-    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    def start_group(name: str) -> None:
+        store = torch.distributed.FileStore(str(tmp_path / name), 1)
+        torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+
+    def cfg(name: str):
+        return tiny_config(trainer={"rounds": 1}, tracking={"root": str(tmp_path / "runs"), "name": name})
+
+    original = experiment._run
+
+    def run_starting_a_group(*args, **kwargs):  # as fabric.launch() does in a several-process run
+        start_group("run_store")
+        return original(*args, **kwargs)
+
     try:
-        cfg = tiny_config(trainer={"rounds": 1}, tracking={"root": str(tmp_path / "runs"), "name": "one"})
-        run_experiment(cfg)
+        monkeypatch.setattr(experiment, "_run", run_starting_a_group)
+        experiment.run_experiment(cfg("own"))
         assert not torch.distributed.is_initialized()
+        monkeypatch.setattr(experiment, "_run", original)
+        start_group("caller_store")
+        experiment.run_experiment(cfg("callers"))
+        assert torch.distributed.is_initialized()  # the caller's group outlives the run
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

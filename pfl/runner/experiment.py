@@ -85,21 +85,20 @@ def run_experiment(
     has already finished its rounds returns its summary with ``already_finished`` and touches nothing.
     """
     previous_threads = apply_threads(cfg.trainer.threads)
+    callers_group = _group_initialized()  # a group the caller made before the run is theirs to keep
     try:
         return _run(cfg, config_text, resume_dir, run_dir)
     finally:
         torch.set_num_threads(previous_threads)
-        _close_process_group()
+        if not callers_group and _group_initialized():
+            # The run's own group (fabric.launch) is destroyed while Python is fully alive: left to
+            # interpreter shutdown, gloo's worker threads can be destroyed still joinable and a
+            # finished rank aborts ("terminate called without an active exception").
+            torch.distributed.destroy_process_group()
 
 
-def _close_process_group() -> None:
-    """Destroy the process group of a several-process run while Python is fully alive.
-
-    Left to interpreter shutdown, gloo's worker threads can be destroyed still joinable and the
-    process aborts ("terminate called without an active exception") after a finished run.
-    """
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+def _group_initialized() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 def _run(cfg: RunConfig, config_text: str | None, resume_dir: Path | None, run_dir: Path | None) -> dict[str, Any]:
