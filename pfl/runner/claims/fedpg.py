@@ -9,9 +9,15 @@ import statistics
 from pathlib import Path
 
 from pfl.federation.attacks import malicious_clients
-from pfl.runner.claims import Claim, Contrast, SeedSummaries, method_args, paired, value
+from pfl.runner.claims import Claim, Contrast, LrGrid, SeedSummaries, method_args, paired, value
 
 FEDPG_BASE = ["--config", "conf/experiment/fedpg_digits_pat2.yaml", "--tracking.wandb", "false"]
+# Table 1: each row's learning rate is chosen on validation (10% of each client's training set) from the
+# paper's grid {0.01, 0.05, 0.1}, in runs of 40 of the 100 rounds. Table 3 keeps the configured lr: its
+# verdict is the drop from a clean run to an attacked one, and a learning rate chosen per run would add
+# its own change to that drop.
+TABLE1_BASE = [*FEDPG_BASE, "--data.val_frac", "0.1"]
+TABLE1_GRID = LrGrid((0.01, 0.05, 0.1), rounds=40)
 # Every baseline of Table 1 that pfl implements (the paper's order), then FedPG's rows: pfl's default (Q with
 # the rescaled rows at the median client-gradient norm: it trains), Q as printed, the authors' code (the mean
 # norm), S-FedPG and the personalized gamma rows. label -> (method, config under conf/method/).
@@ -201,13 +207,14 @@ CLAIMS = [
         statement=f"FedPG's P-models keep their S-acc and G-acc close to their L-acc (>= {RETAIN_FEDPG} of it) and "
         "have a higher S-acc and G-acc than every baseline's P-models (global-only methods scored on the model each "
         "client trained, eval.pm_source local_update; the paper's S-test; Pat-2, 20 clients, 10 online per round)",
-        base=FEDPG_BASE,
+        base=TABLE1_BASE,
         runs=TABLE1_RUNS,
         contrasts=check_table1,
         winner="fedpg",
         diagnose=diagnose_table1,
         notes=table1_notes,
         metrics=("pm.l_acc", "pm.s_acc", "pm.g_acc", "gm.acc", "conflict.fraction"),
+        lr_grid=TABLE1_GRID,
     ),
     Claim(
         key="fedpg_table3",

@@ -7,9 +7,13 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-from pfl.runner.claims import Claim, Contrast, SeedSummaries, method_args, paired
+from pfl.runner.claims import Claim, Contrast, LrGrid, SeedSummaries, method_args, paired
 
-PLGU_BASE = ["--config", "conf/experiment/plgu_mnist5k_pat3_c100.yaml", "--tracking.wandb", "false"]
+# 10% of each client's training samples are its validation set, on which each run's learning rate is chosen
+# from {0.01, 0.05, 0.1} (the configured 0.05 in the middle) in runs of 60 of the 150 rounds.
+PLGU_BASE = ["--config", "conf/experiment/plgu_mnist5k_pat3_c100.yaml", "--tracking.wandb", "false",
+             "--data.val_frac", "0.1"]  # fmt: skip
+PLGU_GRID = LrGrid((0.01, 0.05, 0.1), rounds=60)
 RHO = 0.05  # the paper's rho for FedSAM and the PLGU variants (method configs)
 MLP_LAYERS = 3  # the analogue's MLP 784-128-128-10
 TOP_MARGIN = 0.02  # top-5% accuracy may drop by at most 2 points ("without degrading the top clients")
@@ -108,5 +112,6 @@ CLAIMS = [
         winner="plgu_grep",
         diagnose=diagnose,
         metrics=("pm.l_acc", "pm.l_acc.top5", "pm.l_acc.bottom5", "gm.l_acc", "gm.l_acc.top5", "gm.l_acc.bottom5"),
+        lr_grid=PLGU_GRID,
     ),
 ]
