@@ -120,6 +120,10 @@ def test_the_lr_grid_picks_the_best_validation_lr_and_the_runs_use_it(tmp_path, 
     }
     assert scores[0.5]["pm.val_acc.mean"] > scores[1e-5]["pm.val_acc.mean"]  # a near-zero lr barely moves
     assert "- ditto: **0.5** (1e-05: " in report
+    # the grid's runs are part of the claim's cost: 2 runs + 2 grid runs, each with its CPU time recorded
+    assert re.search(r"^\| tiny \| [^|]+ \| 4 \(2 lr grid\) \| ", report, re.M)
+    cpu = json.loads((tmp_path / "cpu_seconds.json").read_text())
+    assert {"tiny/_lr/ditto/lr1e-05", "tiny/_lr/ditto/lr0.5"} <= set(cpu) and "4 (2 lr grid) runs" in report
     config = (tmp_path / "tiny" / "ditto" / "s0" / "config.yaml").read_text()
     assert (
         re.search(r"lr: 0\.5\b", config)

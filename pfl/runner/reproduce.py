@@ -185,10 +185,12 @@ def run_claims(
                 if quick
                 else grid_lines.get(claim.key, [])
             )
-        lines, verdicts[claim.key] = claim_section(claim, jobs[claim.key], out, started, ran, times)
+        grid = [j for j in grids[claim.key] if j.done()]
+        lines, verdicts[claim.key] = claim_section(claim, jobs[claim.key], out, started, ran, times, grid)
         sections += lines
     reused = sum(j.name not in ran and j.done() for c in ready for j in jobs[c.key])
-    per_claim = {c.key: times.of([j for j in jobs[c.key] if j.done()]) for c in ready}
+    per_claim = {c.key: times.of([j for j in jobs[c.key] if j.done()], [j for j in grids[c.key] if j.done()])
+                 for c in ready}  # fmt: skip
     timing = SuiteTime(time.perf_counter() - t0, workers, len(ran), reused, per_claim)
     report = out / "REPORT.md"
     report.write_text("\n".join([*_header(claims, verdicts, quick, timing), *sections]) + "\n")
@@ -225,14 +227,15 @@ class RunTimes:
             path.write_text(json.dumps({**known, **times}, indent=1, sort_keys=True) + "\n")
             times.update({k: v for k, v in known.items() if k not in times})
 
-    def of(self, jobs: list[Job]) -> ClaimTime:
-        """The recorded times of ``jobs`` (those with a result)."""
-        names = [j.name for j in jobs]
+    def of(self, jobs: list[Job], grid: list[Job] | None = None) -> ClaimTime:
+        """The recorded times of ``jobs`` and of the lr-grid runs ``grid`` (those with a result)."""
+        names = [j.name for j in [*jobs, *(grid or [])]]
         return ClaimTime(
             len(names),
             sum(self.wall.get(n, 0.0) for n in names),
             sum(self.cpu.get(n, 0.0) for n in names),
             sum(n not in self.cpu for n in names),
+            len(grid or []),
         )
 
 
@@ -245,10 +248,14 @@ class ClaimTime:
     wall: float
     cpu: float
     unrecorded: int
+    grid: int = 0  # how many of ``runs`` are the lr grid's short runs
+
+    def count(self) -> str:
+        return f"{self.runs} ({self.grid} lr grid)" if self.grid else str(self.runs)
 
     def text(self) -> str:
         missing = f"; {self.unrecorded} without a recorded CPU time" if self.unrecorded else ""
-        return f"{self.runs} runs, {self.cpu / 60:.1f} CPU-minutes, {self.wall / 60:.1f} run-minutes{missing}"
+        return f"{self.count()} runs, {self.cpu / 60:.1f} CPU-minutes, {self.wall / 60:.1f} run-minutes{missing}"
 
 
 @dataclass
@@ -304,7 +311,7 @@ def _header(claims: list[Claim], verdicts: dict[str, str], quick: bool, timing: 
         cells = [
             c.key,
             verdicts.get(c.key, "not run"),
-            str(t.runs),
+            t.count(),
             f"{t.cpu / 60:.1f}{unrecorded}",
             f"{t.wall / 60:.1f}",
         ]
@@ -313,9 +320,10 @@ def _header(claims: list[Claim], verdicts: dict[str, str], quick: bool, timing: 
 
 
 def claim_section(
-    claim: Claim, jobs: list[Job], out: Path, started: float, ran: set[str], times: RunTimes
+    claim: Claim, jobs: list[Job], out: Path, started: float, ran: set[str], times: RunTimes, grid: list[Job]
 ) -> tuple[list[str], str]:
-    """The claim's report lines (table, contrasts, verdict, causes, plot) and its verdict."""
+    """The claim's report lines (table, contrasts, verdict, causes, plot) and its verdict; ``grid``: its
+    finished lr-grid runs (counted in its time)."""
     finished = [j for j in jobs if _finished(j.run_dir, started, j.name in ran)]
     lines = []
     failed = [j.name for j in jobs if j not in finished]
@@ -355,7 +363,7 @@ def claim_section(
     title = f"{claim.paper}: {claim.key} ({result})"
     plot = seed_plot(s, claim.plot_metric, out / f"{claim.key}.png", claim.winner, title)
     lines += ["", f"![{claim.key}]({plot.name})", "", *comparison_plots(claim.key, finished, out, title)]
-    lines += [f"({times.of(finished).text()})", ""]
+    lines += [f"({times.of(finished, grid).text()})", ""]
     return lines, result
 
 
