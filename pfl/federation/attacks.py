@@ -13,7 +13,9 @@ before the server sees them.
 
 r, the model the client started from in the uploaded coordinates, is the payload's ``global`` (or
 ``shared``, for methods that share a part of the model) when it has the upload's shape, else the
-first payload tensor of that shape, else 0. On a full state vector only the parameters are attacked
+first payload tensor of that shape, else the method's ``upload_reference`` (for a method that averages
+uploads: e.g. FedAvg with ``share_buffers: false`` uploads the parameters of a model it was sent with
+its buffers), else 0. On a full state vector only the parameters are attacked
 (BatchNorm statistics stay as trained: a Gaussian running variance would only produce NaNs).
 
 The malicious clients are drawn once from (seed, "attack") among the training clients and stay the
@@ -33,7 +35,7 @@ from torch import Tensor
 
 from pfl.config import AttackConfig
 from pfl.engine.flat import ModelLayout
-from pfl.methods.base import Method, Upload
+from pfl.methods.base import Method, ServerContext, Upload
 from pfl.seeding import numpy_rng, torch_generator
 
 REFERENCE_KEYS = ("global", "shared")
@@ -48,8 +50,9 @@ def malicious_clients(seed: int, num_clients: int, fraction: float) -> np.ndarra
     return np.sort(numpy_rng(seed, "attack").choice(num_clients, count, replace=False))
 
 
-def reference_of(payload: Any, state: Tensor) -> Tensor:
-    """The model the client started from, in the coordinates of its uploaded ``state`` (see module doc)."""
+def reference_of(payload: Any, state: Tensor, fallback: Tensor | None = None) -> Tensor:
+    """The model the client started from, in the coordinates of its uploaded ``state`` (see module doc);
+    ``fallback``: the method's upload reference, used when no payload tensor has the upload's shape."""
     if isinstance(payload, dict):
         for key in REFERENCE_KEYS:
             value = payload.get(key)
@@ -58,6 +61,8 @@ def reference_of(payload: Any, state: Tensor) -> Tensor:
         for value in payload.values():
             if isinstance(value, Tensor) and value.shape == state.shape:
                 return value
+    if fallback is not None and fallback.shape == state.shape:
+        return fallback
     return torch.zeros_like(state)
 
 
@@ -65,7 +70,7 @@ class Attack:
     """Applies ``cfg`` to the uploads of the malicious clients (``malicious``) every round."""
 
     def __init__(self, cfg: AttackConfig, seed: int, num_clients: int, method: Method, layout: ModelLayout):
-        self.cfg, self.seed, self.layout = cfg, seed, layout
+        self.cfg, self.seed, self.layout, self.method = cfg, seed, layout, method
         self.malicious = frozenset(malicious_clients(seed, num_clients, cfg.fraction).tolist())
         space = cfg.space
         if space == "auto":
@@ -77,17 +82,26 @@ class Attack:
         """None when there is no attack (``attack.kind: none``)."""
         return None if cfg.kind == "none" else cls(cfg, seed, num_clients, method, layout)
 
-    def apply(self, uploads: dict[int, Upload], payloads: dict[int, Any], round_idx: int) -> dict[int, Upload]:
-        """The uploads with every malicious client's state replaced; honest uploads are the same objects."""
+    def apply(
+        self,
+        uploads: dict[int, Upload],
+        payloads: dict[int, Any],
+        round_idx: int,
+        server: ServerContext | None = None,
+    ) -> dict[int, Upload]:
+        """The uploads with every malicious client's state replaced; honest uploads are the same objects.
+        ``server`` (before this round's aggregation) gives the method's upload reference."""
+        fallback = self.method.upload_reference(server) if server is not None and self.method.averages_uploads else None
         out = dict(uploads)
         for cid in sorted(uploads):
             upload = uploads[cid]
             if cid in self.malicious and upload.state is not None:
-                out[cid] = replace(upload, state=self.attacked(upload.state, payloads.get(cid), cid, round_idx))
+                state = self.attacked(upload.state, payloads.get(cid), cid, round_idx, fallback)
+                out[cid] = replace(upload, state=state)
         return out
 
-    def attacked(self, state: Tensor, payload: Any, cid: int, round_idx: int) -> Tensor:
-        ref = reference_of(payload, state)
+    def attacked(self, state: Tensor, payload: Any, cid: int, round_idx: int, fallback: Tensor | None = None) -> Tensor:
+        ref = reference_of(payload, state, fallback)
         # Only the parameters of a full state; a partial (shared-layers) state is attacked whole.
         n = self.layout.num_params if state.numel() == self.layout.size else state.numel()
         out = state.clone()

@@ -132,7 +132,7 @@ class FederatedLoop:
         payloads = {cid: self.method.payload(self.server, cid) for cid in sampled}
         uploads, fits = self.dispatcher.dispatch(self.method, self.round, sampled, payloads)
         if self.attack is not None:
-            uploads = self.attack.apply(uploads, payloads, self.round)
+            uploads = self.attack.apply(uploads, payloads, self.round, self.server)
         for cid in sampled:
             self.evals.observe(cid, payloads[cid], uploads[cid])  # bytes exchanged (+ trained model if kept)
         self.train_losses = [f.loss for f in fits if f.loss == f.loss]  # methods with their own loop report NaN
