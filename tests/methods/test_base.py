@@ -360,3 +360,9 @@ def test_weighted_mean_refuses_vectors_and_weights_of_different_lengths():
     torch.testing.assert_close(weighted_mean([v, 3 * v], [1.0, 3.0]), 2.5 * v)
     with pytest.raises(ValueError):
         weighted_mean([v, v], [1.0])
+
+
+def test_the_base_method_is_not_vectorizable_and_says_why():
+    # Method itself can be built (its hooks' defaults): its flag is False, as for any class not declaring it.
+    assert Method.vectorizable is False
+    assert Method().vectorize_problems()
