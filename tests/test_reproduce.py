@@ -148,18 +148,76 @@ def test_the_lr_grid_needs_a_validation_split(tmp_path, monkeypatch):
         rep.grid_jobs(tiny_claim(lr_grid=LrGrid((0.1,))), tmp_path)
 
 
-def test_a_failed_run_is_named_and_the_rest_of_the_claim_still_reported(tmp_path, monkeypatch):
+def test_a_diverged_run_is_named_and_the_rest_of_the_claim_still_reported(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     runs = {"local": ["--method.name", "local"], "blowup": ["--method.name", "fedavg", "--client.lr", "1e30"]}
     claim = Claim("tiny", "test", "local beats a diverging run", TINY, runs, beats("local", ["blowup"], "pm.l_acc"))
     claim.seeds = (0,)
     monkeypatch.setattr(rep, "all_claims", lambda: [claim])
-    with pytest.raises(ConfigError, match="tiny/blowup/s0: .*training diverged"):
-        rep.run_claims(tmp_path)
-    report = (tmp_path / "REPORT.md").read_text()
+    report = rep.run_claims(tmp_path).read_text()  # a divergence is a finding: the suite itself succeeds
     assert "Failed (left out of the table and the check): tiny/blowup/s0." in report
     assert "| local |" in report and "| blowup |" not in report
     assert "| local - blowup (pm.l_acc) | - |" in report and "**Verdict: tie (indicative, 1 seed)**" in report
+    assert "1 run(s) diverged, named in " in capsys.readouterr().out
+    assert set(json.loads((tmp_path / "seconds.json").read_text())) == {"tiny/local/s0"}  # only finished runs
+
+
+def test_a_run_that_fails_other_than_by_diverging_fails_the_suite_after_the_report(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    claim = tiny_claim(seeds=(0,))
+    monkeypatch.setattr(rep, "all_claims", lambda: [claim])
+
+    def one_crashes(jobs, workers, what, on_finish):
+        name = next(iter(jobs))
+        on_finish(name, 1, 1.0, 1.0)
+        raise ConfigError(what, f"1 of {len(jobs)} runs failed: {name}: boom")
+
+    monkeypatch.setattr(rep, "run_parallel", one_crashes)
+    with pytest.raises(ConfigError, match="tiny/local/s0: boom"):
+        rep.run_claims(tmp_path)
+    assert "Failed (left out of the table and the check): " in (tmp_path / "REPORT.md").read_text()
+
+
+def test_a_stopped_suite_keeps_its_finished_runs_times_and_adds_up_its_invocations(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(seeds=(0, 1))])
+    real = rep.run_parallel
+
+    def stopped_after_one(jobs, workers, what, on_finish):
+        real(dict(list(jobs.items())[:1]), workers, what=what, on_finish=on_finish)
+        raise KeyboardInterrupt  # the process is stopped with the suite unfinished
+
+    monkeypatch.setattr(rep, "run_parallel", stopped_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        rep.run_claims(tmp_path)
+    assert len(json.loads((tmp_path / "seconds.json").read_text())) == 1
+    assert len(json.loads((tmp_path / "cpu_seconds.json").read_text())) == 1
+    [first] = json.loads((tmp_path / "invocations.json").read_text())
+    assert first["runs"] == 1 and first["workers"] == 1 and first["wall_s"] > 0
+    monkeypatch.setattr(rep, "run_parallel", real)
+    report = rep.run_claims(tmp_path, reuse=True).read_text()
+    assert "it ran 3 run(s) and reused 1." in report and "without a recorded" not in report
+    ledger = json.loads((tmp_path / "invocations.json").read_text())
+    assert [i["runs"] for i in ledger] == [1, 3] and ledger[0] == first
+    line = re.search(
+        r"The runs were made by 2 invocations \(.+, (\d+\.\d) min, 1 run\(s\), 1 worker\(s\); .+, (\d+\.\d) min, "
+        r"3 run\(s\), 1 worker\(s\); each up to its last finished run\): (\d+\.\d) min of measured wall time in all\.",
+        report,
+    )
+    assert line and abs(float(line[1]) + float(line[2]) - float(line[3])) <= 0.1
+    assert float(line[3]) == round(sum(i["wall_s"] for i in ledger) / 60, 1)
+    again = rep.run_claims(tmp_path, reuse=True).read_text()  # nothing ran: no new line in the ledger
+    assert len(json.loads((tmp_path / "invocations.json").read_text())) == 2 and "made by 2 invocations" in again
+
+
+@pytest.mark.parametrize(("name", "text"), [("seconds.json", "{"), ("invocations.json", "{}")])
+def test_a_broken_time_record_is_refused_before_any_run(tmp_path, monkeypatch, name, text):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(seeds=(0,))])
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ConfigError, match=f"{name}: .*(not a time record|holds a dict, not a list).*remove or restore"):
+        rep.run_claims(tmp_path)
+    assert not (tmp_path / "tiny").exists() and (tmp_path / name).read_text() == text
 
 
 def test_gain_over_local_is_computed_client_by_client(tmp_path):

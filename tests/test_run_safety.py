@@ -274,10 +274,13 @@ def test_a_sweep_marks_a_diverged_run_failed(tmp_path, capsys, monkeypatch):
     assert run_status(0) == "ok" and run_status(3) == "FAILED (exit 3: training diverged)"
     common = ["fit", *TINY, "--tracking.root", str(tmp_path)]
     jobs = {"x": [*common, "--client.lr", "1e30", "--tracking.name", "x"], "y": [*common, "--tracking.name", "y"]}
+    ended: dict[str, tuple[int, float]] = {}  # what a caller hears as each run ends
     with pytest.raises(ConfigError, match="1 of 2 runs failed: x: error: training diverged in round 1"):
-        run_parallel(jobs)
+        run_parallel(jobs, on_finish=lambda name, code, wall, cpu: ended.update({name: (code, wall)}))
     out = "".join(printed) + capsys.readouterr().out
     assert "x: FAILED (exit 3: training diverged)" in out and "y: ok" in out
+    assert {name: code for name, (code, _) in ended.items()} == {"x": 3, "y": 0}
+    assert all(wall > 0 for _, wall in ended.values())
 
 
 # -- values -----------------------------------------------------------------------------------------

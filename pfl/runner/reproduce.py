@@ -33,7 +33,7 @@ from pfl.runner.claims import (
     claim_verdict,
     verdict_text,
 )
-from pfl.runner.sweep import run_parallel
+from pfl.runner.sweep import EXIT_DIVERGED, run_parallel
 
 QUICK_SHARE = 10  # QUICK runs 1/10 of each run's rounds, on the first seed only
 LR_DIR = "_lr"
@@ -156,20 +156,20 @@ def run_claims(
     claims = [c for c in all_claims() if not only or c.key in only]
     ready = [c for c in claims if not c.methods() - set(methods())]
     failures: list[str] = []
-    times = RunTimes()
+    diverged: list[str] = []
+    times = RunTimes(out, workers)
 
     # Every run's configuration is checked before the first one starts (the chosen lrs are grid values).
     grids = {c.key: [] if quick else grid_jobs(c, out) for c in ready}
     jobs = {c.key: claim_jobs(c, out, quick) for c in ready}
-    _run([j for c in ready for j in grids[c.key]], workers, reuse, "lr grid", times, failures)
+    _run([j for c in ready for j in grids[c.key]], workers, reuse, "lr grid", times, failures, diverged)
     grid_lines: dict[str, list[str]] = {}
     for c in ready:
         if grids[c.key]:  # the claim's runs again, with the chosen learning rates
             chosen, grid_lines[c.key] = choose_lrs(c, out)
             jobs[c.key] = claim_jobs(c, out, quick, chosen)
     started = time.time()
-    ran = _run([j for c in ready for j in jobs[c.key]], workers, reuse, "reproduce", times, failures)
-    times.save(out)
+    ran = _run([j for c in ready for j in jobs[c.key]], workers, reuse, "reproduce", times, failures, diverged)
 
     sections: list[str] = []
     verdicts: dict[str, str] = {}
@@ -191,41 +191,76 @@ def run_claims(
     reused = sum(j.name not in ran and j.done() for c in ready for j in jobs[c.key])
     per_claim = {c.key: times.of([j for j in jobs[c.key] if j.done()], [j for j in grids[c.key] if j.done()])
                  for c in ready}  # fmt: skip
-    timing = SuiteTime(time.perf_counter() - t0, workers, len(ran), reused, per_claim)
+    timing = SuiteTime(time.perf_counter() - t0, workers, len(ran), reused, per_claim, times.invocations())
     report = out / "REPORT.md"
     report.write_text("\n".join([*_header(claims, verdicts, quick, timing), *sections]) + "\n")
     if failures:
         raise ConfigError("reproduce", f"{'; '.join(failures)} (left out of {report})")
+    if diverged:  # a finding about the method and its learning rate, not a failure of the suite
+        print(f"{len(diverged)} run(s) diverged, named in {report}: {', '.join(diverged)}", flush=True)
     return report
 
 
-def _run(jobs: list[Job], workers: int, reuse: bool, what: str, times: RunTimes, failures: list[str]) -> set[str]:
-    """Run the jobs (``reuse``: those without a summary yet); the names of the runs started."""
+def _run(
+    jobs: list[Job], workers: int, reuse: bool, what: str, times: RunTimes, failures: list[str], diverged: list[str]
+) -> set[str]:
+    """Run the jobs (``reuse``: those without a summary yet); the names of the runs started. Runs that
+    diverged go to ``diverged``; any other failure to ``failures`` (the suite then ends in an error)."""
     todo = {j.name: j.argv for j in jobs if not (reuse and j.done())}
     if not jobs:
         return set()
     print(f"{what}: {len(todo)} runs to do, {len(jobs) - len(todo)} reused, {workers} worker(s)", flush=True)
     try:
-        run_parallel(todo, workers, what=what, seconds=times.wall, cpu_seconds=times.cpu)
+        run_parallel(todo, workers, what=what, on_finish=times.record)
     except ConfigError as err:  # the failed runs are named in the report; the others still count
-        failures.append(str(err))
+        codes = {name: times.codes.get(name, 0) for name in todo}
+        diverged += [name for name, code in codes.items() if code == EXIT_DIVERGED]
+        if any(code not in (0, EXIT_DIVERGED) for code in codes.values()):
+            failures.append(str(err))
     return set(todo)
+
+
+INVOCATIONS = "invocations.json"
 
 
 @dataclass
 class RunTimes:
-    """Each run's wall and CPU seconds (``seconds.json``, ``cpu_seconds.json``), merged with earlier
-    suites' by ``save``: a reused run keeps its measured times."""
+    """Each run's wall and CPU seconds (``seconds.json``, ``cpu_seconds.json`` in ``out``), written as
+    each run ends, so a suite that is stopped keeps the times of every run it finished, and merged with
+    earlier suites': a reused run keeps its measured times. ``invocations.json`` lists every invocation
+    that ran runs in ``out``: when it started, its workers, how many runs it finished and its wall time
+    up to the last of them, so a suite stopped and continued with ``--reuse`` adds up its measured time."""
 
+    out: Path
+    workers: int = 1
     wall: dict[str, float] = field(default_factory=dict)
     cpu: dict[str, float] = field(default_factory=dict)
+    codes: dict[str, int] = field(default_factory=dict)  # this invocation's runs' exit codes
 
-    def save(self, out: Path) -> None:
-        for name, times in (("seconds.json", self.wall), ("cpu_seconds.json", self.cpu)):
-            path = out / name
-            known = json.loads(path.read_text()) if path.exists() else {}
-            path.write_text(json.dumps({**known, **times}, indent=1, sort_keys=True) + "\n")
-            times.update({k: v for k, v in known.items() if k not in times})
+    def __post_init__(self) -> None:
+        self.wall.update(_read_json(self.out / "seconds.json", {}))
+        self.cpu.update(_read_json(self.out / "cpu_seconds.json", {}))
+        self.t0, self.finished, self.last = time.perf_counter(), 0, 0.0
+        self.started = time.strftime("%Y-%m-%d %H:%M")
+        self.earlier: list[dict] = _read_json(self.out / INVOCATIONS, [])
+
+    def record(self, name: str, code: int, wall: float, cpu: float | None) -> None:
+        """One run ended: its times (when it ran to the end) and this invocation's line, on disk now."""
+        self.codes[name] = code
+        if code == 0:
+            self.wall[name] = wall
+            if cpu is not None:
+                self.cpu[name] = cpu
+            self.finished, self.last = self.finished + 1, time.perf_counter() - self.t0
+            _write_json(self.out / "seconds.json", self.wall)
+            _write_json(self.out / "cpu_seconds.json", self.cpu)
+            _write_json(self.out / INVOCATIONS, self.invocations())
+
+    def invocations(self) -> list[dict]:
+        """The earlier invocations' lines and this one's (when it has finished a run)."""
+        now = {"started": self.started, "workers": self.workers, "runs": self.finished,
+               "wall_s": round(self.last, 1)}  # fmt: skip
+        return [*self.earlier, now] if self.finished else list(self.earlier)
 
     def of(self, jobs: list[Job], grid: list[Job] | None = None) -> ClaimTime:
         """The recorded times of ``jobs`` and of the lr-grid runs ``grid`` (those with a result)."""
@@ -269,6 +304,7 @@ class SuiteTime:
     ran: int
     reused: int
     claims: dict[str, ClaimTime]
+    invocations: list[dict] = field(default_factory=list)  # every invocation that finished runs here
 
     def lines(self) -> list[str]:
         runs = sum(c.runs for c in self.claims.values())
@@ -282,6 +318,22 @@ class SuiteTime:
             f"of wall time with {self.workers} worker(s) on an otherwise idle machine ({wall:.1f} run-minutes of "
             "wall time as measured, which grows with other load on the machine)"
             + (f"; {missing} reused run(s) have no recorded CPU time and are not in those sums." if missing else "."),
+            *self.invocation_lines(),
+        ]
+
+    def invocation_lines(self) -> list[str]:
+        """With ``--reuse`` after a stop: the measured wall time of each invocation that made the runs,
+        each up to its last finished run, and their sum."""
+        if len(self.invocations) < 2:
+            return []
+        each = "; ".join(
+            f"{i['started']}, {i['wall_s'] / 60:.1f} min, {i['runs']} run(s), {i['workers']} worker(s)"
+            for i in self.invocations
+        )
+        total = sum(i["wall_s"] for i in self.invocations) / 60
+        return [
+            f"The runs were made by {len(self.invocations)} invocations ({each}; each up to its last finished "
+            f"run): {total:.1f} min of measured wall time in all."
         ]
 
 
@@ -477,3 +529,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reuse", action="store_true", help="keep runs that already finished (continue a suite)")
     args = parser.parse_args(argv)
     print(run_claims(args.out, args.only, args.quick, args.workers, args.reuse))
+
+
+def _read_json(path: Path, empty: dict | list) -> dict | list:
+    """A time record of the suite's folder (``empty`` when absent); one that is not what the suite
+    writes is refused by name before any run starts, not overwritten."""
+    if not path.exists():
+        return empty
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(str(path), f"not a time record of the suite ({err})", "remove or restore it") from None
+    require(type(value) is type(empty), str(path), f"holds a {type(value).__name__}, not a {type(empty).__name__}",
+            "remove or restore it")  # fmt: skip
+    return value
+
+
+def _write_json(path: Path, value: dict | list) -> None:
+    """Written whole to a temporary file and moved into place: a stop mid-write leaves the last record."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,14 +200,14 @@ def run_parallel(
     jobs: dict[str, list[str]],
     workers: int = 1,
     what: str = "sweep",
-    seconds: dict[str, float] | None = None,
-    cpu_seconds: dict[str, float] | None = None,
+    on_finish: Callable[[str, int, float, float | None], None] | None = None,
 ) -> None:
     """Run ``python -m pfl <argv>`` for every job in ``workers`` processes; the cores are split between
     workers. A line per finished run (with elapsed time and ETA) and, on a terminal, a live bar below
-    them; ``seconds`` / ``cpu_seconds`` (when given) receive each finished run's wall time / CPU time
-    (the CPU time does not grow when other work shares the machine). Raises ConfigError naming every
-    failed job.
+    them; ``on_finish`` (when given) is called as each run ends with its name, exit code, wall seconds
+    and CPU seconds (None where the platform cannot measure them; unlike wall time, CPU time does not
+    grow when other work shares the machine), so a caller can record it before the next run ends.
+    Raises ConfigError naming every failed job.
 
     Threads: each run sets torch's threads itself (``trainer.threads``, default 1); the split of the
     cores in OMP_NUM_THREADS is what a run with ``trainer.threads: null`` gets, and bounds the other
@@ -230,10 +231,8 @@ def run_parallel(
                 name = pending.pop(future)
                 code, err, took, cpu = future.result()
                 progress.finished(name, run_status(code), took)
-                if seconds is not None:
-                    seconds[name] = took
-                if cpu_seconds is not None and cpu is not None:
-                    cpu_seconds[name] = cpu
+                if on_finish is not None:
+                    on_finish(name, code, took, cpu)
                 if code != 0:
                     failed.append(f"{name}: {(err.strip().splitlines() or [''])[-1]}")
             progress.tick()
@@ -312,7 +311,8 @@ class RunProgress:
         self.bar.close()
 
 
-EXIT_MEANINGS = {2: "bad input", 3: "training diverged"}  # pfl.cli's exit codes
+EXIT_DIVERGED = 3  # pfl.cli's exit code for a run stopped by non-finite values
+EXIT_MEANINGS = {2: "bad input", EXIT_DIVERGED: "training diverged"}  # pfl.cli's exit codes
 
 
 def run_status(code: int) -> str:
