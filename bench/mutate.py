@@ -11,7 +11,9 @@ and runs ``pytest.main`` on the tests bench/mutate_targets.toml names for the fi
 
 A mutant is killed when pytest exits non-zero, survives when it exits 0, and times out (counted with
 the killed) past 3x the clean run + 30 s. A clean run with line tracing comes first: it must pass, and
-mutants on statements it never executed are "not covered" and are not run. String and f-string
+mutants on statements it never executed are "not covered" and are not run. The clean run also notes
+which test files executed each statement; a mutant's run takes those files first (the others after),
+so pytest's -x stops a killed mutant's run sooner, while a survivor still runs every test. String and f-string
 mutants are skipped unless ``--strings``: they change message text, not rules. Survivors with a reason
 in bench/mutate_equivalent.toml are "explained" (equivalent mutants); the rest are "unexplained".
 
@@ -149,13 +151,27 @@ def module_name(path: Path) -> str:
     return ".".join(path.resolve().relative_to(ROOT).with_suffix("").parts)
 
 
-def start_tracing(path: Path) -> set[int]:
-    """Lines of ``path`` executed from now on (sys.settrace: the coverage package is not a dependency)."""
-    target, lines, seen = str(path.resolve()), set(), {}
+class RunningTestFile:
+    """A pytest plugin that knows which test file is running ("" while collecting, i.e. importing)."""
+
+    def __init__(self) -> None:
+        self.current = ""
+
+    def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
+        self.current = nodeid.split("::")[0]
+
+
+def start_tracing(path: Path, running: RunningTestFile) -> dict[str, set[int]]:
+    """Lines of ``path`` executed from now on, per test file running (sys.settrace: the coverage
+    package is not a dependency)."""
+    target, lines, seen = str(path.resolve()), {}, {}
+
+    def add(line: int) -> None:
+        lines.setdefault(running.current, set()).add(line)
 
     def local(frame, event, arg):  # noqa: ANN001, ANN202
         if event == "line":
-            lines.add(frame.f_lineno)
+            add(frame.f_lineno)
         return local
 
     def calls(frame, event, arg):  # noqa: ANN001, ANN202
@@ -163,7 +179,7 @@ def start_tracing(path: Path) -> set[int]:
         if name not in seen:
             seen[name] = os.path.realpath(name) == target
         if seen[name]:
-            lines.add(frame.f_lineno)
+            add(frame.f_lineno)
             return local
         return None
 
@@ -188,11 +204,12 @@ def child(job: Job, basetemp: Path) -> None:
         os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # no plugins are used; scanning for them is slow
         if job.mutant is not None:
             sys.meta_path.insert(0, MutantFinder(module_name(job.path), job.path, job.mutant.source))
-        lines = start_tracing(job.path) if job.trace else None
-        code = int(pytest_main([*PYTEST_ARGS, f"--basetemp={basetemp}", *job.args]))
+        running = RunningTestFile()
+        lines = start_tracing(job.path, running) if job.trace else None
+        code = int(pytest_main([*PYTEST_ARGS, f"--basetemp={basetemp}", *job.args], [running]))
         if lines is not None:
             sys.settrace(None)
-            job.trace.write_text(json.dumps(sorted(lines)))
+            job.trace.write_text(json.dumps({file: sorted(executed) for file, executed in lines.items()}))
     except BaseException:  # noqa: BLE001 - report anything, then leave without running the parent's code
         import traceback
 
@@ -204,10 +221,10 @@ def child(job: Job, basetemp: Path) -> None:
         os._exit(code)
 
 
-def pytest_main(args: list[str]) -> int:
+def pytest_main(args: list[str], plugins: list[object]) -> int:
     import pytest
 
-    return pytest.main(args)
+    return pytest.main(args, plugins=plugins)
 
 
 # --- the parent: a pool of forked children ----------------------------------------------------------
@@ -320,14 +337,28 @@ class CleanRunFailed(Exception):
 # --- one file ---------------------------------------------------------------------------------------
 
 
-def clean_run(path: Path, args: list[str], log_dir: Path) -> tuple[set[int], float]:
-    """Runs the tests on the unmutated code with line tracing: executed lines and seconds."""
+def clean_run(path: Path, args: list[str], log_dir: Path) -> tuple[dict[str, set[int]], float]:
+    """Runs the tests on the unmutated code with line tracing: the lines each test file executed
+    ("" for those run while collecting) and seconds."""
     job = Job(path, args, log_dir / "clean.log", trace=log_dir / "clean.lines.json")
     ((_, status, code, seconds),) = run_jobs([job], 1, timeout=3600)
     if code != 0:
         tail = "\n".join(job.log.read_text(errors="replace").splitlines()[-30:])
         raise CleanRunFailed(f"{path}: the tests fail on the unmutated code (exit {code}); nothing mutated.\n{tail}")
-    return set(json.loads(job.trace.read_text())), seconds
+    return {file: set(lines) for file, lines in json.loads(job.trace.read_text()).items()}, seconds
+
+
+def covering_first(mutant: Mutant, args: list[str], by_file: dict[str, set[int]], spans: dict) -> list[str]:
+    """The target's test files that executed the mutant's statement first, the rest after, each group
+    in the target's order. pytest runs files in the order given and -x stops at the first failure, so a
+    killed mutant is killed sooner; a survivor still runs every test, so no verdict changes. A target
+    with options (anything but test paths) keeps its order."""
+    if any(a.startswith("-") for a in args):
+        return args
+    lo, hi = spans.get(mutant.line, (mutant.line, mutant.line))
+    ran = {file for file, lines in by_file.items() if file and any(line in lines for line in range(lo, hi + 1))}
+    first = [a for a in args if a.split("::")[0] in ran]
+    return [*first, *(a for a in args if a not in first)]
 
 
 def mutate_file(path: Path, args: list[str], cache: dict, cache_path: Path, workers: int, strings: bool) -> dict:
@@ -343,7 +374,8 @@ def mutate_file(path: Path, args: list[str], cache: dict, cache_path: Path, work
     t0 = time.monotonic()
     log_dir = OUT / "logs" / rel.replace("/", ".")
     log_dir.mkdir(parents=True, exist_ok=True)
-    executed, clean_s = clean_run(path, args, log_dir)
+    by_file, clean_s = clean_run(path, args, log_dir)
+    executed = set().union(*by_file.values())
     timeout = 3 * clean_s + 30
     spans = statement_spans(source)
     mutants = generate(path, strings)
@@ -356,7 +388,8 @@ def mutate_file(path: Path, args: list[str], cache: dict, cache_path: Path, work
         elif m.key in old and old[m.key]["mutated"] == m.mutated:
             results[m.key] = old[m.key]
         else:
-            jobs.append(Job(path, args, log_dir / f"{m.key.replace(':', '_')}.log", mutant=m))
+            ordered = covering_first(m, args, by_file, spans)
+            jobs.append(Job(path, ordered, log_dir / f"{m.key.replace(':', '_')}.log", mutant=m))
     print(f"{rel}: {len(mutants)} mutants, {len(jobs)} to run (clean run {clean_s:.1f} s)", flush=True)
     entry.update(tests=fingerprint, args=args, clean_s=round(clean_s, 2))
     for n, (job, status, code, seconds) in enumerate(run_jobs(jobs, workers, timeout), 1):

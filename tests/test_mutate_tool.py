@@ -113,3 +113,26 @@ def test_saving_one_files_entry_keeps_what_another_run_wrote_meanwhile(tmp_path:
     }
     assert mine == on_disk  # the writer's copy catches up too, for its report
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_the_test_files_that_ran_the_mutated_statement_run_first(tiny_project: Path, monkeypatch: pytest.MonkeyPatch):
+    tests = {"test_a.py": ("scale", "scale(1.0) == 2.0"), "test_b.py": ("step", "step(4.0, 2.0) == 3.0")}
+    for name, (function, check) in tests.items():
+        (tiny_project / name).write_text(f"from tinymod import {function}\n\n\ndef test_it():\n    assert {check}\n")
+    order: dict[str, list[str]] = {}
+    real = tool.run_jobs
+
+    def recording(jobs, workers, timeout):  # noqa: ANN001, ANN202
+        order.update({job.mutant.key: job.args for job in jobs if job.mutant is not None})
+        yield from real(jobs, workers, timeout)
+
+    monkeypatch.setattr(tool, "run_jobs", recording)
+    source, cache = tiny_project / "tinymod.py", tiny_project / "c.json"
+    entry = tool.mutate_file(source, ["test_a.py", "test_b.py"], {}, cache, 2, False)
+    line = {key: result["line"] for key, result in entry["results"].items()}
+    assert {tuple(args) for key, args in order.items() if line[key] == 2} == {("test_b.py", "test_a.py")}
+    assert {tuple(args) for key, args in order.items() if line[key] == 6} == {("test_a.py", "test_b.py")}
+    assert by_line(entry) == {2: [tool.KILLED] * 3, 6: [tool.KILLED] * 2, 10: [tool.NOT_COVERED] * 2}
+    mutant = next(m for m in tool.generate(source) if m.line == 2)
+    options = ["test_a.py", "-k", "step", "test_b.py"]  # a target with options keeps its order
+    assert tool.covering_first(mutant, options, {"test_b.py": {2}}, {}) == options
