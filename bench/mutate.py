@@ -348,15 +348,16 @@ def clean_run(path: Path, args: list[str], log_dir: Path) -> tuple[dict[str, set
     return {file: set(lines) for file, lines in json.loads(job.trace.read_text()).items()}, seconds
 
 
-def covering_first(mutant: Mutant, args: list[str], by_file: dict[str, set[int]], spans: dict) -> list[str]:
+def covering_first(
+    mutant: Mutant, args: list[str], by_file: dict[str, set[int]], spans: dict[int, tuple[int, int]]
+) -> list[str]:
     """The target's test files that executed the mutant's statement first, the rest after, each group
     in the target's order. pytest runs files in the order given and -x stops at the first failure, so a
     killed mutant is killed sooner; a survivor still runs every test, so no verdict changes. A target
     with options (anything but test paths) keeps its order."""
     if any(a.startswith("-") for a in args):
         return args
-    lo, hi = spans.get(mutant.line, (mutant.line, mutant.line))
-    ran = {file for file, lines in by_file.items() if file and any(line in lines for line in range(lo, hi + 1))}
+    ran = {file for file, lines in by_file.items() if file and covered(mutant, lines, spans)}
     first = [a for a in args if a.split("::")[0] in ran]
     return [*first, *(a for a in args if a not in first)]
 

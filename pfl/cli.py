@@ -14,7 +14,7 @@ from typing import Any
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-from pfl.errors import ConfigError, TrainingDiverged
+from pfl.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, ConfigError, TrainingDiverged
 from pfl.methods import methods
 from pfl.runner.args import build_fit_parser, method_from_argv
 
@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("command", f"unknown command {command!r}", f"choose one of {', '.join(COMMANDS)}")
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except TrainingDiverged as err:
         print(f"error: {err}", file=sys.stderr)
-        return 3
+        return EXIT_DIVERGED
     return 0

@@ -2,6 +2,9 @@
 ``ConfigError`` (bad input, raised before any training starts; exit 2) and ``TrainingDiverged``
 (a client's training produced NaN/inf; exit 3)."""
 
+EXIT_BAD_INPUT = 2  # a ConfigError: nothing was trained
+EXIT_DIVERGED = 3  # a TrainingDiverged: the run stopped in the round that produced NaN/inf
+
 
 class ConfigError(ValueError):
     """A configuration, data file or hyper-parameter is invalid. The message names the field and the fix."""

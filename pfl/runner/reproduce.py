@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pfl.errors import ConfigError, require
+from pfl.errors import EXIT_DIVERGED, ConfigError, require
 from pfl.methods import methods
 from pfl.metrics.compare_plots import clients_figure, curve_figure, plot_groups
 from pfl.metrics.plots import save_figure
@@ -33,7 +33,8 @@ from pfl.runner.claims import (
     claim_verdict,
     verdict_text,
 )
-from pfl.runner.sweep import EXIT_DIVERGED, run_parallel
+from pfl.runner.sweep import run_parallel
+from pfl.safe_files import write_atomic
 
 QUICK_SHARE = 10  # QUICK runs 1/10 of each run's rounds, on the first seed only
 LR_DIR = "_lr"
@@ -546,7 +547,5 @@ def _read_json(path: Path, empty: dict | list) -> dict | list:
 
 
 def _write_json(path: Path, value: dict | list) -> None:
-    """Written whole to a temporary file and moved into place: a stop mid-write leaves the last record."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
+    """Replaced whole (write_atomic): a stop mid-write leaves the last record."""
+    write_atomic(path, json.dumps(value, indent=1, sort_keys=True) + "\n")

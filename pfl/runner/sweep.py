@@ -33,7 +33,7 @@ import numpy as np
 import yaml
 from tqdm.auto import tqdm
 
-from pfl.errors import ConfigError, require
+from pfl.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, ConfigError, require
 from pfl.runner.args import parse_fit_args
 
 SEARCH_METHODS = ("grid", "random", "bayes")
@@ -311,8 +311,7 @@ class RunProgress:
         self.bar.close()
 
 
-EXIT_DIVERGED = 3  # pfl.cli's exit code for a run stopped by non-finite values
-EXIT_MEANINGS = {2: "bad input", EXIT_DIVERGED: "training diverged"}  # pfl.cli's exit codes
+EXIT_MEANINGS = {EXIT_BAD_INPUT: "bad input", EXIT_DIVERGED: "training diverged"}  # pfl.cli's exit codes
 
 
 def run_status(code: int) -> str:
