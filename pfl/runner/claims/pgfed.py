@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pfl.runner.claims import Claim, beats, method_args, standing
 
-# 25 of the config's 100 rounds, for the suite's 4-hour budget: one seed of the 17 runs costs ~30
-# CPU-minutes (~60 at 50 rounds; docs/reproduce.md, Budget).
+# 25 of the config's 100 rounds, for the suite's 4-hour budget: one seed of the 17 runs costs ~46
+# CPU-minutes, pFedMe 12 of them (docs/reproduce.md, Budget).
 PGFED_BASE = [
     "--config",
     "conf/experiment/pgfed_mnist5k_dir03.yaml",
