@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from pfl.config import ServerConfig
+from pfl.errors import ConfigError
+from pfl.federation.robust import Aggregator
+from pfl.methods.scaffold import Scaffold
 from tests.conftest import make_loop, tiny_config
 from tests.methods.registry_properties import RegistryProperties
 from tests.methods_helpers import HALF, _grads, exchanged_round
@@ -83,3 +88,15 @@ def test_scaffold_with_equal_control_variates_is_fedavg_with_uniform_weights():
     _, fups = exchanged_round(fedavg)
     for cid in ups:
         assert torch.equal(ups[cid].state, fups[cid].state)  # c − c_i = 0 in round 0
+
+
+def test_scaffold_refuses_an_unknown_weighting_before_training():
+    with pytest.raises(ConfigError, match="method.weighting"):
+        Scaffold(weighting="size")
+    assert Scaffold(weighting="samples").weighting == "samples"
+
+
+def test_scaffold_takes_a_robust_aggregator_for_its_averaged_model():
+    # The model is the mean of the uploads, so median / trimmed mean / Krum can stand in for it.
+    aggregator = Aggregator.build(ServerConfig(aggregator="median"), Scaffold(), clients_per_round=4)
+    assert aggregator.kind == "median"
