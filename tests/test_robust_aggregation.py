@@ -22,6 +22,7 @@ from pfl.methods import Upload, methods
 from pfl.methods.fedavg import FedAvg
 from pfl.runner.args import parse_fit_args
 from tests.conftest import make_loop, tiny_config
+from tests.methods.registry_properties import NOT_AVERAGING
 
 HALF = {"rounds": 3, "fraction": 0.5}  # 6 clients, 3 per round
 # Five clients' uploads of three coordinates, by hand below.
@@ -197,8 +198,7 @@ def test_median_run_differs_from_the_mean_run():
 # -- which methods accept an aggregator ------------------------------------------------------------
 def test_methods_that_average_their_uploads():
     refused = {n for n, c in methods().items() if not c.averages_uploads}
-    assert refused == {"fedamp", "fedfomo", "fedmgda_plus", "fedora", "fedpg", "fedu", "fesem", "ifca", "local",
-                       "pfedhn", "plgu_ghn", "sfedpg"}  # fmt: skip
+    assert refused == set(NOT_AVERAGING)
 
 
 def test_a_new_aggregate_states_whether_it_averages():

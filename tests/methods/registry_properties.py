@@ -10,6 +10,7 @@ registered method is covered exactly once, so a new method gets these checks whe
 - a run resumed from a checkpoint (through torch.save / torch.load(weights_only=True), as --resume does)
   ends with the uninterrupted run's numbers;
 - it declares whether it has a global and/or personal model, and describes itself;
+- it declares whether its server averages the uploads (what robust aggregation needs);
 - its class defaults are the settings of ``conf/method/<name>.yaml``, and ``hparams()`` (what summary.json
   and W&B record) are exactly the options its config can set;
 - its defaults learn on the default experiment (``tests/methods/defaults_learn.py``).
@@ -40,6 +41,10 @@ GLOBAL_ONLY = ("dapfl", "fedavg", "feddyn", "fedmgda_plus", "fedprox", "fedsam",
 PERSONAL_ONLY = ("fedamp", "fedfomo", "fedora", "fedper", "fedrecon", "fedrep", "fesem", "fedu", "ifca", "lgfedavg")
 PERSONAL_ONLY += ("local", "pfedhn", "plgu_ghn", "plgu_grep")
 FLAGS = {n: (True, False) for n in GLOBAL_ONLY} | {n: (False, True) for n in PERSONAL_ONLY}
+# Methods whose server does not take a weighted mean of the uploaded models: server.aggregator (median,
+# Krum, ...) is refused for them, and every other method accepts it.
+NOT_AVERAGING = ("fedamp", "fedfomo", "fedmgda_plus", "fedora", "fedpg", "fedu", "fesem", "ifca", "local")
+NOT_AVERAGING += ("pfedhn", "plgu_ghn", "sfedpg")
 
 
 def _config(name: str, args: dict | None = None):
@@ -97,6 +102,9 @@ class RegistryProperties:
         assert (cls.has_global_model, cls.has_personal_model) == FLAGS.get(name, (True, True))
         assert type(cls.has_global_model) is bool and type(cls.has_personal_model) is bool
         assert cls.name == name and isinstance(cls.description, str) and len(cls.description) > 20
+
+    def test_declares_whether_its_server_averages_the_uploads(self, name):
+        assert method_class(name).averages_uploads is (name not in NOT_AVERAGING)
 
     def test_class_defaults_are_the_settings_of_its_config_file(self, name):
         """conf/method/<name>.yaml is the paper's setting, and the class defaults say the same."""
