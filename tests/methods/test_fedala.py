@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pfl.errors import ConfigError
+from pfl.methods.fedala import FedALA
 from tests.conftest import make_loop, tiny_config
 from tests.methods.registry_properties import RegistryProperties
 from tests.methods_helpers import check_hyperparameters_are_checked_at_their_bounds
@@ -103,6 +105,28 @@ def test_fedala_learns_weights_in_the_unit_box_on_the_top_layers_only():
     loop.run_round()
     fedavg.run_round()
     assert not torch.equal(loop.server["global"], fedavg.server["global"])
+
+
+def test_fedala_with_layer_idx_zero_mixes_every_parameter():
+    loop = make_loop(tiny_config("fedala", {"eta": 1.0, "layer_idx": 0, "max_start_epochs": 5}))
+    loop.run_round()
+    client, num_params = loop.client(0), loop.worker.flat.layout.num_params
+    assert loop.method.top(client) == slice(0, num_params)
+    g, own = loop.server["global"].clone(), client.state["personal"].clone()
+    loop.method.adaptive_local_aggregation(client, g, own)
+    assert client.state["ala_weights"].shape == (num_params,)
+
+
+def test_fedala_layer_idx_may_name_every_layer_of_the_model_and_no_more():
+    layers = make_loop(tiny_config("fedala")).worker.flat.layout.num_layers
+    make_loop(tiny_config("fedala", {"layer_idx": layers}))  # every layer: accepted
+    with pytest.raises(ConfigError, match="method.layer_idx"):
+        make_loop(tiny_config("fedala", {"layer_idx": layers + 1}))
+
+
+def test_fedala_does_not_fine_tune_before_evaluation():
+    # Its P-model is the client's model trained from the ALA mix; no extra epochs on top of it.
+    assert FedALA().finetune_epochs == 0
 
 
 BOUNDS = [

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pfl.errors import ConfigError
+from pfl.methods.fedu import FedU
 from pfl.seeding import torch_generator
 from tests.conftest import make_loop, tiny_config
 from tests.methods.registry_properties import RegistryProperties
@@ -49,3 +51,9 @@ BOUNDS = [
 @pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
 def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
     check_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad)
+
+
+def test_fedu_refuses_an_unknown_graph_before_training():
+    with pytest.raises(ConfigError, match="method.graph"):
+        FedU(graph="ring")
+    assert FedU(graph="random").graph == "random"
