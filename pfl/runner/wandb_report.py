@@ -63,7 +63,7 @@ def log_report(identity: WandbIdentity, runs: list[str], figures: dict[str, Path
         settings=wandb.Settings(silent=True),
     )
     images = {f"plots/{key}": wandb.Image(str(path), caption=key) for key, path in figures.items()}
-    run.log(images, step=0, commit=True)
+    run.log(images, step=0)  # committed by finish()
     offline, where = run.offline, (run.settings.sync_dir if run.offline else run.url)
     run.finish()
     if offline:

@@ -19,7 +19,7 @@ def _logged(run_dir: Path, project: str = "proj", group: str = "g") -> str:
     return identity.id
 
 
-def test_wandb_logs_the_figures_to_a_new_report_run_beside_the_runs(runs, tmp_path, monkeypatch, capsys):
+def test_wandb_logs_the_figures_to_a_new_report_run_beside_the_runs(runs, tmp_path, monkeypatch, capfd):
     from tests.test_wandb import finished_records, history, offline_logs, run_record
 
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -29,7 +29,9 @@ def test_wandb_logs_the_figures_to_a_new_report_run_beside_the_runs(runs, tmp_pa
     out = tmp_path / "figs"
     args = ["report", *map(str, runs), "--plot", str(out / "c.png"), "--plot-clients", str(out / "k.png"), "--wandb"]
     assert main(args) == 0
-    assert "W&B report run report-" in capsys.readouterr().err
+    printed = capfd.readouterr()
+    assert "W&B report run report-" in printed.err
+    assert "wandb:" not in printed.out + printed.err  # W&B started silently
     (log,) = offline_logs(out)
     recs = finished_records(log)
     run = run_record(recs)
@@ -37,11 +39,33 @@ def test_wandb_logs_the_figures_to_a_new_report_run_beside_the_runs(runs, tmp_pa
     config = {item.key: item.value_json for item in run.config.update}
     assert json.loads(config["runs"]) == ids
     (row,) = history(recs)
+    assert row["_step"] == 0
     for key, name in (("curves", "c.png"), ("clients", "k.png")):  # each figure, the file pfl wrote
         assert row[f"plots/{key}/_type"] == "image-file"
         assert row[f"plots/{key}/sha256"] == hashlib.sha256((out / name).read_bytes()).hexdigest()
     for path in runs:  # the compared runs are not touched
         assert not (path / "wandb").exists()
+
+
+def test_the_report_run_starts_in_pfls_mode_and_silently(tmp_path, monkeypatch):
+    """The mode is pfl's choice (offline unless logged in), passed to W&B rather than left to its own default."""
+    import wandb
+
+    from pfl.runner.wandb_report import log_report
+    from pfl.runner.wandb_run import WandbIdentity
+
+    seen: dict = {}
+
+    def fake_init(**kwargs):
+        seen.update(kwargs)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(wandb, "init", fake_init)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    with pytest.raises(RuntimeError, match="stop here"):
+        log_report(WandbIdentity("r-1", "r", "p", "g", ["report"], "report"), ["a"], {}, tmp_path)
+    assert seen["mode"] == "disabled" and seen["settings"].silent
+    assert (seen["id"], seen["job_type"], seen["config"]) == ("r-1", "report", {"runs": ["a"]})
 
 
 def test_runs_of_several_groups_are_reported_in_the_report_group(runs):
