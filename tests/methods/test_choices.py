@@ -79,6 +79,42 @@ def test_every_builtin_choice_is_checked_with_the_one_line_error(name):
         assert err.value.field == f"method.{field}" and all(str(v) in err.value.fix for v in allowed)
 
 
+# Each built-in method's choice-valued options, pinned: an option whose annotation stopped being a
+# Literal would drop out of choices(), and with it out of the command line's and the Python check.
+CHOICE_OPTIONS = {
+    "apfl": {"eval_mix"},
+    "dapfl": {"action_map", "epoch_rounding", "init", "replay_actions", "reward_split", "warmup_space", "weighting"},
+    "ditto": {"prox"},
+    "feddyn": {"weighting"},
+    "fedmgda_plus": {"center", "solver"},
+    "fedora": {"lambda_rule", "propagation", "pull", "similarity"},
+    "fedpg": {"rescale", "solver"},
+    "fedrod": {"head_init"},
+    "fedu": {"graph"},
+    "page": {
+        "action_map",
+        "actions",
+        "client_lag",
+        "epoch_rounding",
+        "init",
+        "replay_actions",
+        "reward_split",
+        "server_lag",
+        "warmup_space",
+    },  # fmt: skip
+    "pgfed_ce": {"ce_scalar"},
+    "plgu_ghn": {"sam_gradient"},
+    "plgu_lf": {"ascent", "scale"},
+    "scaffold": {"weighting"},
+    "sfedpg": {"rescale", "solver"},
+}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_methods_choice_valued_options_are_annotated_as_choices(name):
+    assert set(choices(method_class(name))) == CHOICE_OPTIONS.get(name, set())
+
+
 def test_choices_mirrored_from_pfl_optim_agree_with_it():
     assert get_args(fedpg.Solver) == minnorm.SOLVERS and get_args(fedpg.Rescale) == descent.RESCALES
     assert get_args(fedmgda.Solver) == capped_simplex.SOLVERS
