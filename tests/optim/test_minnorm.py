@@ -465,6 +465,13 @@ def test_pairwise_frank_wolfe_steps_and_stop():
         np.testing.assert_allclose(lam, ref, rtol=0, atol=1e-12)
         assert gap(gn, reference_pairwise_fw(gn, it - 2)[0]) > tol  # it stopped at the first certified iterate
     assert drops > 0  # the run moves all weight off some vertex
+    # The certificate is the Frank–Wolfe gap itself (2(λᵀGλ − min Gλ)), no multiple of it: with tol a
+    # little above the gap of one iterate, the run stops at the first iterate whose gap is within tol.
+    gaps = [gap(gn, reference_pairwise_fw(gn, n)[0]) for n in range(25)]
+    for n in range(1, 25):
+        tol = 1.2 * gaps[n]
+        _, it = minnorm._pairwise_frank_wolfe(gn, tol, 10_000)
+        assert it - 1 == next(m for m, g in enumerate(gaps) if g <= tol)
     for steps in (1, 3, 10):  # out of steps: the iterate after max_iter steps
         lam, it = minnorm._pairwise_frank_wolfe(gn, 0.0, steps)
         assert it == steps
