@@ -60,3 +60,19 @@ def finished(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("finished")
     assert fit(root, "done") == 0
     return root / "done"
+
+
+@pytest.fixture
+def wandb_init_kwargs(monkeypatch) -> dict[str, Any]:
+    """``wandb.init`` replaced by one that records its keyword arguments here and then raises
+    ``RuntimeError("stop here")``, so a test sees what pfl asks of W&B without starting a run."""
+    import wandb
+
+    seen: dict[str, Any] = {}
+
+    def fake_init(**kwargs: Any) -> None:
+        seen.update(kwargs)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(wandb, "init", fake_init)
+    return seen

@@ -220,17 +220,9 @@ def test_new_run_id_is_readable_and_in_wandbs_alphabet():
     assert len(wandb_run.new_run_id("n" * 500)) <= wandb_run.ID_NAME_CHARS + 9
 
 
-def test_history_is_flushed_as_it_goes(monkeypatch, tmp_path):
+def test_history_is_flushed_as_it_goes(tmp_path, wandb_init_kwargs):
     """The run asks W&B to write its transaction log every FLUSH_SECONDS (W&B's default is 15 s)."""
-    import wandb
-
-    seen: dict[str, Any] = {}
-
-    def fake_init(**kwargs):
-        seen.update(kwargs)
-        raise RuntimeError("stop here")
-
-    monkeypatch.setattr(wandb, "init", fake_init)
+    seen = wandb_init_kwargs
     ident = wandb_run.WandbIdentity("x-1", "x", "p", "g")
     with pytest.raises(RuntimeError, match="stop here"):
         wandb_run.WandbRun(ident, tmp_path, {})._init("offline")

@@ -124,9 +124,17 @@ def test_fedala_layer_idx_may_name_every_layer_of_the_model_and_no_more():
         make_loop(tiny_config("fedala", {"layer_idx": layers + 1}))
 
 
-def test_fedala_does_not_fine_tune_before_evaluation():
-    # Its P-model is the client's model trained from the ALA mix; no extra epochs on top of it.
+def test_fedala_evaluates_the_model_the_client_trained_from_its_ala_mix():
+    # Its P-model is the client's model trained from the ALA mix: no fine-tuning on top, no re-mixing.
     assert FedALA().finetune_epochs == 0
+    cfg = tiny_config("fedala", {"max_start_epochs": 2})
+    loop = make_loop(cfg)
+    loop.run_round()
+    loop.run_round()
+    for cid in range(cfg.data.num_clients):
+        client = loop.client(cid)
+        assert loop.method.personal_state(loop.server, client) is client.state["personal"]
+    assert not torch.equal(loop.client(0).state["personal"], loop.server["global"])
 
 
 BOUNDS = [

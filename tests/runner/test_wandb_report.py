@@ -47,20 +47,12 @@ def test_wandb_logs_the_figures_to_a_new_report_run_beside_the_runs(runs, tmp_pa
         assert not (path / "wandb").exists()
 
 
-def test_the_report_run_starts_in_pfls_mode_and_silently(tmp_path, monkeypatch):
+def test_the_report_run_starts_in_pfls_mode_and_silently(tmp_path, monkeypatch, wandb_init_kwargs):
     """The mode is pfl's choice (offline unless logged in), passed to W&B rather than left to its own default."""
-    import wandb
-
     from pfl.runner.wandb_report import log_report
     from pfl.runner.wandb_run import WandbIdentity
 
-    seen: dict = {}
-
-    def fake_init(**kwargs):
-        seen.update(kwargs)
-        raise RuntimeError("stop here")
-
-    monkeypatch.setattr(wandb, "init", fake_init)
+    seen = wandb_init_kwargs
     monkeypatch.setenv("WANDB_MODE", "disabled")
     with pytest.raises(RuntimeError, match="stop here"):
         log_report(WandbIdentity("r-1", "r", "p", "g", ["report"], "report"), ["a"], {}, tmp_path)
