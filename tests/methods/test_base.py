@@ -331,7 +331,7 @@ def test_hparams_are_the_init_arguments_in_method_resolution_order():
     class Right(Base):
         def __init__(self, b=2, **extra):
             super().__init__(**extra)
-            self.b = b
+            self.b, self.extra = b, extra  # kept as an attribute, yet ``**extra`` is not an option
 
     class Diamond(Left, Right):
         def __init__(self, c=3, **kwargs):
