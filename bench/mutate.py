@@ -1,6 +1,7 @@
-"""``make mutate``: mutation testing of pfl/methods and pfl/optim with mutmut's operators, fast.
+"""``make mutate``: mutation testing of pfl's update rules and their plumbing with mutmut's operators, fast.
 
-``python -m bench.mutate [FILE ...] [--workers N] [--strings] [--report]``
+``python -m bench.mutate [FILE ...] [--workers N] [--strings] [--report]``: with no FILE, every file
+bench/mutate_targets.toml names, and every module of pfl/methods and pfl/optim.
 
 mutmut 2 writes each mutant to disk and starts a fresh ``python -m pytest`` for it, so the ~5 s torch
 import dominates every mutant. Here mutmut only generates the mutants (its standard operators, so the
@@ -463,20 +464,24 @@ def report(cache: dict, files: list[str], explained: list[dict]) -> str:
                       *details, ""])  # fmt: skip
 
 
-def default_files() -> list[Path]:
-    return sorted(p for pkg in PACKAGES for p in (ROOT / pkg).glob("*.py") if p.name != "__init__.py")
+def default_files(targets: Path = TARGETS) -> list[Path]:
+    """What a run with no files mutates: every file with a target, and every module of PACKAGES (one
+    without a target is reported as skipped, so a new method file cannot go unmutated unnoticed)."""
+    modules = {p for pkg in PACKAGES for p in (ROOT / pkg).glob("*.py") if p.name != "__init__.py"}
+    return sorted(modules | {ROOT / rel for rel in load_targets(targets)})
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("files", nargs="*", type=Path, help="source files (default: pfl/methods and pfl/optim)")
+    default = "every file of the targets, and pfl/methods and pfl/optim"
+    parser.add_argument("files", nargs="*", type=Path, help=f"source files (default: {default})")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--strings", action="store_true", help="mutate string and f-string literals too")
     parser.add_argument("--report", action="store_true", help="only print the report of the cached results")
     parser.add_argument("--cache", type=Path, default=OUT / "cache.json")
     parser.add_argument("--targets", type=Path, default=TARGETS)
     args = parser.parse_args(argv)
-    files = [p.resolve() for p in args.files] or default_files()
+    files = [p.resolve() for p in args.files] or default_files(args.targets)
     rels = [str(p.relative_to(ROOT)) for p in files]
     cache = load_cache(args.cache)
     if not args.report:
@@ -497,7 +502,7 @@ def main(argv: list[str] | None = None) -> None:
                 failed.append(rel)
     cache = load_cache(args.cache)  # with what runs over other files wrote meanwhile
     explained = load_explained()
-    everything = [str(p.relative_to(ROOT)) for p in default_files()]
+    everything = [str(p.relative_to(ROOT)) for p in default_files(args.targets)]
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "report.md").write_text(report(cache, everything + [r for r in rels if r not in everything], explained))
     print(report(cache, rels, explained))

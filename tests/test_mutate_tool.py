@@ -136,3 +136,19 @@ def test_the_test_files_that_ran_the_mutated_statement_run_first(tiny_project: P
     mutant = next(m for m in tool.generate(source) if m.line == 2)
     options = ["test_a.py", "-k", "step", "test_b.py"]  # a target with options keeps its order
     assert tool.covering_first(mutant, options, {"test_b.py": {2}}, {}) == options
+
+
+def test_a_run_with_no_files_mutates_every_target_and_every_module_of_the_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Targets outside the packages are mutated too; a package module without a target is still listed
+    (the run reports it as skipped), and package __init__ files are left out."""
+    for rel in ("pkg/__init__.py", "pkg/untargeted.py", "pkg/targeted.py", "other/targeted.py", "other/left.py"):
+        (tmp_path / rel).parent.mkdir(exist_ok=True)
+        (tmp_path / rel).write_text("")
+    targets = tmp_path / "targets.toml"
+    targets.write_text('["other/targeted.py"]\ntests = ["t.py"]\n["pkg/targeted.py"]\ntests = ["t.py"]\n')
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    monkeypatch.setattr(tool, "PACKAGES", ("pkg",))
+    files = [str(p.relative_to(tmp_path)) for p in tool.default_files(targets)]
+    assert files == ["other/targeted.py", "pkg/targeted.py", "pkg/untargeted.py"]
