@@ -8,22 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
 import pfl.runner.reproduce as rep
 from pfl.errors import ConfigError
-from pfl.runner.claims import (
-    Claim,
-    Contrast,
-    LrGrid,
-    above,
-    beats,
-    claim_verdict,
-    paired,
-    standing,
-    verdict,
-    verdict_text,
-)
+from pfl.runner.claims import Claim, LrGrid, beats
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--data.num_clients", "4", "--trainer.rounds", "3", "--model.hidden", "[16]", "--tracking.wandb", "false"]
@@ -269,127 +257,6 @@ def test_runs_that_differ_only_outside_the_summary_get_a_row_each(tmp_path, monk
     monkeypatch.setattr(rep, "all_claims", lambda: [claim])
     report = rep.run_claims(tmp_path).read_text()
     assert "| plain |" in report and "| decay |" in report and "+1" not in report
-
-
-# -- verdicts -------------------------------------------------------------------------------------
-def test_verdict_held_when_every_seed_favours_the_claim_beyond_the_spread():
-    assert verdict(Contrast("a - b", {0: 0.05, 1: 0.04, 2: 0.06})) == "held"
-
-
-def test_verdict_tie_when_the_mean_is_within_the_seed_spread():
-    assert verdict(Contrast("a - b", {0: 0.05, 1: -0.04, 2: 0.02})) == "tie"
-    # positive mean beyond the spread but one seed against the claim: not held, not a win either
-    assert verdict(Contrast("a - b", {0: 0.30, 1: 0.30, 2: 0.30, 3: -0.01})) == "tie"
-
-
-def test_verdict_not_held_when_the_mean_is_against_the_claim_beyond_the_spread():
-    assert verdict(Contrast("a - b", {0: -0.05, 1: -0.04, 2: -0.06})) == "not held"
-    assert verdict(Contrast("a - b", {0: -0.30, 1: -0.30, 2: 0.01})) == "not held"
-
-
-def test_verdict_measures_the_difference_beyond_the_margin():
-    diffs = {0: 0.05, 1: 0.04, 2: 0.06}
-    assert verdict(Contrast("a - b", diffs, margin=0.0)) == "held"
-    assert verdict(Contrast("a - b", diffs, margin=0.05)) == "tie"
-    assert verdict(Contrast("a - b", diffs, margin=0.2)) == "not held"
-    assert verdict(Contrast("a - b", {0: -0.01, 1: -0.015, 2: -0.012}, margin=-0.02)) == "held"  # may drop 2 points
-
-
-def test_one_seed_decides_by_sign_and_is_marked_indicative():
-    assert verdict(Contrast("a - b", {0: 0.01})) == "held"
-    assert verdict(Contrast("a - b", {0: -0.01})) == "not held"
-    assert verdict(Contrast("a - b", {0: 0.0})) == "tie"
-    assert verdict_text(Contrast("a - b", {0: 0.01})) == "held (indicative, 1 seed)"
-    assert verdict_text(Contrast("a - b", {0: 0.01, 1: 0.02})) == "held"
-
-
-def test_verdict_of_no_or_non_finite_differences_is_a_tie():
-    assert verdict(Contrast("a - b", {})) == "tie"
-    assert verdict(Contrast("a - b", {0: float("nan"), 1: 0.3, 2: 0.3})) == "tie"
-
-
-def test_claim_verdict_needs_every_contrast_held_and_any_not_held_fails_it():
-    held = Contrast("h", {0: 0.1, 1: 0.1})
-    tie = Contrast("t", {0: 0.1, 1: -0.1})
-    lost = Contrast("n", {0: -0.1, 1: -0.1})
-    assert claim_verdict([held, held]) == "held"
-    assert claim_verdict([held, tie]) == "tie"
-    assert claim_verdict([held, tie, lost]) == "not held"
-    assert claim_verdict([]) == "tie"
-
-
-def test_paired_and_above_give_per_seed_differences_of_the_runs_present():
-    s = {
-        0: {"a": {"metrics": {"m.mean": 0.8}}, "b": {"metrics": {"m.mean": 0.5}}},
-        1: {"a": {"metrics": {"m.mean": 0.6}}},  # b failed on seed 1: no pair
-    }
-    assert paired(s, "a", "b", "m") == {0: pytest.approx(0.3)}
-    assert above(s, "a", "m", 0.5) == {0: pytest.approx(0.3), 1: pytest.approx(0.1)}
-    (c,) = beats("a", ["b"], "m", margin=0.1)(s)
-    assert c.diffs == {0: pytest.approx(0.3)} and c.margin == 0.1 and "a - b" in c.name
-
-
-# -- the paper claims' checks on hand-made summaries ----------------------------------------------------
-def _seeds(rows: dict[str, tuple[float, ...]], key: str) -> dict:
-    n = len(next(iter(rows.values())))
-    return {seed: {label: {"metrics": {key: v[seed]}} for label, v in rows.items()} for seed in range(n)}
-
-
-def test_standing_ranks_the_winner_and_names_the_runs_ahead():
-    s = _seeds({"w": (0.8, 0.82), "a": (0.9, 0.88), "b": (0.5, 0.5)}, "m")
-    (sentence,) = standing("w", "m")(s)
-    assert sentence == "m (mean over seeds): w 0.8100 ranks 2 of 3; at or above it: a 0.8900."
-
-
-def test_page_compares_what_table_1_compares_with_both_controls():
-    from pfl.runner.claims import page
-
-    labels = [*page.PAGE_BASELINES, "page", *page.CONTROLS]
-    assert set(page.CLAIMS[0].runs) == set(labels)
-    s = {0: {k: {"metrics": {"pm.l_acc.mean": 0.5, "gm.acc": 0.5}} for k in labels}}
-    names = [c.name for c in page.page_contrasts(s)]
-    assert "page - scaffold (pm.l_acc)" in names and "page - scaffold (gm.acc)" not in names  # higher in the paper
-    assert (
-        "page - feddyn (gm.acc)" not in names and "page - dapfl (gm.acc)" in names and "page - ditto (gm.acc)" in names
-    )
-    assert "page - page_fixed (control, pm.l_acc)" in names and "page - page_random (control, gm.acc)" in names
-    argv = page.CLAIMS[0].runs["page_random"]
-    assert argv[argv.index("--method.actions") + 1] == "random"
-
-
-def test_page_warmup_is_under_a_tenth_of_the_run(monkeypatch):
-    monkeypatch.chdir(ROOT)
-    from pfl.runner.args import parse_fit_args
-    from pfl.runner.claims import page
-
-    claim = page.CLAIMS[0]
-    cfg = parse_fit_args([*claim.base, *claim.runs["page"]])[0]
-    assert cfg.trainer.rounds >= 300 and cfg.method.warmup < cfg.trainer.rounds / 10
-
-
-def test_page_notes_flag_agents_tuned_on_the_test_set(tmp_path):
-    from pfl.runner.claims import page
-
-    runs = {}
-    for label, split in (("page", "validation"), ("page_test", "test"), ("fedavg", None)):
-        (tmp_path / label).mkdir()
-        method = {"name": "page", "reward_split": split} if split else {"name": "fedavg"}
-        (tmp_path / label / "config.yaml").write_text(yaml.safe_dump({"method": method}))
-        runs[label] = {"run_dir": str(tmp_path / label)}
-    (note,) = page.reward_split_notes({0: runs})
-    assert note.startswith("**Warning**: page_test used method.reward_split test")
-    del runs["page_test"]
-    assert "validation" in page.reward_split_notes({0: runs})[0]
-
-
-def test_pgfed_is_contrasted_with_every_baseline_not_with_its_own_variants():
-    from pfl.runner.claims import pgfed
-
-    claim = pgfed.CLAIMS[0]
-    s = _seeds({label: (0.5, 0.6) for label in claim.runs}, "pm.l_acc.mean")
-    names = [c.name for c in claim.contrasts(s)]
-    assert len(names) == len(claim.runs) - 3 and not any("pgfedmo" in n or "pgfed_ce" in n for n in names)
-    assert "pgfed - fedavg (pm.l_acc.mean)" in names
 
 
 def test_make_reproduce_quick_runs_the_smoke_suite_apart_from_the_full_one():
