@@ -138,6 +138,8 @@ class MutantFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if fullname != self.name:
             return None
         spec = importlib.util.spec_from_loader(fullname, self, origin=str(self.origin))
+        if self.origin.name == "__init__.py":  # a package: its submodules are still found in its folder
+            spec.submodule_search_locations = [str(self.origin.parent)]
         spec.has_location = True  # sets __file__
         return spec
 
@@ -149,7 +151,9 @@ class MutantFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def module_name(path: Path) -> str:
-    return ".".join(path.resolve().relative_to(ROOT).with_suffix("").parts)
+    """The import name of a source file; a package's ``__init__.py`` is imported as the package."""
+    parts = path.resolve().relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 class RunningTestFile:

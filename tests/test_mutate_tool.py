@@ -152,3 +152,23 @@ def test_a_run_with_no_files_mutates_every_target_and_every_module_of_the_packag
     monkeypatch.setattr(tool, "PACKAGES", ("pkg",))
     files = [str(p.relative_to(tmp_path)) for p in tool.default_files(targets)]
     assert files == ["other/targeted.py", "pkg/targeted.py", "pkg/untargeted.py"]
+
+
+def test_a_packages_init_is_mutated_as_the_package_and_its_submodules_still_import(tiny_project: Path):
+    """pkg/__init__.py is imported as ``pkg``: the mutant must be what ``import pkg`` finds (a finder keyed
+    on ``pkg.__init__`` would serve nobody, so every mutant would survive), and ``pkg.sub`` still loads."""
+    package = tiny_project / "tinypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("def half(w):\n    return w / 2\n\n\ndef double(w):\n    return w * 2\n")
+    (package / "sub.py").write_text("from tinypkg import half\n\n\ndef quarter(w):\n    return half(half(w))\n")
+    (tiny_project / "test_tinypkg.py").write_text(
+        "from tinypkg import double, half\nfrom tinypkg.sub import quarter\n\n\n"
+        "def test_half():\n    assert half(4.0) == 2.0 and quarter(8.0) == 2.0 and double(0.0) == 0.0\n"
+    )
+    sys.modules.pop("tinypkg", None)
+    sys.modules.pop("tinypkg.sub", None)
+    assert tool.module_name(package / "__init__.py") == "tinypkg"
+    entry = tool.mutate_file(package / "__init__.py", ["test_tinypkg.py"], {}, tiny_project / "c.json", 2, False)
+    # "/" -> "*" and 2 -> 3 change half(4); double(0) is 0 either way, so its mutants survive (they would
+    # be "killed" by an ImportError if the mutated package lost its submodules)
+    assert by_line(entry) == {2: [tool.KILLED] * 2, 6: [tool.SURVIVED] * 2}
