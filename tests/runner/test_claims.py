@@ -8,7 +8,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pfl.runner.claims import Contrast, above, beats, claim_verdict, paired, standing, verdict, verdict_text
+from pfl.runner.claims import (
+    Claim,
+    Contrast,
+    LrGrid,
+    above,
+    all_claims,
+    beats,
+    claim_verdict,
+    method_args,
+    paired,
+    standing,
+    verdict,
+    verdict_text,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,6 +96,25 @@ def test_standing_ranks_the_winner_and_names_the_runs_ahead():
     assert sentence == "m (mean over seeds): w 0.8100 ranks 2 of 3; at or above it: a 0.8900."
 
 
+def test_standing_counts_ties_as_ahead_lists_the_best_first_and_averages_the_seeds_a_run_finished():
+    s = _seeds({"w": (0.6, 0.6), "tie": (0.6, 0.6), "best": (0.9, 0.7), "low": (0.1, 0.1)}, "m")
+    del s[1]["best"]  # best finished on seed 0 only: its mean is over that seed
+    (sentence,) = standing("w", "m")(s)
+    assert sentence == "m (mean over seeds): w 0.6000 ranks 3 of 4; at or above it: best 0.9000, tie 0.6000."
+    (first,) = standing("best", "m")(s)
+    assert first == "m (mean over seeds): best 0.9000 ranks 1 of 4; at or above it: none."
+    assert standing("absent", "m")(s) == ["absent has no finished run."]
+
+
+def test_beats_contrasts_every_baseline_with_no_margin_by_default():
+    s = _seeds({"w": (0.8, 0.7), "a": (0.5, 0.6), "b": (0.9, 0.9)}, "m")
+    check = beats("w", (b for b in ("a", "b")), "m")  # a one-pass iterable: every call sees both baselines
+    assert [c.name for c in check(s)] == [c.name for c in check(s)]
+    contrasts = check(s)
+    assert [(c.name, c.margin) for c in contrasts] == [("w - a (m)", 0.0), ("w - b (m)", 0.0)]
+    assert contrasts[1].diffs == {0: pytest.approx(-0.1), 1: pytest.approx(-0.2)}
+
+
 def test_page_compares_what_table_1_compares_with_both_controls():
     from pfl.runner.claims import page
 
@@ -132,3 +164,24 @@ def test_pgfed_is_contrasted_with_every_baseline_not_with_its_own_variants():
     names = [c.name for c in claim.contrasts(s)]
     assert len(names) == len(claim.runs) - 3 and not any("pgfedmo" in n or "pgfed_ce" in n for n in names)
     assert "pgfed - fedavg (pm.l_acc.mean)" in names
+
+
+# -- the claim records ------------------------------------------------------------------------------------
+def test_a_claims_methods_are_the_method_names_of_its_runs():
+    runs = {"p": method_args("page", "--method.warmup", "3"), "f": method_args("fedavg"), "d": ["--seed", "1"]}
+    claim = Claim("k", "paper", "statement", [], runs, beats("p", ["f"], "m"))
+    assert claim.methods() == {"page", "fedavg"}
+
+
+def test_an_lr_grid_applies_to_its_labels_or_to_every_run_when_it_names_none():
+    assert LrGrid((0.1,)).applies("anything")
+    named = LrGrid((0.1,), labels=("fedavg",))
+    assert named.applies("fedavg") and not named.applies("ditto")
+
+
+def test_all_claims_are_every_paper_modules_claims_in_module_order():
+    from pfl.runner.claims import fedora, fedpg, page, pgfed, plgu
+
+    expected = [*fedora.CLAIMS, *fedpg.CLAIMS, *page.CLAIMS, *pgfed.CLAIMS, *plgu.CLAIMS]
+    assert [c.key for c in all_claims()] == [c.key for c in expected]
+    assert len({c.key for c in expected}) == len(expected) == 7
