@@ -58,6 +58,19 @@ def test_one_seed_decides_by_sign_and_is_marked_indicative():
     assert verdict_text(Contrast("a - b", {0: 0.01, 1: 0.02})) == "held"
 
 
+def test_held_needs_the_mean_strictly_above_the_spread_and_every_seed_strictly_positive():
+    # 2, 4, 15: mean 7 and sample std sqrt((25 + 9 + 64) / 2) = 7 exactly
+    assert verdict(Contrast("a - b", {0: 2.0, 1: 4.0, 2: 15.0})) == "tie"
+    assert verdict(Contrast("a - b", {0: -2.0, 1: -4.0, 2: -15.0})) == "tie"
+    # mean 2/3 above the std 0.577, but one seed shows no gain at all
+    assert verdict(Contrast("a - b", {0: 0.0, 1: 1.0, 2: 1.0})) == "tie"
+
+
+def test_two_seeds_have_a_spread():
+    contrast = Contrast("a - b", {0: 0.01, 1: 0.5})  # mean 0.255 within the std 0.346
+    assert contrast.spread == pytest.approx(0.49 / 2**0.5) and verdict(contrast) == "tie"
+
+
 def test_verdict_of_no_or_non_finite_differences_is_a_tie():
     assert verdict(Contrast("a - b", {})) == "tie"
     assert verdict(Contrast("a - b", {0: float("nan"), 1: 0.3, 2: 0.3})) == "tie"
@@ -185,3 +198,31 @@ def test_all_claims_are_every_paper_modules_claims_in_module_order():
     expected = [*fedora.CLAIMS, *fedpg.CLAIMS, *page.CLAIMS, *pgfed.CLAIMS, *plgu.CLAIMS]
     assert [c.key for c in all_claims()] == [c.key for c in expected]
     assert len({c.key for c in expected}) == len(expected) == 7
+
+
+def test_claims_run_three_seeds_and_add_nothing_unless_they_say_so():
+    claim = Claim("k", "paper", "statement", [], {"p": method_args("page")}, beats("p", [], "m"))
+    assert claim.seeds == (0, 1, 2)  # >= 3 seeds: a verdict weighs a difference against its spread
+    # the report runs a stage or prints a section only for what is set (it checks "is not None")
+    assert (claim.winner, claim.diagnose, claim.lr_grid, claim.notes) == (None, None, None, None)
+    assert claim.plot_metric == "pm.l_acc.mean" and claim.metrics[:3] == (
+        "pm.l_acc",
+        "pm.l_acc.top5",
+        "pm.l_acc.bottom5",
+    )
+
+
+def test_the_lr_grid_defaults_are_the_documented_ones():
+    grid = LrGrid((0.1,))
+    documented = f'LrGrid(values, labels={grid.labels}, rounds={grid.rounds}, metric="{grid.metric}")'
+    assert documented in " ".join((ROOT / "docs" / "reproduce.md").read_text().split())
+    assert grid.arg == "--client.lr"  # the grid's values are client learning rates
+
+
+def test_contrasts_and_lr_grids_are_values():
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Contrast("a - b", {0: 0.1}).margin = 0.5  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        LrGrid((0.1,)).rounds = 5  # type: ignore[misc]
