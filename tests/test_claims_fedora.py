@@ -117,3 +117,42 @@ def test_diagnose_counts_clients_at_and_below_local(tmp_path):
         "fedora: PTR 0.500 over 1 seed(s); of 4 client-runs 1 end exactly at LOCAL's test accuracy and 2 below it "
         "(by 0.100 on average, at most 0.100); logged at the last round: fedora.lambda.mean 0.25."
     )
+
+
+def test_the_k_grid_is_the_documented_one():
+    from tests.runner.test_claims import ROOT
+
+    docs = (ROOT / "docs" / "reproduce_analogues.md").read_text()
+    assert "k ∈ {" + ", ".join(map(str, K_GRID)) + "}" in docs
+
+
+def test_only_the_clustered_baselines_are_noted_as_chosen_on_validation():
+    ptr = {"local": [1.0], "fedavg": [0.5], "ditto": [0.5], "ifca_k2": [0.5], "fedora": [1.0]}
+    by_name = {c.name: c for c in ptr_contrasts()(summaries(ptr, {"ifca_k2": [0.9]}))}
+    assert by_name["fedora PTR - ifca PTR"].note == "k chosen on validation per seed"
+    assert by_name["fedora PTR - ditto PTR"].note == ""
+
+
+def _client_run(tmp_path, label: str, accs: list[float], metrics_rows: str | None = None) -> dict:
+    d = tmp_path / label
+    d.mkdir()
+    d.joinpath("clients.csv").write_text("client,pm.l_acc\n" + "".join(f"{i},{a}\n" for i, a in enumerate(accs)))
+    if metrics_rows is not None:
+        d.joinpath("metrics.csv").write_text("round,fedora.lambda.mean\n" + metrics_rows)
+    return {"run_dir": str(d), "metrics": {"ptr": 0.5}, "num_clients": len(accs)}
+
+
+def test_diagnose_reads_the_last_evaluation_and_every_seed_and_variant_that_ran(tmp_path):
+    local0, local1 = _client_run(tmp_path, "l0", [0.8, 0.7]), _client_run(tmp_path, "l1", [0.8, 0.7])
+    graph = _client_run(tmp_path, "g", [0.8, 0.6], "1,9\n2,8\n3,0.25\n")
+    s = {0: {"local": local0}, 1: {"local": local1, "fedora_graph": graph}}  # no fedora run; graph on seed 1 only
+    (line,) = fedora.diagnose(s)
+    assert line.startswith("fedora_graph: PTR 0.500 over 1 seed(s); of 2 client-runs 1 end exactly")
+    assert line.endswith("fedora.lambda.mean 0.25.")
+
+
+def test_a_run_and_its_local_reference_must_have_the_same_clients(tmp_path):
+    with pytest.raises(ValueError):
+        fedora.versus_local(_client_run(tmp_path, "a", [0.8, 0.7, 0.6]), _client_run(tmp_path, "b", [0.8, 0.7]))
+    with pytest.raises(ValueError):
+        fedora.versus_local(_client_run(tmp_path, "c", [0.8]), _client_run(tmp_path, "d", [0.9, 0.7]))

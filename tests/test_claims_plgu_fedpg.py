@@ -166,3 +166,64 @@ def test_fedpg_table3_notes_the_robust_rows_without_contrasting_them(monkeypatch
     ]
     (best,) = fedpg.check_table3(s)  # the robust rows are no baselines of FedPG's contrast
     assert best.diffs == pytest.approx({0: 0.5 - 0.2, 1: 0.7 - 0.4})
+
+
+def test_plgu_rho_is_the_method_configs_and_the_matched_run_divides_it_by_the_layers():
+    import yaml
+
+    from tests.runner.test_claims import ROOT
+
+    for name in ("fedsam", "plgu_lf", "plgu_grep", "plgu_ghn"):
+        init = yaml.safe_load((ROOT / "conf" / "method" / f"{name}.yaml").read_text())
+        assert init["method"]["rho"] == plgu.RHO, name
+    matched = plgu._runs()["fedsam_matched"]
+    assert float(matched[matched.index("--method.rho") + 1]) == pytest.approx(plgu.RHO / plgu.MLP_LAYERS, rel=1e-5)
+
+
+def test_plgu_diagnose_states_each_pairs_tails():
+    s = seeds({"plgu_lf": tails([0.31, 0.32], [0.91, 0.91]), "fedavg": tails([0.2, 0.2], [0.95, 0.97])})
+    assert plgu.diagnose(s) == ["plgu_lf vs fedavg (gm): bottom-5% 0.3150 vs 0.2000, top-5% 0.9100 vs 0.9600."]
+
+
+def test_fedpg_attacks_make_the_configured_share_of_clients_malicious():
+    import yaml
+
+    from tests.runner.test_claims import ROOT
+
+    for a in fedpg.ATTACKS:
+        conf = yaml.safe_load((ROOT / "conf" / "experiment" / f"fedpg_attack_{a}.yaml").read_text())
+        assert conf["attack"]["fraction"] == fedpg.ATTACK_FRACTION
+
+
+def test_fedpg_honest_clean_averages_the_clean_runs_clients_the_attacks_leave_honest(tmp_path):
+    from pfl.federation.attacks import malicious_clients
+
+    accs = [0.1 * (i + 1) for i in range(10)]
+    tmp_path.joinpath("clients.csv").write_text("client,pm.g_acc\n" + "".join(f"{i},{a}\n" for i, a in enumerate(accs)))
+    summary = {"seed": 3, "num_clients": 10, "run_dir": str(tmp_path)}
+    bad = set(malicious_clients(3, 10, fedpg.ATTACK_FRACTION).tolist())
+    assert len(bad) == 1
+    honest = [a for i, a in enumerate(accs) if i not in bad]
+    assert fedpg.honest_clean(summary, "pm.g_acc") == pytest.approx(sum(honest) / len(honest))
+
+
+def test_fedpg_table3_reads_the_clean_run_and_skips_a_seed_without_fedpgs_attacked_run(tmp_path):
+    (tmp_path / "clients.csv").write_text("client,pm.s_acc,pm.g_acc\n" + "".join(f"{i},0.8,0.8\n" for i in range(10)))
+    m = {"honest.pm.s_acc.mean": 0.7, "honest.pm.g_acc.mean": 0.7, "gm.acc": 0.7}
+    clean = {"metrics": {"gm.acc": 0.8}, "seed": 0, "num_clients": 10, "run_dir": str(tmp_path)}
+    s = {
+        0: {
+            "fedpg_clean": clean,
+            "fedpg_a1": {"metrics": m},
+            "fedavg_a1": {"metrics": {**m, "honest.pm.g_acc.mean": 0.5}},
+        },
+        1: {"fedavg_a1": {"metrics": m}},  # FedPG's attacked run did not finish on seed 1
+    }
+    drop, best = fedpg.check_table3(s)
+    assert drop.diffs == pytest.approx({0: 0.05 - 0.1}) and best.diffs == pytest.approx({0: 0.2})
+
+
+def test_fedpg_diagnose_reports_the_last_logged_norm(tmp_path):
+    rows = "25,0.02\n50,0.01\n75,0.001\n"
+    s = {0: {"fedpg": {"metrics": {"gm.acc": 0.5}, "run_dir": run_dir(tmp_path, "f", rows, "round,fedpg.d_norm")}}}
+    assert fedpg.diagnose_table1(s)[0].endswith("||d|| 0.02 at the first evaluation, 0.001 at the last.")

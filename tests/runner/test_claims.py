@@ -226,3 +226,60 @@ def test_contrasts_and_lr_grids_are_values():
         Contrast("a - b", {0: 0.1}).margin = 0.5  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         LrGrid((0.1,)).rounds = 5  # type: ignore[misc]
+
+
+# -- what the suite runs, against what the docs say it runs --------------------------------------------------
+def _configs(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, arg in enumerate(argv) if arg == "--config"]
+
+
+def test_every_claims_base_and_runs_name_configuration_files_that_exist():
+    for claim in all_claims():
+        assert _configs(claim.base), f"{claim.key}: its base names no configuration"
+        for label, argv in {"base": claim.base, **claim.runs}.items():
+            assert all(isinstance(a, str) for a in argv), f"{claim.key}.{label}"
+            for path in _configs(argv):
+                assert (ROOT / path).is_file(), f"{claim.key}.{label}: {path}"
+
+
+def test_the_lr_grids_are_the_ones_docs_paper_vs_code_states():
+    lines = (ROOT / "docs" / "paper_vs_code.md").read_text().splitlines()
+    rows = {line.split("|")[1].strip(): line for line in lines if line.startswith("| ")}  # the paper's and pfl's
+    row_of = {"fedora_rotated": "FedORA Tables 1 and 3", "fedora_rotated_big": "FedORA Tables 1 and 3",
+              "fedpg_table1": "FedPG Table 1", "plgu_tails": "PLGU Tables 1–2"}  # fmt: skip
+    for claim in all_claims():
+        if claim.key not in row_of:
+            assert claim.lr_grid is None, claim.key
+            continue
+        grid, row = claim.lr_grid, rows[row_of[claim.key]]
+        assert "{" + ", ".join(f"{v:g}" for v in grid.values) + "}" in row and f"after {grid.rounds} of" in row
+        assert not grid.labels  # every row of the table chooses its own lr
+
+
+def test_the_run_lengths_are_the_documented_ones():
+    from pfl.runner.claims import page, pgfed
+
+    docs = " ".join((ROOT / "docs" / "reproduce.md").read_text().split())
+
+    def rounds(base: list[str]) -> str:
+        return base[base.index("--trainer.rounds") + 1]
+
+    assert f"for **{rounds(page.PAGE_BASE)} rounds**" in docs and int(rounds(page.PAGE_BASE)) == page.ROUNDS
+    assert f"**{rounds(pgfed.PGFED_BASE)} of the configuration's" in docs
+
+
+def test_page_diagnose_ranks_page_and_sets_its_agents_against_both_controls():
+    from pfl.runner.claims import page
+
+    rows = {"page": (0.8, 0.9), "page_fixed": (0.7, 0.7), "page_random": (0.6, 0.5), "fedavg": (0.75, 0.75)}
+    s = {seed: {k: {"metrics": {"pm.l_acc.mean": v[seed], "pm.l_acc": v[seed], "gm.acc": 0.5}} for k, v in rows.items()}
+         for seed in (0, 1)}  # fmt: skip
+    del s[1]["page_random"]  # finished on seed 0 only: its mean is over that seed
+    lines = page.page_diagnose(s)
+    assert lines[0].startswith("pm.l_acc.mean (mean over seeds): page 0.8500 ranks 1 of 4")
+    assert lines[-1] == (
+        "pm.l_acc of the agents' actions against the controls: page 0.8500, frozen at the baselines' values 0.7000, "
+        "random 0.6000 (means over seeds)."
+    )
+    del s[0]["page_random"]  # no control run at all: no comparison line
+    assert len(page.page_diagnose(s)) == 2
