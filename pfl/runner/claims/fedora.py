@@ -148,9 +148,8 @@ def last_method_metrics(summary: dict, prefix: str) -> dict[str, float]:
 
 def versus_local(run: dict, local: dict) -> tuple[int, list[float], int]:
     """A run's clients exactly at LOCAL's test accuracy, the shortfalls of those below it, and the client count."""
-    mine, ref = per_client(run), per_client(local)
-    equal = sum(a == b for a, b in zip(mine, ref, strict=True))
-    return equal, [b - a for a, b in zip(mine, ref, strict=True) if a < b], len(mine)
+    pairs = list(zip(per_client(run), per_client(local), strict=True))
+    return sum(a == b for a, b in pairs), [b - a for a, b in pairs if a < b], len(pairs)
 
 
 def diagnose(s: SeedSummaries) -> list[str]:
