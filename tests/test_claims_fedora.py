@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,8 @@ from pfl.data.rotation import rotate_images
 from pfl.runner.args import parse_fit_args
 from pfl.runner.claims import fedora
 from pfl.runner.claims.fedora import FEDORA_BIG, FEDORA_RUNS, K_GRID, chosen_k, chosen_k_notes, ptr_contrasts
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def data_config(base: list[str]):
@@ -98,16 +101,18 @@ def test_ptr_contrasts_give_the_paired_differences():
     assert by_name["0.5 - fedavg PTR"].diffs == pytest.approx({0: 0.25, 1: 0.5, 2: 0.0})
 
 
-def test_diagnose_counts_clients_at_and_below_local(tmp_path):
-    def run(label: str, accs: list[float], lam: float | None = None) -> dict:
-        d = tmp_path / label
-        d.mkdir()
-        d.joinpath("clients.csv").write_text("client,pm.l_acc\n" + "".join(f"{i},{a}\n" for i, a in enumerate(accs)))
-        if lam is not None:
-            d.joinpath("metrics.csv").write_text(f"round,fedora.lambda.mean\n1,9\n2,{lam}\n")
-        return {"run_dir": str(d), "metrics": {"ptr": 0.5}, "num_clients": len(accs)}
+def _client_run(tmp_path, label: str, accs: list[float], metrics_rows: str | None = None) -> dict:
+    d = tmp_path / label
+    d.mkdir()
+    d.joinpath("clients.csv").write_text("client,pm.l_acc\n" + "".join(f"{i},{a}\n" for i, a in enumerate(accs)))
+    if metrics_rows is not None:
+        d.joinpath("metrics.csv").write_text("round,fedora.lambda.mean\n" + metrics_rows)
+    return {"run_dir": str(d), "metrics": {"ptr": 0.5}, "num_clients": len(accs)}
 
-    s = {0: {"local": run("local", [0.8, 0.7, 0.9, 0.6]), "fedora": run("fedora", [0.8, 0.6, 0.95, 0.5], 0.25)}}
+
+def test_diagnose_counts_clients_at_and_below_local(tmp_path):
+    local = _client_run(tmp_path, "local", [0.8, 0.7, 0.9, 0.6])
+    s = {0: {"local": local, "fedora": _client_run(tmp_path, "fedora", [0.8, 0.6, 0.95, 0.5], "1,9\n2,0.25\n")}}
     assert fedora.notes(s)[-1] == (
         "fedora: PTR per seed 0.500 (the claim needs >= 0.9); clients exactly at LOCAL's test accuracy (a tie "
         "counts as a pass) per seed: 1."
@@ -120,8 +125,6 @@ def test_diagnose_counts_clients_at_and_below_local(tmp_path):
 
 
 def test_the_k_grid_is_the_documented_one():
-    from tests.runner.test_claims import ROOT
-
     docs = (ROOT / "docs" / "reproduce_analogues.md").read_text()
     assert "k ∈ {" + ", ".join(map(str, K_GRID)) + "}" in docs
 
@@ -131,15 +134,6 @@ def test_only_the_clustered_baselines_are_noted_as_chosen_on_validation():
     by_name = {c.name: c for c in ptr_contrasts()(summaries(ptr, {"ifca_k2": [0.9]}))}
     assert by_name["fedora PTR - ifca PTR"].note == "k chosen on validation per seed"
     assert by_name["fedora PTR - ditto PTR"].note == ""
-
-
-def _client_run(tmp_path, label: str, accs: list[float], metrics_rows: str | None = None) -> dict:
-    d = tmp_path / label
-    d.mkdir()
-    d.joinpath("clients.csv").write_text("client,pm.l_acc\n" + "".join(f"{i},{a}\n" for i, a in enumerate(accs)))
-    if metrics_rows is not None:
-        d.joinpath("metrics.csv").write_text("round,fedora.lambda.mean\n" + metrics_rows)
-    return {"run_dir": str(d), "metrics": {"ptr": 0.5}, "num_clients": len(accs)}
 
 
 def test_diagnose_reads_the_last_evaluation_and_every_seed_and_variant_that_ran(tmp_path):

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from pfl.runner.claims import fedpg, plgu
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def seeds(per_label: dict[str, dict[str, list[float]]]) -> dict:
@@ -169,10 +174,6 @@ def test_fedpg_table3_notes_the_robust_rows_without_contrasting_them(monkeypatch
 
 
 def test_plgu_rho_is_the_method_configs_and_the_matched_run_divides_it_by_the_layers():
-    import yaml
-
-    from tests.runner.test_claims import ROOT
-
     for name in ("fedsam", "plgu_lf", "plgu_grep", "plgu_ghn"):
         init = yaml.safe_load((ROOT / "conf" / "method" / f"{name}.yaml").read_text())
         assert init["method"]["rho"] == plgu.RHO, name
@@ -186,10 +187,6 @@ def test_plgu_diagnose_states_each_pairs_tails():
 
 
 def test_fedpg_attacks_make_the_configured_share_of_clients_malicious():
-    import yaml
-
-    from tests.runner.test_claims import ROOT
-
     for a in fedpg.ATTACKS:
         conf = yaml.safe_load((ROOT / "conf" / "experiment" / f"fedpg_attack_{a}.yaml").read_text())
         assert conf["attack"]["fraction"] == fedpg.ATTACK_FRACTION
