@@ -118,9 +118,10 @@ def grid_jobs(claim: Claim, out: Path) -> list[Job]:
     return jobs
 
 
-def choose_lrs(claim: Claim, out: Path) -> tuple[dict[str, float], list[str]]:
+def choose_lrs(claim: Claim, out: Path, finished: set[Path] | None = None) -> tuple[dict[str, float], list[str]]:
     """label -> the grid lr with the highest validation metric (the first of equals), and the report's
-    lines saying what each lr scored. A label none of whose grid runs finished keeps its configured lr."""
+    lines saying what each lr scored. A label none of whose grid runs finished keeps its configured lr.
+    ``finished``: the grid runs with a result of this suite (default: every run folder with a summary)."""
     grid = claim.lr_grid
     if grid is None:
         return {}, []
@@ -132,9 +133,9 @@ def choose_lrs(claim: Claim, out: Path) -> tuple[dict[str, float], list[str]]:
             continue
         scores = {}
         for lr in grid.values:
-            path = out / claim.key / LR_DIR / label / f"lr{lr:g}" / "summary.json"
-            if path.exists():
-                score = json.loads(path.read_text())["metrics"].get(grid.metric)
+            where = out / claim.key / LR_DIR / label / f"lr{lr:g}"
+            if (where / "summary.json").exists() and (finished is None or where in finished):
+                score = json.loads((where / "summary.json").read_text())["metrics"].get(grid.metric)
                 if score is not None and math.isfinite(score):
                     scores[lr] = score
         text = ", ".join(f"{lr:g}: {v:.4f}" for lr, v in scores.items()) or "no grid run finished"
@@ -163,14 +164,17 @@ def run_claims(
     # Every run's configuration is checked before the first one starts (the chosen lrs are grid values).
     grids = {c.key: [] if quick else grid_jobs(c, out) for c in ready}
     jobs = {c.key: claim_jobs(c, out, quick) for c in ready}
-    _run([j for c in ready for j in grids[c.key]], workers, reuse, "lr grid", times, failures, diverged)
+    started = time.time()
+    ran = _run([j for c in ready for j in grids[c.key]], workers, reuse, "lr grid", times, failures, diverged)
+    grid_done = {key: _finished_jobs(grid, started, ran) for key, grid in grids.items()}
     grid_lines: dict[str, list[str]] = {}
     for c in ready:
         if grids[c.key]:  # the claim's runs again, with the chosen learning rates
-            chosen, grid_lines[c.key] = choose_lrs(c, out)
+            chosen, grid_lines[c.key] = choose_lrs(c, out, {j.run_dir for j in grid_done[c.key]})
             jobs[c.key] = claim_jobs(c, out, quick, chosen)
     started = time.time()
     ran = _run([j for c in ready for j in jobs[c.key]], workers, reuse, "reproduce", times, failures, diverged)
+    done = {key: _finished_jobs(claim_runs, started, ran) for key, claim_runs in jobs.items()}
 
     sections: list[str] = []
     verdicts: dict[str, str] = {}
@@ -186,12 +190,12 @@ def run_claims(
                 if quick
                 else grid_lines.get(claim.key, [])
             )
-        grid = [j for j in grids[claim.key] if j.done()]
-        lines, verdicts[claim.key] = claim_section(claim, jobs[claim.key], out, started, ran, times, grid)
+        lines, verdicts[claim.key] = claim_section(
+            claim, jobs[claim.key], done[claim.key], out, times, grid_done[claim.key]
+        )
         sections += lines
     reused = sum(j.name not in ran and j.done() for c in ready for j in jobs[c.key])
-    per_claim = {c.key: times.of([j for j in jobs[c.key] if j.done()], [j for j in grids[c.key] if j.done()])
-                 for c in ready}  # fmt: skip
+    per_claim = {c.key: times.of(done[c.key], grid_done[c.key]) for c in ready}
     timing = SuiteTime(time.perf_counter() - t0, workers, len(ran), reused, per_claim, times.invocations())
     report = out / "REPORT.md"
     report.write_text("\n".join([*_header(claims, verdicts, quick, timing), *sections]) + "\n")
@@ -373,11 +377,11 @@ def _header(claims: list[Claim], verdicts: dict[str, str], quick: bool, timing: 
 
 
 def claim_section(
-    claim: Claim, jobs: list[Job], out: Path, started: float, ran: set[str], times: RunTimes, grid: list[Job]
+    claim: Claim, jobs: list[Job], finished: list[Job], out: Path, times: RunTimes, grid: list[Job]
 ) -> tuple[list[str], str]:
-    """The claim's report lines (table, contrasts, verdict, causes, plot) and its verdict; ``grid``: its
-    finished lr-grid runs (counted in its time)."""
-    finished = [j for j in jobs if _finished(j.run_dir, started, j.name in ran)]
+    """The claim's report lines (table, contrasts, verdict, causes, plot) and its verdict; ``finished``:
+    those of its ``jobs`` with a result of this suite; ``grid``: its finished lr-grid runs (counted in
+    its time)."""
     lines = []
     failed = [j.name for j in jobs if j not in finished]
     if failed:
@@ -453,6 +457,13 @@ def contrast_table(contrasts: list[Contrast], seeds: list[int]) -> list[str]:
             f"| {verdict_text(c)} |"
         )
     return lines
+
+
+def _finished_jobs(jobs: list[Job], started: float, ran: set[str]) -> list[Job]:
+    """The jobs with a result of this suite: reused, or run by it (``ran``) and written since ``started``.
+    A run that failed can leave an earlier suite's result in its folder (a run that fails before writing
+    anything moves the old folder back): that one is neither reported nor counted in the suite's time."""
+    return [j for j in jobs if _finished(j.run_dir, started, j.name in ran)]
 
 
 def _finished(run_dir: Path, started: float, rerun: bool) -> bool:

@@ -1,0 +1,604 @@
+"""The reproduction suite's own logic on fake runs: jobs, the lr grid's choice, time records, the report's
+header, sections, contrast tables and plots. The fake runner writes each run folder with the runner's own
+writers and known numbers, so every figure of the report is known. The suite on real tiny runs:
+test_reproduce_real_runs.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+import pfl.runner.reproduce as rep
+from pfl.errors import EXIT_DIVERGED, ConfigError
+from pfl.runner.claims import Claim, Contrast, LrGrid, beats
+from pfl.runner.outputs import RunFiles
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = ["--data.num_clients", "4", "--trainer.rounds", "20", "--tracking.wandb", "false"]
+RUNS = {"local": ["--method.name", "local"], "ditto": ["--method.name", "ditto", "--method.lam", "0.1"]}
+# (label, seed) -> the run's pm.l_acc.mean; its three clients score it -0.1, +0, +0.1
+SCORES = {("local", 0): 0.5, ("ditto", 0): 0.6, ("local", 1): 0.55, ("ditto", 1): 0.7}
+
+
+def tiny_claim(**kw) -> Claim:
+    args = dict(key="tiny", paper="Paper", statement="ditto beats local", base=BASE, runs=RUNS, seeds=(0, 1))
+    return Claim(**{**args, "contrasts": beats("ditto", ["local"], "pm.l_acc"), **kw})
+
+
+def flag(argv: list[str], name: str, default: str | None = None) -> str | None:
+    """The last value given to ``name`` (as the parser reads it), or ``default``."""
+    return argv[len(argv) - 1 - argv[::-1].index(name) + 1] if name in argv else default
+
+
+class FakeRunner:
+    """Stands in for ``run_parallel``: writes each run's folder (config, curves, clients, summary) with
+    ``score(name, argv)`` as its pm.l_acc.mean and pm.val_acc.mean, exits with ``codes[name]`` (0 when
+    absent), and reports ``wall`` and ``cpu`` seconds to ``on_finish`` as the real one does."""
+
+    def __init__(self, score=None, codes: dict[str, int] | None = None, wall: float = 30.0, cpu: float | None = 24.0):
+        self.score = score or (lambda name, argv: SCORES[(name.split("/")[-2], int(flag(argv, "--seed")))])
+        self.codes, self.wall, self.cpu = codes or {}, wall, cpu
+        self.calls: list[tuple[str, list[str], int]] = []
+        self.argv: dict[str, list[str]] = {}
+
+    def __call__(self, jobs, workers, what="sweep", on_finish=None):
+        self.calls.append((what, list(jobs), workers))
+        failed = []
+        for name, argv in jobs.items():
+            self.argv[name] = argv
+            code = self.codes.get(name, 0)
+            if code == 0:
+                write_run(argv, self.score(name, argv))
+            else:
+                failed.append(f"{name}: boom")
+            on_finish(name, code, self.wall, self.cpu)
+        if failed:
+            raise ConfigError(what, f"{len(failed)} of {len(jobs)} runs failed: {'; '.join(failed)}")
+
+
+def write_run(argv: list[str], score: float) -> Path:
+    files = RunFiles(Path(flag(argv, "--tracking.root")) / flag(argv, "--tracking.name"))
+    seed, lr, rounds = (
+        int(flag(argv, "--seed")),
+        float(flag(argv, "--client.lr", "0.05")),
+        int(flag(argv, "--trainer.rounds")),
+    )
+    method = flag(argv, "--method.name")
+    config = {"seed": seed, "method": {"name": method}, "client": {"lr": lr}, "trainer": {"rounds": rounds}}
+    files.write_config(yaml.safe_dump(config))
+    files.write_metrics([{"round": rounds, "pm.l_acc.mean": score}])
+    files.write_clients([{"client": i, "pm.l_acc": score + d} for i, d in enumerate((-0.1, 0.0, 0.1))])
+    metrics = {"pm.l_acc.mean": score, "pm.l_acc.std": 0.0816, "pm.val_acc.mean": score}
+    files.write_summary({"method": method, "seed": seed, "rounds": rounds, "select": "final", "metrics": metrics})
+    return files.dir
+
+
+@pytest.fixture
+def fake(monkeypatch) -> FakeRunner:
+    monkeypatch.chdir(ROOT)
+    runner = FakeRunner()
+    monkeypatch.setattr(rep, "run_parallel", runner)
+    monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim()])
+    return runner
+
+
+def section(report: str, key: str) -> str:
+    return report.split(f": {key}\n", 1)[1].split("\n## ", 1)[0]
+
+
+# --- the jobs -------------------------------------------------------------------------------------------
+
+
+def test_a_run_folder_is_the_claim_label_and_seed():
+    assert rep.run_dir(Path("out"), "c", "ditto", 7) == Path("out/c/ditto/s7")
+
+
+def test_a_shortened_run_is_evaluated_at_its_last_round_and_quick_keeps_a_tenth_of_the_rounds():
+    assert rep.shortened(["--x", "1"], 3) == ["--x", "1", "--trainer.rounds", "3", "--trainer.eval_every", "3"]
+    assert rep.quick_rounds(["--trainer.rounds", "29"]) == 2
+    assert rep.quick_rounds(["--trainer.rounds", "30"]) == 3
+    assert rep.quick_rounds(["--trainer.rounds", "9"]) == 1  # never zero rounds
+
+
+def test_jobs_go_seed_by_seed_so_a_stopped_suite_has_whole_paired_seeds(tmp_path):
+    claim = tiny_claim(seeds=(3, 7))
+    jobs = rep.claim_jobs(claim, tmp_path, quick=False)
+    assert [(j.claim, j.label, j.seed) for j in jobs] == [
+        ("tiny", "local", 3), ("tiny", "ditto", 3), ("tiny", "local", 7), ("tiny", "ditto", 7)]  # fmt: skip
+    assert [j.name for j in jobs] == ["tiny/local/s3", "tiny/ditto/s3", "tiny/local/s7", "tiny/ditto/s7"]
+    assert jobs[2].run_dir == tmp_path / "tiny" / "local" / "s7"
+    assert flag(jobs[3].argv, "--seed") == "7" and flag(jobs[3].argv, "--tracking.name") == "s7"
+    (local, ditto) = rep.claim_jobs(claim, tmp_path, quick=True)
+    assert (local.seed, ditto.seed) == (3, 3) and flag(ditto.argv, "--trainer.rounds") == "2"
+    assert flag(ditto.argv, "--trainer.eval_every") == "2"
+    with pytest.raises(ConfigError, match=r"tiny\.seeds: a claim needs at least one seed"):
+        rep.claim_jobs(tiny_claim(seeds=()), tmp_path, quick=False)
+
+
+def test_each_run_writes_its_own_folder_without_progress_bars_and_checkpoints_rarely(tmp_path):
+    (job, *_) = rep.claim_jobs(tiny_claim(), tmp_path, quick=False)
+    assert job.argv[0] == "fit" and job.argv[1:4] == BASE[:3] and job.done() is False
+    assert flag(job.argv, "--tracking.root") == str(tmp_path / "tiny" / "local")
+    assert flag(job.argv, "--tracking.name") == "s0" and flag(job.argv, "--seed") == "0"
+    assert flag(job.argv, "--trainer.progress") == "false" and flag(job.argv, "--tracking.overwrite") == "true"
+    assert flag(job.argv, "--trainer.checkpoint_every") == "1000000"
+    (job.run_dir).mkdir(parents=True)
+    (job.run_dir / "summary.json").write_text("{}")
+    assert job.done()
+
+
+def test_chosen_lrs_apply_only_to_their_labels_and_only_with_a_grid(tmp_path):
+    grid = tiny_claim(lr_grid=LrGrid((0.1, 0.2), arg="--client.lr"))
+    jobs = {j.name: j.argv for j in rep.claim_jobs(grid, tmp_path, quick=False, lrs={"ditto": 0.2})}
+    assert flag(jobs["tiny/ditto/s1"], "--client.lr") == "0.2" and "--client.lr" not in jobs["tiny/local/s1"]
+    plain = rep.claim_jobs(tiny_claim(), tmp_path, quick=False, lrs={"ditto": 0.2})
+    assert not any("--client.lr" in j.argv for j in plain)
+
+
+def test_a_configuration_that_does_not_parse_is_refused_when_the_jobs_are_built(tmp_path):
+    broken = tiny_claim(runs={"local": ["--method.name", "local", "--trainer.rounds", "many"]})
+    with pytest.raises(ConfigError, match="rounds"):
+        rep.claim_jobs(broken, tmp_path, quick=False)
+
+
+def test_grid_jobs_run_each_lr_of_the_labels_it_applies_to_on_the_first_seed(tmp_path):
+    assert rep.grid_jobs(tiny_claim(), tmp_path) == []
+    claim = tiny_claim(base=[*BASE, "--data.val_frac", "0.2"], lr_grid=LrGrid((0.5, 1e-3), labels=("ditto",), rounds=4))
+    claim.seeds = (5, 6)
+    jobs = rep.grid_jobs(claim, tmp_path)
+    assert [j.name for j in jobs] == ["tiny/_lr/ditto/lr0.5", "tiny/_lr/ditto/lr0.001"]
+    assert [j.run_dir for j in jobs] == [tmp_path / "tiny" / "_lr" / "ditto" / n for n in ("lr0.5", "lr0.001")]
+    assert all(j.claim == "tiny" and j.label == "ditto" and j.seed == 5 for j in jobs)
+    argv = jobs[1].argv
+    assert argv[0] == "fit" and flag(argv, "--client.lr") == "0.001" and flag(argv, "--seed") == "5"
+    assert flag(argv, "--trainer.rounds") == "4" and flag(argv, "--trainer.eval_every") == "4"
+    assert flag(argv, "--tracking.root") == str(tmp_path / "tiny" / "_lr" / "ditto")
+    assert flag(argv, "--tracking.checkpoint_every", "") == "" and flag(argv, "--trainer.progress") == "false"
+    with pytest.raises(ConfigError, match=r"tiny\.lr_grid: .*has none.*--data\.val_frac"):
+        rep.grid_jobs(tiny_claim(lr_grid=LrGrid((0.1,))), tmp_path)
+
+
+# --- the lr grid's choice -------------------------------------------------------------------------------
+
+
+def grid_scores(out: Path, label: str, scores: dict[float, float | None]) -> None:
+    for lr, score in scores.items():
+        run = out / "tiny" / "_lr" / label / f"lr{lr:g}"
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({"metrics": {} if score is None else {"v": score}}))
+
+
+def test_the_lr_with_the_best_validation_score_is_chosen_the_first_of_equals(tmp_path):
+    claim = tiny_claim(lr_grid=LrGrid((0.01, 0.1, 1.0, 2.0), metric="v", rounds=7))
+    grid_scores(tmp_path, "ditto", {0.01: 0.9, 0.1: 0.9, 1.0: float("nan")})  # 2.0 did not finish
+    grid_scores(tmp_path, "local", {0.01: None, 0.1: 0.2, 2.0: float("inf")})
+    chosen, lines = rep.choose_lrs(claim, tmp_path)
+    assert chosen == {"ditto": 0.01, "local": 0.1}
+    assert lines == [
+        "Learning rate chosen on validation (`v` after 7 rounds, seed 0) from 0.01, 0.1, 1, 2:",
+        "",
+        "- local: **0.1** (0.1: 0.2000)",
+        "- ditto: **0.01** (0.01: 0.9000, 0.1: 0.9000)",
+        "",
+    ]
+
+
+def test_a_label_without_a_finished_grid_run_keeps_its_lr_and_labels_outside_the_grid_are_not_listed(tmp_path):
+    claim = tiny_claim(lr_grid=LrGrid((0.1,), labels=("ditto",), metric="v"))
+    assert rep.choose_lrs(claim, tmp_path) == ({}, [
+        "Learning rate chosen on validation (`v` after 20 rounds, seed 0) from 0.1:", "",
+        "- ditto: the configured lr (no grid run finished)", ""])  # fmt: skip
+    assert rep.choose_lrs(tiny_claim(), tmp_path) == ({}, [])
+
+
+# --- the suite on fake runs -----------------------------------------------------------------------------
+
+
+def test_the_report_has_the_header_table_the_section_and_the_paired_contrast(fake, tmp_path, capsys, monkeypatch):
+    absent = Claim(
+        "absent", "Other", "needs a missing method", BASE, {"x": ["--method.name", "nope"]}, beats("x", [], "m")
+    )
+    monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(winner="ditto"), absent])
+    report = rep.run_claims(tmp_path, workers=3).read_text()
+    assert fake.calls == [("reproduce", ["tiny/local/s0", "tiny/ditto/s0", "tiny/local/s1", "tiny/ditto/s1"], 3)]
+    assert "reproduce: 4 runs to do, 0 reused, 3 worker(s)" in capsys.readouterr().out
+    assert report.startswith("# Reproduction report\n\nGenerated ")
+    assert "on CPU, embedded data; full: every claim over its seeds.\n" in report and "QUICK" not in report
+    assert "| claim | verdict | runs | CPU-minutes | run-minutes |\n|---|---|---|---|---|\n" in report
+    assert "| tiny | held | 4 | 1.6 | 2.0 |\n| absent | not run | 0 | 0.0 | 0.0 |\n" in report
+    assert (
+        "Recorded time of the report's 4 runs: 1.6 CPU-minutes, about 0.5 min of wall time with 3 worker(s)" in report
+    )
+    assert "(2.0 run-minutes of wall time as measured, which grows with other load on the machine).\n" in report
+    assert "## Other: absent\n\nClaim: needs a missing method.\n\nNot run: methods not available yet: nope.\n" in report
+    tiny = section(report, "tiny")
+    assert tiny.startswith("\nClaim: ditto beats local.\n\nGain, R-Acc and PTR are per client against the suite's own")
+    assert "Mean ± std over 2 seed(s) (0, 1):" in tiny and "Failed" not in tiny
+    assert re.search(r"^\| ditto \| ditto \| 2 \| \*\*0\.6500 ± 0\.0707\*\* \|", tiny, re.M)
+    assert re.search(r"^\| local \| local \| 2 \| 0\.5250 ± 0\.0354 \|", tiny, re.M)
+    assert "| contrast | s0 | s1 | mean | std | margin | verdict |\n|---|---|---|---|---|---|---|\n" in tiny
+    assert "| ditto - local (pm.l_acc) | +0.1000 | +0.1500 | +0.1250 | 0.0354 | +0.0000 | held |" in tiny
+    assert "\n**Verdict: held**\n" in tiny and "Measured causes" not in tiny
+    assert "\n![tiny](tiny.png)\n\n![tiny curves](tiny_curves.png)\n\n![tiny clients](tiny_clients.png)\n" in tiny
+    assert tiny.endswith("(4 runs, 1.6 CPU-minutes, 2.0 run-minutes)\n")
+    for name in ("tiny.png", "tiny_curves.png", "tiny_clients.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert not (tmp_path / "absent.png").exists()
+
+
+def test_gain_over_local_reaches_the_table_client_by_client(fake, tmp_path, monkeypatch):
+    monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(metrics=("gain", "r_acc.mean", "ptr"))])
+    tiny = section(rep.run_claims(tmp_path).read_text(), "tiny")
+    # every ditto client is 0.1 (seed 0) or 0.15 (seed 1) above its local one: relative gains 0.1 / 0.4 ...
+    r_acc = [sum(d / (m - 0.1 + k * 0.1) for k in range(3)) / 3 for d, m in ((0.1, 0.5), (0.15, 0.55))]
+    assert f"{sum(r_acc) / 2:.4f} ± {abs(r_acc[0] - r_acc[1]) / math.sqrt(2):.4f}" == "0.2422 ± 0.0519"
+    assert "| ditto | ditto | 2 | **0.1250 ± 0.0354** | **0.2422 ± 0.0519** | **1.0000 ± 0.0000** |" in tiny
+    assert "| local | local | 2 | 0.0000 ± 0.0000 | 0.0000 ± 0.0000 | **1.0000 ± 0.0000** |" in tiny
+
+
+def test_a_claim_without_a_local_run_has_no_gain_sentence(fake, tmp_path, monkeypatch):
+    runs = {"ditto": RUNS["ditto"], "fedavg": ["--method.name", "fedavg"]}
+    fake.score = lambda name, argv: 0.6 if "ditto" in name else 0.5
+    monkeypatch.setattr(
+        rep, "all_claims", lambda: [tiny_claim(runs=runs, contrasts=beats("ditto", ["fedavg"], "pm.l_acc"))]
+    )
+    tiny = section(rep.run_claims(tmp_path).read_text(), "tiny")
+    assert "Gain, R-Acc" not in tiny and "| ditto - fedavg (pm.l_acc) | +0.1000 | +0.1000 |" in tiny
+
+
+def test_only_the_named_claims_run(fake, tmp_path, monkeypatch):
+    other = tiny_claim(key="other")
+    monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(), other])
+    report = rep.run_claims(tmp_path, only=["other"]).read_text()
+    assert fake.calls[0][1][0] == "other/local/s0" and "## Paper: tiny" not in report and "| tiny |" not in report
+
+
+def test_a_claim_not_held_lists_its_measured_causes_and_one_held_does_not(fake, tmp_path, monkeypatch):
+    causes = lambda s: [f"{len(s)} seeds measured", "second cause"]  # noqa: E731
+    monkeypatch.setattr(
+        rep, "all_claims", lambda: [tiny_claim(contrasts=beats("local", ["ditto"], "pm.l_acc"), diagnose=causes)]
+    )
+    report = rep.run_claims(tmp_path).read_text()
+    assert "\n**Verdict: not held**\n\nMeasured causes:\n\n- 2 seeds measured\n- second cause\n" in report
+    assert "| tiny | not held | 4 |" in report
+
+
+def test_notes_are_printed_under_the_table_whatever_the_verdict(fake, tmp_path, monkeypatch):
+    monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(notes=lambda s: ["a flag", f"seeds {sorted(s)}"])])
+    tiny = section(rep.run_claims(tmp_path).read_text(), "tiny")
+    table_end = tiny.index("| local | local |")
+    assert tiny.index("\n\na flag\nseeds [0, 1]\n\n| contrast |") > table_end
+
+
+def test_a_contrast_whose_run_failed_everywhere_is_not_decidable(fake, tmp_path, monkeypatch):
+    fake.codes = {"tiny/ditto/s0": 1, "tiny/ditto/s1": 1}
+
+    def needs_ditto(s):
+        return [Contrast("x", {seed: s[seed]["ditto"]["metrics"]["pm.l_acc.mean"] for seed in s})]
+
+    monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(contrasts=needs_ditto)])
+    with pytest.raises(ConfigError, match=r"2 of 4 runs failed: tiny/ditto/s0: boom; tiny/ditto/s1: boom \(left out"):
+        rep.run_claims(tmp_path)
+    tiny = section((tmp_path / "REPORT.md").read_text(), "tiny")
+    assert tiny.startswith(
+        "\nClaim: ditto beats local.\n\nFailed (left out of the table and the check): tiny/ditto/s0, "
+    )
+    assert "\nNot decidable: 'ditto' has no result.\n\nNo contrast could be computed.\n\n**Verdict: tie**" in tiny
+
+
+def test_a_diverged_run_is_a_finding_and_a_crash_fails_the_suite_after_the_report(fake, tmp_path, capsys):
+    fake.codes = {"tiny/ditto/s1": EXIT_DIVERGED}
+    report = rep.run_claims(tmp_path)  # no error: a divergence is a finding about the method
+    assert capsys.readouterr().out.endswith(f"1 run(s) diverged, named in {report}: tiny/ditto/s1\n")
+    text = report.read_text()
+    assert "Failed (left out of the table and the check): tiny/ditto/s1." in text
+    assert "| ditto - local (pm.l_acc) | +0.1000 | - | +0.1000 | 0.0000 | +0.0000 | held (indicative, 1 seed) |" in text
+    assert "| tiny | held | 3 |" in text  # the indicative mark is the contrast's; both seeds have runs
+    fake.codes = {"tiny/ditto/s1": EXIT_DIVERGED, "tiny/local/s1": 2}
+    with pytest.raises(ConfigError, match="tiny/local/s1: boom"):
+        rep.run_claims(tmp_path)
+    assert "diverged" not in capsys.readouterr().out  # the failure is what is reported
+
+
+def test_a_run_that_failed_now_is_not_replaced_by_the_summary_an_earlier_suite_left(fake, tmp_path):
+    rep.run_claims(tmp_path)
+    old = tmp_path / "tiny" / "ditto" / "s1" / "summary.json"
+    os.utime(old, (1.0, 1.0))  # an earlier suite's result
+    fake.codes = {"tiny/ditto/s1": EXIT_DIVERGED}
+    report = rep.run_claims(tmp_path).read_text()
+    assert "Failed (left out of the table and the check): tiny/ditto/s1." in report
+    assert "| tiny | held | 3 | 1.2 | 1.5 |" in report and "(3 runs, 1.2 CPU-minutes, 1.5 run-minutes)" in report
+    fake.codes = {}
+    kept = rep.run_claims(tmp_path, reuse=True).read_text()  # reused: an earlier result is this suite's
+    assert "Failed" not in kept and "| tiny | held | 4 |" in kept and fake.calls[-1][1] == []
+
+
+def test_finished_runs_are_reused_only_when_asked(fake, tmp_path, capsys):
+    rep.run_claims(tmp_path)
+    (tmp_path / "tiny" / "local" / "s1" / "summary.json").unlink()
+    rep.run_claims(tmp_path, reuse=True)
+    assert fake.calls[-1] == ("reproduce", ["tiny/local/s1"], 1)
+    assert "reproduce: 1 runs to do, 3 reused, 1 worker(s)" in capsys.readouterr().out
+    report = (tmp_path / "REPORT.md").read_text()
+    assert "it ran 1 run(s) and reused 3." in report
+    rep.run_claims(tmp_path)
+    assert len(fake.calls[-1][1]) == 4 and "it ran 4 run(s) and reused 0." in (tmp_path / "REPORT.md").read_text()
+
+
+def test_the_grid_runs_first_and_the_claims_runs_use_the_lr_it_chose(fake, tmp_path, monkeypatch):
+    grid = LrGrid((0.01, 0.3), labels=("ditto",), rounds=5)
+    monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(base=[*BASE, "--data.val_frac", "0.2"], lr_grid=grid)])
+    fake.score = lambda name, argv: (
+        float(flag(argv, "--client.lr")) if "_lr" in name else SCORES[(name.split("/")[1], int(flag(argv, "--seed")))]
+    )
+    report = rep.run_claims(tmp_path).read_text()
+    assert [c[:2] for c in fake.calls] == [
+        ("lr grid", ["tiny/_lr/ditto/lr0.01", "tiny/_lr/ditto/lr0.3"]),
+        ("reproduce", ["tiny/local/s0", "tiny/ditto/s0", "tiny/local/s1", "tiny/ditto/s1"]),
+    ]
+    assert flag(fake.argv["tiny/ditto/s1"], "--client.lr") == "0.3" and "--client.lr" not in fake.argv["tiny/local/s0"]
+    assert "Claim: ditto beats local.\n\nLearning rate chosen on validation (`pm.val_acc.mean` after 5 rounds" in report
+    assert "- ditto: **0.3** (0.01: 0.0100, 0.3: 0.3000)\n" in report
+    assert "| tiny | held | 6 (2 lr grid) | 2.4 | 3.0 |" in report
+    assert report.rstrip().endswith("(6 (2 lr grid) runs, 2.4 CPU-minutes, 3.0 run-minutes)")
+
+
+def test_a_grid_run_that_failed_now_is_not_chosen_on_an_earlier_suites_result(fake, tmp_path, monkeypatch):
+    grid = LrGrid((0.01, 0.3), labels=("ditto",), rounds=5)
+    monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(base=[*BASE, "--data.val_frac", "0.2"], lr_grid=grid)])
+    fake.score = lambda name, argv: (
+        float(flag(argv, "--client.lr")) if "_lr" in name else SCORES[(name.split("/")[1], int(flag(argv, "--seed")))]
+    )
+    rep.run_claims(tmp_path)
+    os.utime(tmp_path / "tiny" / "_lr" / "ditto" / "lr0.3" / "summary.json", (1.0, 1.0))  # an earlier suite's
+    fake.codes = {"tiny/_lr/ditto/lr0.3": EXIT_DIVERGED}
+    report = rep.run_claims(tmp_path).read_text()
+    assert "- ditto: **0.01** (0.01: 0.0100)\n" in report and flag(fake.argv["tiny/ditto/s0"], "--client.lr") == "0.01"
+    assert "| tiny | held | 5 (1 lr grid) |" in report
+    fake.codes = {}
+    reused = rep.run_claims(tmp_path, reuse=True).read_text()  # reused, the earlier result is this suite's
+    assert "- ditto: **0.3** (0.01: 0.0100, 0.3: 0.3000)\n" in reused and "| tiny | held | 6 (2 lr grid) |" in reused
+
+
+def test_quick_runs_the_first_seed_a_tenth_of_the_rounds_and_no_grid(fake, tmp_path, monkeypatch):
+    monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(lr_grid=LrGrid((0.1,)), diagnose=lambda s: ["cause"])])
+    report = rep.run_claims(tmp_path, quick=True).read_text()
+    assert fake.calls == [("reproduce", ["tiny/local/s0", "tiny/ditto/s0"], 1)]
+    assert flag(fake.argv["tiny/ditto/s0"], "--trainer.rounds") == "2"
+    assert "; QUICK: one seed, 1/10 of the rounds, no lr grid: a smoke test, every verdict indicative.\n" in report
+    assert "\nLearning-rate grid: off in QUICK (the configured learning rates).\n" in report
+    assert "Mean ± std over 1 seed(s) (0):" in report
+    assert "\n**Verdict: held (indicative, 1 seed)**\n" in report and "Measured causes" not in report
+    assert "| tiny | held (indicative, 1 seed) | 2 |" in report
+
+
+def test_runs_without_a_common_curve_get_a_sentence_instead_of_a_plot(fake, tmp_path):
+    rep.run_claims(tmp_path)
+    (tmp_path / "tiny" / "ditto" / "s0" / "metrics.csv").write_text("round,other\n1,0.5\n")
+    for name in ("tiny_curves.png", "tiny_clients.png"):
+        (tmp_path / name).unlink()
+    tiny = section(rep.run_claims(tmp_path, reuse=True).read_text(), "tiny")
+    assert "\nNo curves plot: none of " in tiny and "is in every run's metrics.csv (missing in s0; " in tiny
+    assert "![tiny curves]" not in tiny and "![tiny clients](tiny_clients.png)" in tiny
+    assert not (tmp_path / "tiny_curves.png").exists() and (tmp_path / "tiny_clients.png").exists()
+
+
+# --- time records ---------------------------------------------------------------------------------------
+
+
+def test_each_finished_run_is_recorded_on_disk_at_once_and_failed_runs_only_by_their_code(tmp_path):
+    times = rep.RunTimes(tmp_path, workers=2)
+    times.record("a", 0, 10.0, 7.5)
+    assert json.loads((tmp_path / "seconds.json").read_text()) == {"a": 10.0}
+    assert json.loads((tmp_path / "cpu_seconds.json").read_text()) == {"a": 7.5}
+    assert (tmp_path / "seconds.json").read_text() == '{\n "a": 10.0\n}\n'
+    [line] = json.loads((tmp_path / "invocations.json").read_text())
+    assert line["workers"] == 2 and line["runs"] == 1 and line["started"] == times.started
+    times.record("b", 3, 5.0, 4.0)
+    times.record("c", 0, 6.0, None)  # no CPU time on this platform
+    assert times.codes == {"a": 0, "b": 3, "c": 0}
+    assert json.loads((tmp_path / "seconds.json").read_text()) == {"a": 10.0, "c": 6.0}
+    assert json.loads((tmp_path / "cpu_seconds.json").read_text()) == {"a": 7.5}
+    assert json.loads((tmp_path / "invocations.json").read_text())[0]["runs"] == 2
+    assert times.of([rep.Job("k", "l", 0, [], tmp_path, n) for n in "abc"]) == rep.ClaimTime(3, 16.0, 7.5, 2, 0)
+
+
+def test_a_later_invocation_keeps_the_earlier_records_and_adds_its_own_line(tmp_path):
+    (tmp_path / "seconds.json").write_text('{"old": 60.0}')
+    (tmp_path / "cpu_seconds.json").write_text('{"old": 30.0}')
+    earlier = {"started": "2026-01-01 10:00", "workers": 1, "runs": 4, "wall_s": 90.0}
+    (tmp_path / "invocations.json").write_text(json.dumps([earlier]))
+    times = rep.RunTimes(tmp_path)
+    assert times.invocations() == [earlier]  # none finished yet: no line of its own
+    times.record("new", 0, 2.0, 1.0)
+    assert json.loads((tmp_path / "seconds.json").read_text()) == {"new": 2.0, "old": 60.0}
+    ledger = json.loads((tmp_path / "invocations.json").read_text())
+    assert ledger[0] == earlier and ledger[1]["runs"] == 1 and 0 <= ledger[1]["wall_s"] < 60
+    grid = [rep.Job("k", "l", 0, [], tmp_path, "old")]
+    assert times.of([rep.Job("k", "l", 0, [], tmp_path, "new")], grid) == rep.ClaimTime(2, 62.0, 31.0, 0, 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "problem"),
+    [
+        ("seconds.json", "{", "not a time record of the suite"),
+        ("cpu_seconds.json", "[]", "holds a list, not a dict"),
+        ("invocations.json", "{}", "holds a dict, not a list"),
+        ("seconds.json", b"\xff", "not a time record of the suite"),
+    ],
+)
+def test_a_broken_time_record_is_refused_by_name_and_left_as_it_was(tmp_path, name, text, problem):
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ConfigError, match=f"{re.escape(str(path))}: {problem}.*remove or restore it"):
+        rep.RunTimes(tmp_path)
+    assert path.read_bytes() == (text if isinstance(text, bytes) else text.encode())
+
+
+@pytest.mark.parametrize(("name", "text"), [("seconds.json", "{"), ("invocations.json", "{}")])
+def test_a_broken_time_record_is_refused_before_any_run(fake, tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ConfigError, match=f"{name}: .*remove or restore it"):
+        rep.run_claims(tmp_path)
+    assert fake.calls == [] and not (tmp_path / "tiny").exists() and (tmp_path / name).read_text() == text
+
+
+def test_a_claims_time_says_its_runs_grid_runs_and_unrecorded_ones():
+    assert rep.ClaimTime(4, 120.0, 90.0, 0).count() == "4"
+    assert rep.ClaimTime(6, 120.0, 90.0, 0, grid=2).count() == "6 (2 lr grid)"
+    assert rep.ClaimTime(4, 120.0, 90.0, 0).text() == "4 runs, 1.5 CPU-minutes, 2.0 run-minutes"
+    assert rep.ClaimTime(4, 120.0, 90.0, 3).text() == (
+        "4 runs, 1.5 CPU-minutes, 2.0 run-minutes; 3 without a recorded CPU time"
+    )
+
+
+def test_the_suites_time_lines_add_up_the_claims_and_the_invocations():
+    claims = {"a": rep.ClaimTime(3, 120.0, 240.0, 1), "b": rep.ClaimTime(2, 60.0, 120.0, 1)}
+    one = [{"started": "2026-01-01 10:00", "workers": 2, "runs": 5, "wall_s": 300.0}]
+    timing = rep.SuiteTime(90.0, 2, 4, 1, claims, one)
+    assert timing.lines() == [
+        "Measured wall time of this invocation: 1.5 min with 2 worker(s); it ran 4 run(s) and reused 1.",
+        "Recorded time of the report's 5 runs: 6.0 CPU-minutes, about 3.0 min of wall time with 2 worker(s) on an "
+        "otherwise idle machine (3.0 run-minutes of wall time as measured, which grows with other load on the "
+        "machine); 2 reused run(s) have no recorded CPU time and are not in those sums.",
+    ]
+    two = [*one, {"started": "2026-01-02 09:30", "workers": 1, "runs": 2, "wall_s": 66.0}]
+    assert rep.SuiteTime(90.0, 2, 4, 1, claims, two).invocation_lines() == [
+        "The runs were made by 2 invocations (2026-01-01 10:00, 5.0 min, 5 run(s), 2 worker(s); 2026-01-02 09:30, "
+        "1.1 min, 2 run(s), 1 worker(s); each up to its last finished run): 6.1 min of measured wall time in all."
+    ]
+    assert rep.SuiteTime(90.0, 2, 4, 1, claims, two).lines()[-1].startswith("The runs were made by 2 invocations")
+
+
+def test_the_header_lists_every_claim_with_its_verdict_and_recorded_time():
+    claims = [tiny_claim(key="a"), tiny_claim(key="b"), tiny_claim(key="c")]
+    times = {"a": rep.ClaimTime(4, 120.0, 90.0, 1), "b": rep.ClaimTime(6, 60.0, 30.0, 0, grid=2)}
+    header = rep._header(claims, {"a": "tie", "b": "held"}, False, rep.SuiteTime(60.0, 1, 10, 0, times))
+    assert header[:3] == ["# Reproduction report", "", header[2]]
+    assert header[2].endswith(" on CPU, embedded data; full: every claim over its seeds.")
+    assert header[-5:] == [
+        "|---|---|---|---|---|",
+        "| a | tie | 4 | 1.5 (1 runs unrecorded) | 2.0 |",
+        "| b | held | 6 (2 lr grid) | 0.5 | 1.0 |",
+        "| c | not run | 0 | 0.0 | 0.0 |",
+        "",
+    ]
+    assert any(line.startswith("Verdicts (docs/reproduce.md): per seed, the paired difference") for line in header)
+
+
+# --- the report's pieces --------------------------------------------------------------------------------
+
+
+def test_the_contrast_table_has_a_column_per_seed_and_a_dash_where_a_seed_has_no_difference():
+    contrasts = [Contrast("a - b (m)", {0: 0.1, 2: 0.3}, margin=0.05, note="paper: +0.2"), Contrast("c", {1: -0.2})]
+    assert rep.contrast_table(contrasts, [0, 1, 2]) == [
+        "| contrast | s0 | s1 | s2 | mean | std | margin | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+        "| a - b (m) (paper: +0.2) | +0.1000 | - | +0.3000 | +0.2000 | 0.1414 | +0.0500 | held |",
+        "| c | - | -0.2000 | - | -0.2000 | 0.0000 | +0.0000 | not held (indicative, 1 seed) |",
+    ]
+    assert (
+        rep.contrast_table([Contrast("d", {})], [0])[-1]
+        == "| d | - | +nan | 0.0000 | +0.0000 | tie (indicative, 1 seed) |"
+    )
+    assert rep.contrast_table([], [0, 1]) == ["No contrast could be computed."]
+
+
+def test_a_result_counts_when_reused_or_written_since_the_suite_started(tmp_path):
+    assert not rep._finished(tmp_path, 0.0, rerun=False)
+    (tmp_path / "summary.json").write_text("{}")
+    os.utime(tmp_path / "summary.json", (100.0, 100.0))
+    assert rep._finished(tmp_path, 200.0, rerun=False)
+    assert not rep._finished(tmp_path, 200.0, rerun=True)
+    assert rep._finished(tmp_path, 100.0, rerun=True) and rep._finished(tmp_path, 50.0, rerun=True)
+
+
+def test_gain_over_local_is_computed_client_by_client(tmp_path, monkeypatch):
+    runs = {}
+    for label, accs in {"local": [0.5, 0.8, 1.0], "m": [0.75, 0.8, 0.9]}.items():
+        (tmp_path / label).mkdir()
+        rows = "\n".join(f"{i},{a}" for i, a in enumerate(accs))
+        (tmp_path / label / "clients.csv").write_text("client,pm.l_acc\n" + rows + "\n")
+        runs[label] = {"metrics": {"kept": 1}, "run_dir": str(tmp_path / label)}
+    rep.add_gain_over_local(runs)
+    m = runs["m"]["metrics"]
+    assert set(m) == {"kept", "gain.mean", "gain.std", "r_acc.mean", "ptr"}
+    assert abs(m["gain.mean"] - (0.25 + 0.0 - 0.1) / 3) < 1e-12
+    assert abs(m["gain.std"] - math.sqrt(((0.25 - 0.05) ** 2 + 0.05**2 + 0.15**2) / 3)) < 1e-12
+    assert abs(m["ptr"] - 2 / 3) < 1e-12  # the tie at 0.8 passes
+    assert abs(m["r_acc.mean"] - (0.5 + 0.0 - 0.1) / 3) < 1e-12
+    assert runs["local"]["metrics"]["gain.mean"] == 0 and runs["local"]["metrics"]["ptr"] == 1
+
+
+@pytest.fixture
+def figures(monkeypatch) -> list:
+    import pfl.metrics.plots as plots
+
+    drawn: list = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path, dpi=None: drawn.append((fig, path, dpi)))
+    return drawn
+
+
+def test_seed_plot_shows_the_spread_over_seeds_and_every_seed(tmp_path, figures):
+    s = {
+        0: {"a": {"metrics": {"m": 0.95}}, "b": {"metrics": {"m": 0.6}}, "c": {"metrics": {}}},
+        1: {"a": {"metrics": {"m": 1.0}}, "b": {"metrics": {"m": 0.5}}},
+    }
+    assert rep.seed_plot(s, "m", tmp_path / "c.png", "b", "Paper: c (held)") == tmp_path / "c.png"
+    [(fig, path, dpi)] = figures
+    assert path == tmp_path / "c.png" and dpi == 120
+    (ax,) = fig.axes
+    (bars,) = [c for c in ax.containers if hasattr(c, "errorbar")]
+    assert [b.get_height() for b in bars] == pytest.approx([0.975, 0.55])  # "c" measured nothing: no bar
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b"]
+    assert [b.get_facecolor()[:3] for b in bars][1] != bars[0].get_facecolor()[:3]  # the winner stands out
+    (low, high) = ax.get_ylim()
+    assert high == pytest.approx(0.975 + 0.0353553 + 0.02) and low == pytest.approx(0.55 - 0.0707107 - 0.05)
+    dots = [line for line in ax.lines if line.get_marker() == "."]
+    assert sorted(y for d in dots for y in d.get_ydata()) == [0.5, 0.6, 0.95, 1.0]
+    assert ax.get_title() == "Paper: c (held)" and ax.get_xlabel() == "run"
+    assert ax.get_ylabel() == "m (± std over seeds; dots: seeds)"
+
+
+def test_seed_plot_of_one_seed_has_no_spread_and_its_axis_starts_at_zero_at_the_lowest(tmp_path, figures):
+    rep.seed_plot({3: {"a": {"metrics": {"m": 0.01}}, "b": {"metrics": {"m": 0.5}}}}, "m", tmp_path / "p.png")
+    (ax,) = figures[0][0].axes
+    (bars,) = [c for c in ax.containers if hasattr(c, "errorbar")]
+    assert [b.get_height() for b in bars] == pytest.approx([0.01, 0.5])
+    assert ax.get_ylim() == pytest.approx((0.0, 0.52)) and ax.get_title() == ""
+    assert len({tuple(b.get_facecolor()) for b in bars}) == 1  # no winner named: no bar stands out
+
+
+# --- the command ----------------------------------------------------------------------------------------
+
+
+def test_the_command_passes_its_options_to_the_suite_and_prints_the_reports_path(monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(rep, "run_claims", lambda *a: calls.append(a) or Path("out/REPORT.md"))
+    rep.main([])
+    assert calls[-1] == (Path("reproduce"), None, False, 2, False)
+    rep.main(["--out", "x", "--only", "a", "b", "--quick", "--workers", "3", "--reuse"])
+    assert calls[-1] == (Path("x"), ["a", "b"], True, 3, True)
+    assert capsys.readouterr().out == "out/REPORT.md\nout/REPORT.md\n"
+
+
+def test_the_commands_help_names_every_claim(monkeypatch, capsys):
+    monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(key="one"), tiny_claim(key="two")])
+    with pytest.raises(SystemExit):
+        rep.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "python -m pfl reproduce" in text and "claims to run: one, two" in text
+    assert "first seed, 1/10 of the rounds, no lr grid (a smoke test)" in text
+
+
+def test_a_time_record_is_written_whole_with_sorted_keys(tmp_path):
+    rep._write_json(tmp_path / "t.json", {"b": 1, "a": [2]})
+    assert (tmp_path / "t.json").read_text() == '{\n "a": [\n  2\n ],\n "b": 1\n}\n'
+    assert rep._read_json(tmp_path / "t.json", {}) == {"a": [2], "b": 1}
+    assert rep._read_json(tmp_path / "absent.json", []) == []
