@@ -218,7 +218,7 @@ def _run(
     try:
         run_parallel(todo, workers, what=what, on_finish=times.record)
     except ConfigError as err:  # the failed runs are named in the report; the others still count
-        codes = {name: times.codes.get(name, 0) for name in todo}
+        codes = {name: times.codes.get(name) for name in todo}  # None: a run that never reported its end
         diverged += [name for name, code in codes.items() if code == EXIT_DIVERGED]
         if any(code not in (0, EXIT_DIVERGED) for code in codes.values()):
             failures.append(str(err))

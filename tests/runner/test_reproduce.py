@@ -204,19 +204,24 @@ def test_the_report_has_the_header_table_the_section_and_the_paired_contrast(fak
     absent = Claim(
         "absent", "Other", "needs a missing method", BASE, {"x": ["--method.name", "nope"]}, beats("x", [], "m")
     )
-    monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(winner="ditto"), absent])
-    report = rep.run_claims(tmp_path, workers=3).read_text()
+    monkeypatch.setattr(rep, "all_claims", lambda: [absent, tiny_claim(winner="ditto")])
+    report = rep.run_claims(tmp_path / "new" / "out", workers=3).read_text()  # the folder is made
+    tmp_path = tmp_path / "new" / "out"
     assert fake.calls == [("reproduce", ["tiny/local/s0", "tiny/ditto/s0", "tiny/local/s1", "tiny/ditto/s1"], 3)]
     assert "reproduce: 4 runs to do, 0 reused, 3 worker(s)" in capsys.readouterr().out
     assert report.startswith("# Reproduction report\n\nGenerated ")
     assert "on CPU, embedded data; full: every claim over its seeds.\n" in report and "QUICK" not in report
     assert "| claim | verdict | runs | CPU-minutes | run-minutes |\n|---|---|---|---|---|\n" in report
-    assert "| tiny | held | 4 | 1.6 | 2.0 |\n| absent | not run | 0 | 0.0 | 0.0 |\n" in report
+    assert "| absent | not run | 0 | 0.0 | 0.0 |\n| tiny | held | 4 | 1.6 | 2.0 |\n" in report
+    wall = re.search(r"\nMeasured wall time of this invocation: (\d+\.\d) min with 3 worker\(s\); it ran 4 run", report)
+    assert wall and float(wall[1]) < 1.0  # this invocation's own time: the fake runs take none
+    assert "it ran 4 run(s) and reused 0.\n" in report
     assert (
         "Recorded time of the report's 4 runs: 1.6 CPU-minutes, about 0.5 min of wall time with 3 worker(s)" in report
     )
     assert "(2.0 run-minutes of wall time as measured, which grows with other load on the machine).\n" in report
-    assert "## Other: absent\n\nClaim: needs a missing method.\n\nNot run: methods not available yet: nope.\n" in report
+    absent_section = "## Other: absent\n\nClaim: needs a missing method.\n\nNot run: methods not available yet: nope."
+    assert f"{absent_section}\n\n## Paper: tiny\n" in report  # the claims after it are still reported
     tiny = section(report, "tiny")
     assert tiny.startswith("\nClaim: ditto beats local.\n\nGain, R-Acc and PTR are per client against the suite's own")
     assert "Mean ± std over 2 seed(s) (0, 1):" in tiny and "Failed" not in tiny
@@ -226,7 +231,7 @@ def test_the_report_has_the_header_table_the_section_and_the_paired_contrast(fak
     assert "| ditto - local (pm.l_acc) | +0.1000 | +0.1500 | +0.1250 | 0.0354 | +0.0000 | held |" in tiny
     assert "\n**Verdict: held**\n" in tiny and "Measured causes" not in tiny
     assert "\n![tiny](tiny.png)\n\n![tiny curves](tiny_curves.png)\n\n![tiny clients](tiny_clients.png)\n" in tiny
-    assert tiny.endswith("(4 runs, 1.6 CPU-minutes, 2.0 run-minutes)\n")
+    assert tiny.endswith("(4 runs, 1.6 CPU-minutes, 2.0 run-minutes)\n\n")  # the last section, then the end
     for name in ("tiny.png", "tiny_curves.png", "tiny_clients.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert not (tmp_path / "absent.png").exists()
@@ -304,6 +309,19 @@ def test_a_diverged_run_is_a_finding_and_a_crash_fails_the_suite_after_the_repor
     with pytest.raises(ConfigError, match="tiny/local/s1: boom"):
         rep.run_claims(tmp_path)
     assert "diverged" not in capsys.readouterr().out  # the failure is what is reported
+
+
+def test_a_run_that_never_reported_its_end_is_a_failure_of_the_suite(fake, tmp_path, monkeypatch):
+    def stops_at_once(jobs, workers, what, on_finish):
+        raise ConfigError(what, "the workers stopped")
+
+    monkeypatch.setattr(rep, "run_parallel", stops_at_once)
+    with pytest.raises(ConfigError, match="the workers stopped"):
+        rep.run_claims(tmp_path)
+    assert (
+        "Failed (left out of the table and the check): tiny/local/s0, tiny/ditto/s0, "
+        in (tmp_path / "REPORT.md").read_text()
+    )
 
 
 def test_a_run_that_failed_now_is_not_replaced_by_the_summary_an_earlier_suite_left(fake, tmp_path):
