@@ -41,7 +41,7 @@ class FakeRunner:
     ``score(name, argv)`` as its pm.l_acc.mean and pm.val_acc.mean, exits with ``codes[name]`` (0 when
     absent), and reports ``wall`` and ``cpu`` seconds to ``on_finish`` as the real one does."""
 
-    def __init__(self, score=None, codes: dict[str, int] | None = None, wall: float = 30.0, cpu: float | None = 24.0):
+    def __init__(self, score=None, codes: dict[str, int] | None = None, wall: float = 150.0, cpu: float | None = 120.0):
         self.score = score or (lambda name, argv: SCORES[(name.split("/")[-2], int(flag(argv, "--seed")))])
         self.codes, self.wall, self.cpu = codes or {}, wall, cpu
         self.calls: list[tuple[str, list[str], int]] = []
@@ -212,14 +212,14 @@ def test_the_report_has_the_header_table_the_section_and_the_paired_contrast(fak
     assert report.startswith("# Reproduction report\n\nGenerated ")
     assert "on CPU, embedded data; full: every claim over its seeds.\n" in report and "QUICK" not in report
     assert "| claim | verdict | runs | CPU-minutes | run-minutes |\n|---|---|---|---|---|\n" in report
-    assert "| absent | not run | 0 | 0.0 | 0.0 |\n| tiny | held | 4 | 1.6 | 2.0 |\n" in report
+    assert "| absent | not run | 0 | 0.0 | 0.0 |\n| tiny | held | 4 | 8.0 | 10.0 |\n" in report
     wall = re.search(r"\nMeasured wall time of this invocation: (\d+\.\d) min with 3 worker\(s\); it ran 4 run", report)
     assert wall and float(wall[1]) < 1.0  # this invocation's own time: the fake runs take none
     assert "it ran 4 run(s) and reused 0.\n" in report
     assert (
-        "Recorded time of the report's 4 runs: 1.6 CPU-minutes, about 0.5 min of wall time with 3 worker(s)" in report
+        "Recorded time of the report's 4 runs: 8.0 CPU-minutes, about 2.7 min of wall time with 3 worker(s)" in report
     )
-    assert "(2.0 run-minutes of wall time as measured, which grows with other load on the machine).\n" in report
+    assert "(10.0 run-minutes of wall time as measured, which grows with other load on the machine).\n" in report
     absent_section = "## Other: absent\n\nClaim: needs a missing method.\n\nNot run: methods not available yet: nope."
     assert f"{absent_section}\n\n## Paper: tiny\n" in report  # the claims after it are still reported
     tiny = section(report, "tiny")
@@ -231,7 +231,7 @@ def test_the_report_has_the_header_table_the_section_and_the_paired_contrast(fak
     assert "| ditto - local (pm.l_acc) | +0.1000 | +0.1500 | +0.1250 | 0.0354 | +0.0000 | held |" in tiny
     assert "\n**Verdict: held**\n" in tiny and "Measured causes" not in tiny
     assert "\n![tiny](tiny.png)\n\n![tiny curves](tiny_curves.png)\n\n![tiny clients](tiny_clients.png)\n" in tiny
-    assert tiny.endswith("(4 runs, 1.6 CPU-minutes, 2.0 run-minutes)\n\n")  # the last section, then the end
+    assert tiny.endswith("(4 runs, 8.0 CPU-minutes, 10.0 run-minutes)\n\n")  # the last section, then the end
     for name in ("tiny.png", "tiny_curves.png", "tiny_clients.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert not (tmp_path / "absent.png").exists()
@@ -248,13 +248,13 @@ def test_gain_over_local_reaches_the_table_client_by_client(fake, tmp_path, monk
 
 
 def test_a_claim_without_a_local_run_has_no_gain_sentence(fake, tmp_path, monkeypatch):
-    runs = {"ditto": RUNS["ditto"], "fedavg": ["--method.name", "fedavg"]}
-    fake.score = lambda name, argv: 0.6 if "ditto" in name else 0.5
-    monkeypatch.setattr(
-        rep, "all_claims", lambda: [tiny_claim(runs=runs, contrasts=beats("ditto", ["fedavg"], "pm.l_acc"))]
-    )
+    runs = {"strong": RUNS["ditto"], "plain": ["--method.name", "fedavg"]}
+    fake.score = lambda name, argv: 0.6 if "strong" in name else 0.5
+    claim = tiny_claim(runs=runs, contrasts=beats("strong", ["plain"], "pm.l_acc"))
+    monkeypatch.setattr(rep, "all_claims", lambda: [claim])
     tiny = section(rep.run_claims(tmp_path).read_text(), "tiny")
-    assert "Gain, R-Acc" not in tiny and "| ditto - fedavg (pm.l_acc) | +0.1000 | +0.1000 |" in tiny
+    assert "Gain, R-Acc" not in tiny and "| strong - plain (pm.l_acc) | +0.1000 | +0.1000 |" in tiny
+    assert "| strong | ditto | 2 |" in tiny and "| plain | fedavg | 2 |" in tiny  # a row per label, not per run
 
 
 def test_only_the_named_claims_run(fake, tmp_path, monkeypatch):
@@ -331,7 +331,7 @@ def test_a_run_that_failed_now_is_not_replaced_by_the_summary_an_earlier_suite_l
     fake.codes = {"tiny/ditto/s1": EXIT_DIVERGED}
     report = rep.run_claims(tmp_path).read_text()
     assert "Failed (left out of the table and the check): tiny/ditto/s1." in report
-    assert "| tiny | held | 3 | 1.2 | 1.5 |" in report and "(3 runs, 1.2 CPU-minutes, 1.5 run-minutes)" in report
+    assert "| tiny | held | 3 | 6.0 | 7.5 |" in report and "(3 runs, 6.0 CPU-minutes, 7.5 run-minutes)" in report
     fake.codes = {}
     kept = rep.run_claims(tmp_path, reuse=True).read_text()  # reused: an earlier result is this suite's
     assert "Failed" not in kept and "| tiny | held | 4 |" in kept and fake.calls[-1][1] == []
@@ -363,8 +363,10 @@ def test_the_grid_runs_first_and_the_claims_runs_use_the_lr_it_chose(fake, tmp_p
     assert flag(fake.argv["tiny/ditto/s1"], "--client.lr") == "0.3" and "--client.lr" not in fake.argv["tiny/local/s0"]
     assert "Claim: ditto beats local.\n\nLearning rate chosen on validation (`pm.val_acc.mean` after 5 rounds" in report
     assert "- ditto: **0.3** (0.01: 0.0100, 0.3: 0.3000)\n" in report
-    assert "| tiny | held | 6 (2 lr grid) | 2.4 | 3.0 |" in report
-    assert report.rstrip().endswith("(6 (2 lr grid) runs, 2.4 CPU-minutes, 3.0 run-minutes)")
+    assert "| run | method | client.lr | n | pm.l_acc |" in report  # the runs' configs tell their settings apart
+    assert "| ditto | ditto | 0.3 | 2 | **0.6500 ± 0.0707** |" in report and "| local | local | 0.05 | 2 |" in report
+    assert "| tiny | held | 6 (2 lr grid) | 12.0 | 15.0 |" in report
+    assert report.rstrip().endswith("(6 (2 lr grid) runs, 12.0 CPU-minutes, 15.0 run-minutes)")
 
 
 def test_a_grid_run_that_failed_now_is_not_chosen_on_an_earlier_suites_result(fake, tmp_path, monkeypatch):
@@ -396,7 +398,28 @@ def test_quick_runs_the_first_seed_a_tenth_of_the_rounds_and_no_grid(fake, tmp_p
     assert "| tiny | held (indicative, 1 seed) | 2 |" in report
 
 
-def test_runs_without_a_common_curve_get_a_sentence_instead_of_a_plot(fake, tmp_path):
+def test_the_plots_are_titled_with_the_claim_and_its_verdict_and_name_the_runs_by_label(fake, tmp_path, monkeypatch):
+    import pfl.metrics.plots as plots
+
+    drawn = {}
+    monkeypatch.setattr(rep, "save_figure", lambda fig, path, dpi=None: drawn.setdefault(path.name, fig))
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path, dpi=None: drawn.setdefault(path.name, fig))
+    runs = {"mine": RUNS["ditto"], "local": RUNS["local"]}
+    fake.score = lambda name, argv: SCORES[(name.split("/")[1].replace("mine", "ditto"), int(flag(argv, "--seed")))]
+    contrasts = beats("mine", ["local"], "pm.l_acc")
+    monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(runs=runs, contrasts=contrasts, winner="mine")])
+    rep.run_claims(tmp_path)
+    assert sorted(drawn) == ["tiny.png", "tiny_clients.png", "tiny_curves.png"]
+    (bars, curves, clients) = (drawn[name].axes[0] for name in ("tiny.png", "tiny_curves.png", "tiny_clients.png"))
+    assert bars.get_title() == "Paper: tiny (held)"
+    assert curves.get_title().startswith("Paper: tiny (held)\n") and clients.get_title().startswith(
+        "Paper: tiny (held)\n"
+    )
+    assert [t.get_text() for t in curves.get_legend().get_texts()] == ["mine (2 runs)", "local (2 runs)"]
+    assert [t.get_text().split("\n")[0] for t in clients.get_xticklabels()] == ["mine", "local"]
+
+
+def test_runs_without_a_common_curve_get_a_sentence_instead_of_a_plot(fake, tmp_path, monkeypatch):
     rep.run_claims(tmp_path)
     (tmp_path / "tiny" / "ditto" / "s0" / "metrics.csv").write_text("round,other\n1,0.5\n")
     for name in ("tiny_curves.png", "tiny_clients.png"):
@@ -405,6 +428,11 @@ def test_runs_without_a_common_curve_get_a_sentence_instead_of_a_plot(fake, tmp_
     assert "\nNo curves plot: none of " in tiny and "is in every run's metrics.csv (missing in s0; " in tiny
     assert "![tiny curves]" not in tiny and "![tiny clients](tiny_clients.png)" in tiny
     assert not (tmp_path / "tiny_curves.png").exists() and (tmp_path / "tiny_clients.png").exists()
+    without_local = tiny_claim(runs={"ditto": RUNS["ditto"]}, contrasts=lambda s: [])  # no gain over local to add
+    monkeypatch.setattr(rep, "all_claims", lambda: [without_local])
+    (tmp_path / "tiny" / "ditto" / "s0" / "clients.csv").write_text("client,other\n0,0.5\n")
+    tiny = section(rep.run_claims(tmp_path, reuse=True).read_text(), "tiny")
+    assert "\nNo curves plot: " in tiny and "\n\nNo clients plot: none of " in tiny  # each says why
 
 
 # --- time records ---------------------------------------------------------------------------------------
@@ -418,6 +446,7 @@ def test_each_finished_run_is_recorded_on_disk_at_once_and_failed_runs_only_by_t
     assert (tmp_path / "seconds.json").read_text() == '{\n "a": 10.0\n}\n'
     [line] = json.loads((tmp_path / "invocations.json").read_text())
     assert line["workers"] == 2 and line["runs"] == 1 and line["started"] == times.started
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", times.started)  # when it started, to the minute
     times.record("b", 3, 5.0, 4.0)
     times.record("c", 0, 6.0, None)  # no CPU time on this platform
     assert times.codes == {"a": 0, "b": 3, "c": 0}
@@ -434,10 +463,12 @@ def test_a_later_invocation_keeps_the_earlier_records_and_adds_its_own_line(tmp_
     (tmp_path / "invocations.json").write_text(json.dumps([earlier]))
     times = rep.RunTimes(tmp_path)
     assert times.invocations() == [earlier]  # none finished yet: no line of its own
+    times.t0 -= 12.31  # this invocation has run for 12.31 s when its first run ends
     times.record("new", 0, 2.0, 1.0)
     assert json.loads((tmp_path / "seconds.json").read_text()) == {"new": 2.0, "old": 60.0}
     ledger = json.loads((tmp_path / "invocations.json").read_text())
-    assert ledger[0] == earlier and ledger[1]["runs"] == 1 and 0 <= ledger[1]["wall_s"] < 60
+    assert ledger[0] == earlier and ledger[1]["runs"] == 1 and ledger[1]["workers"] == 1
+    assert ledger[1]["wall_s"] == 12.3  # up to its last finished run, to a tenth of a second
     grid = [rep.Job("k", "l", 0, [], tmp_path, "old")]
     assert times.of([rep.Job("k", "l", 0, [], tmp_path, "new")], grid) == rep.ClaimTime(2, 62.0, 31.0, 0, 1)
 
@@ -468,41 +499,42 @@ def test_a_broken_time_record_is_refused_before_any_run(fake, tmp_path, name, te
 
 
 def test_a_claims_time_says_its_runs_grid_runs_and_unrecorded_ones():
-    assert rep.ClaimTime(4, 120.0, 90.0, 0).count() == "4"
-    assert rep.ClaimTime(6, 120.0, 90.0, 0, grid=2).count() == "6 (2 lr grid)"
-    assert rep.ClaimTime(4, 120.0, 90.0, 0).text() == "4 runs, 1.5 CPU-minutes, 2.0 run-minutes"
-    assert rep.ClaimTime(4, 120.0, 90.0, 3).text() == (
-        "4 runs, 1.5 CPU-minutes, 2.0 run-minutes; 3 without a recorded CPU time"
+    assert rep.ClaimTime(4, 600.0, 450.0, 0) == rep.ClaimTime(4, 600.0, 450.0, 0, grid=0)  # no grid runs
+    assert rep.ClaimTime(4, 600.0, 450.0, 0).count() == "4"
+    assert rep.ClaimTime(6, 600.0, 450.0, 0, grid=2).count() == "6 (2 lr grid)"
+    assert rep.ClaimTime(4, 600.0, 450.0, 0).text() == "4 runs, 7.5 CPU-minutes, 10.0 run-minutes"
+    assert rep.ClaimTime(4, 600.0, 450.0, 3).text() == (
+        "4 runs, 7.5 CPU-minutes, 10.0 run-minutes; 3 without a recorded CPU time"
     )
 
 
 def test_the_suites_time_lines_add_up_the_claims_and_the_invocations():
-    claims = {"a": rep.ClaimTime(3, 120.0, 240.0, 1), "b": rep.ClaimTime(2, 60.0, 120.0, 1)}
+    claims = {"a": rep.ClaimTime(3, 600.0, 240.0, 1), "b": rep.ClaimTime(2, 300.0, 120.0, 1)}
     one = [{"started": "2026-01-01 10:00", "workers": 2, "runs": 5, "wall_s": 300.0}]
-    timing = rep.SuiteTime(90.0, 2, 4, 1, claims, one)
+    timing = rep.SuiteTime(600.0, 2, 4, 1, claims, one)
     assert timing.lines() == [
-        "Measured wall time of this invocation: 1.5 min with 2 worker(s); it ran 4 run(s) and reused 1.",
+        "Measured wall time of this invocation: 10.0 min with 2 worker(s); it ran 4 run(s) and reused 1.",
         "Recorded time of the report's 5 runs: 6.0 CPU-minutes, about 3.0 min of wall time with 2 worker(s) on an "
-        "otherwise idle machine (3.0 run-minutes of wall time as measured, which grows with other load on the "
+        "otherwise idle machine (15.0 run-minutes of wall time as measured, which grows with other load on the "
         "machine); 2 reused run(s) have no recorded CPU time and are not in those sums.",
     ]
     two = [*one, {"started": "2026-01-02 09:30", "workers": 1, "runs": 2, "wall_s": 66.0}]
-    assert rep.SuiteTime(90.0, 2, 4, 1, claims, two).invocation_lines() == [
+    assert rep.SuiteTime(600.0, 2, 4, 1, claims, two).invocation_lines() == [
         "The runs were made by 2 invocations (2026-01-01 10:00, 5.0 min, 5 run(s), 2 worker(s); 2026-01-02 09:30, "
         "1.1 min, 2 run(s), 1 worker(s); each up to its last finished run): 6.1 min of measured wall time in all."
     ]
-    assert rep.SuiteTime(90.0, 2, 4, 1, claims, two).lines()[-1].startswith("The runs were made by 2 invocations")
+    assert rep.SuiteTime(600.0, 2, 4, 1, claims, two).lines()[-1].startswith("The runs were made by 2 invocations")
 
 
 def test_the_header_lists_every_claim_with_its_verdict_and_recorded_time():
     claims = [tiny_claim(key="a"), tiny_claim(key="b"), tiny_claim(key="c")]
-    times = {"a": rep.ClaimTime(4, 120.0, 90.0, 1), "b": rep.ClaimTime(6, 60.0, 30.0, 0, grid=2)}
+    times = {"a": rep.ClaimTime(4, 600.0, 450.0, 1), "b": rep.ClaimTime(6, 60.0, 30.0, 0, grid=2)}
     header = rep._header(claims, {"a": "tie", "b": "held"}, False, rep.SuiteTime(60.0, 1, 10, 0, times))
     assert header[:3] == ["# Reproduction report", "", header[2]]
     assert header[2].endswith(" on CPU, embedded data; full: every claim over its seeds.")
     assert header[-5:] == [
         "|---|---|---|---|---|",
-        "| a | tie | 4 | 1.5 (1 runs unrecorded) | 2.0 |",
+        "| a | tie | 4 | 7.5 (1 runs unrecorded) | 10.0 |",
         "| b | held | 6 (2 lr grid) | 0.5 | 1.0 |",
         "| c | not run | 0 | 0.0 | 0.0 |",
         "",
@@ -575,13 +607,15 @@ def test_seed_plot_shows_the_spread_over_seeds_and_every_seed(tmp_path, figures)
     (bars,) = [c for c in ax.containers if hasattr(c, "errorbar")]
     assert [b.get_height() for b in bars] == pytest.approx([0.975, 0.55])  # "c" measured nothing: no bar
     assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b"]
-    assert [b.get_facecolor()[:3] for b in bars][1] != bars[0].get_facecolor()[:3]  # the winner stands out
     (low, high) = ax.get_ylim()
     assert high == pytest.approx(0.975 + 0.0353553 + 0.02) and low == pytest.approx(0.55 - 0.0707107 - 0.05)
     dots = [line for line in ax.lines if line.get_marker() == "."]
     assert sorted(y for d in dots for y in d.get_ydata()) == [0.5, 0.6, 0.95, 1.0]
     assert ax.get_title() == "Paper: c (held)" and ax.get_xlabel() == "run"
     assert ax.get_ylabel() == "m (± std over seeds; dots: seeds)"
+    from matplotlib.colors import to_rgba
+
+    assert [b.get_facecolor() for b in bars] == [to_rgba("tab:blue", 0.8), to_rgba("tab:orange", 0.8)]
 
 
 def test_seed_plot_of_one_seed_has_no_spread_and_its_axis_starts_at_zero_at_the_lowest(tmp_path, figures):
@@ -591,6 +625,20 @@ def test_seed_plot_of_one_seed_has_no_spread_and_its_axis_starts_at_zero_at_the_
     assert [b.get_height() for b in bars] == pytest.approx([0.01, 0.5])
     assert ax.get_ylim() == pytest.approx((0.0, 0.52)) and ax.get_title() == ""
     assert len({tuple(b.get_facecolor()) for b in bars}) == 1  # no winner named: no bar stands out
+
+
+def test_seed_plot_widens_with_its_runs_so_their_names_fit(tmp_path, figures):
+    many = {0: {f"run{i}": {"metrics": {"m": 0.5}} for i in range(10)}}
+    rep.seed_plot(many, "m", tmp_path / "many.png")
+    rep.seed_plot({0: {"a": {"metrics": {"m": 0.5}}, "b": {"metrics": {"m": 0.6}}}}, "m", tmp_path / "two.png")
+    assert [tuple(fig.get_size_inches())[0] for fig, _, _ in figures] == pytest.approx([6.0, 5.0])
+
+
+def test_seed_plot_of_a_metric_no_run_measured_is_an_empty_axis_from_0_to_1(tmp_path, figures):
+    rep.seed_plot({0: {"a": {"metrics": {"other": 0.5}}}}, "m", tmp_path / "e.png")
+    (ax,) = figures[0][0].axes
+    (bars,) = [c for c in ax.containers if hasattr(c, "errorbar")]
+    assert len(bars) == 0 and ax.get_ylim() == pytest.approx((0.0, 1.02))
 
 
 # --- the command ----------------------------------------------------------------------------------------
