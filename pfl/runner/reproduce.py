@@ -118,10 +118,10 @@ def grid_jobs(claim: Claim, out: Path) -> list[Job]:
     return jobs
 
 
-def choose_lrs(claim: Claim, out: Path, finished: set[Path] | None = None) -> tuple[dict[str, float], list[str]]:
+def choose_lrs(claim: Claim, out: Path, finished: set[Path]) -> tuple[dict[str, float], list[str]]:
     """label -> the grid lr with the highest validation metric (the first of equals), and the report's
-    lines saying what each lr scored. A label none of whose grid runs finished keeps its configured lr.
-    ``finished``: the grid runs with a result of this suite (default: every run folder with a summary)."""
+    lines saying what each lr scored. ``finished``: the folders of the grid runs with a result of this
+    suite (``_finished_jobs``); a label none of whose grid runs finished keeps its configured lr."""
     grid = claim.lr_grid
     if grid is None:
         return {}, []
@@ -134,7 +134,7 @@ def choose_lrs(claim: Claim, out: Path, finished: set[Path] | None = None) -> tu
         scores = {}
         for lr in grid.values:
             where = out / claim.key / LR_DIR / label / f"lr{lr:g}"
-            if (where / "summary.json").exists() and (finished is None or where in finished):
+            if where in finished:
                 score = json.loads((where / "summary.json").read_text())["metrics"].get(grid.metric)
                 if score is not None and math.isfinite(score):
                     scores[lr] = score
@@ -462,15 +462,14 @@ def contrast_table(contrasts: list[Contrast], seeds: list[int]) -> list[str]:
 def _finished_jobs(jobs: list[Job], started: float, ran: set[str]) -> list[Job]:
     """The jobs with a result of this suite: reused, or run by it (``ran``) and written since ``started``.
     A run that failed can leave an earlier suite's result in its folder (a run that fails before writing
-    anything moves the old folder back): that one is neither reported nor counted in the suite's time."""
-    return [j for j in jobs if _finished(j.run_dir, started, j.name in ran)]
+    anything moves the old folder back): that one is neither reported, counted in the suite's time, nor
+    read for the lr grid's choice."""
 
+    def finished(job: Job) -> bool:
+        path = job.run_dir / "summary.json"
+        return path.exists() and (job.name not in ran or path.stat().st_mtime >= started)
 
-def _finished(run_dir: Path, started: float, rerun: bool) -> bool:
-    """The run has a result of this suite: reused, or written since ``started`` (not a stale one
-    left by an earlier suite when this run failed)."""
-    path = run_dir / "summary.json"
-    return path.exists() and (not rerun or path.stat().st_mtime >= started)
+    return [j for j in jobs if finished(j)]
 
 
 def add_gain_over_local(runs: dict[str, dict]) -> None:

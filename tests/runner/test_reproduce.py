@@ -167,18 +167,22 @@ def test_grid_jobs_run_each_lr_of_the_labels_it_applies_to_on_the_first_seed(tmp
 # --- the lr grid's choice -------------------------------------------------------------------------------
 
 
-def grid_scores(out: Path, label: str, scores: dict[float, float | None]) -> None:
+def grid_scores(out: Path, label: str, scores: dict[float, float | None]) -> set[Path]:
+    """The grid runs' folders, each with a summary of its score (None: without the metric)."""
+    runs = set()
     for lr, score in scores.items():
         run = out / "tiny" / "_lr" / label / f"lr{lr:g}"
         run.mkdir(parents=True)
         (run / "summary.json").write_text(json.dumps({"metrics": {} if score is None else {"v": score}}))
+        runs.add(run)
+    return runs
 
 
 def test_the_lr_with_the_best_validation_score_is_chosen_the_first_of_equals(tmp_path):
     claim = tiny_claim(lr_grid=LrGrid((0.01, 0.1, 1.0, 2.0), metric="v", rounds=7))
-    grid_scores(tmp_path, "ditto", {0.01: 0.9, 0.1: 0.9, 1.0: float("nan")})  # 2.0 did not finish
-    grid_scores(tmp_path, "local", {0.01: None, 0.1: 0.2, 2.0: float("inf")})
-    chosen, lines = rep.choose_lrs(claim, tmp_path)
+    finished = grid_scores(tmp_path, "ditto", {0.01: 0.9, 0.1: 0.9, 1.0: float("nan")})  # 2.0 did not finish
+    finished |= grid_scores(tmp_path, "local", {0.01: None, 0.1: 0.2, 2.0: float("inf")})
+    chosen, lines = rep.choose_lrs(claim, tmp_path, finished)
     assert chosen == {"ditto": 0.01, "local": 0.1}
     assert lines == [
         "Learning rate chosen on validation (`v` after 7 rounds, seed 0) from 0.01, 0.1, 1, 2:",
@@ -191,10 +195,10 @@ def test_the_lr_with_the_best_validation_score_is_chosen_the_first_of_equals(tmp
 
 def test_a_label_without_a_finished_grid_run_keeps_its_lr_and_labels_outside_the_grid_are_not_listed(tmp_path):
     claim = tiny_claim(lr_grid=LrGrid((0.1,), labels=("ditto",), metric="v"))
-    assert rep.choose_lrs(claim, tmp_path) == ({}, [
+    assert rep.choose_lrs(claim, tmp_path, set()) == ({}, [
         "Learning rate chosen on validation (`v` after 20 rounds, seed 0) from 0.1:", "",
         "- ditto: the configured lr (no grid run finished)", ""])  # fmt: skip
-    assert rep.choose_lrs(tiny_claim(), tmp_path) == ({}, [])
+    assert rep.choose_lrs(tiny_claim(), tmp_path, set()) == ({}, [])
 
 
 # --- the suite on fake runs -----------------------------------------------------------------------------
@@ -561,12 +565,15 @@ def test_the_contrast_table_has_a_column_per_seed_and_a_dash_where_a_seed_has_no
 
 
 def test_a_result_counts_when_reused_or_written_since_the_suite_started(tmp_path):
-    assert not rep._finished(tmp_path, 0.0, rerun=False)
+    job = rep.Job("c", "l", 0, [], tmp_path, "c/l/s0")
+    assert rep._finished_jobs([job], 0.0, set()) == []
     (tmp_path / "summary.json").write_text("{}")
     os.utime(tmp_path / "summary.json", (100.0, 100.0))
-    assert rep._finished(tmp_path, 200.0, rerun=False)
-    assert not rep._finished(tmp_path, 200.0, rerun=True)
-    assert rep._finished(tmp_path, 100.0, rerun=True) and rep._finished(tmp_path, 50.0, rerun=True)
+    assert rep._finished_jobs([job], 200.0, set()) == [job]  # reused
+    assert rep._finished_jobs([job], 200.0, {"c/l/s0"}) == []  # run now, and an earlier suite's result
+    assert rep._finished_jobs([job], 100.0, {"c/l/s0"}) == [job] and rep._finished_jobs([job], 50.0, {"c/l/s0"}) == [
+        job
+    ]
 
 
 def test_gain_over_local_is_computed_client_by_client(tmp_path, monkeypatch):
