@@ -25,12 +25,14 @@ CLIENTS = {"a0": [0.5, 0.7, 0.1], "a1": [0.9, 0.95, 0.2], "b0": [0.3, 0.35, 0.4]
 SETTING = {"a0": (0, 0.1), "a1": (1, 0.1), "b0": (0, 0.05)}  # seed, client.lr
 
 
-def write_run(root: Path, name: str, seed: int, lr: float, curves: dict, clients: list[float]) -> Path:
+def write_run(
+    root: Path, name: str, seed: int, lr: float, curves: dict, clients: list[float], method: str = "fedavg"
+) -> Path:
     """A run folder as `fit` writes it (the runner's own writers), with known numbers."""
     files = RunFiles(root / name)
     config = {
         "seed": seed,
-        "method": {"name": "fedavg"},
+        "method": {"name": method},
         "client": {"lr": lr, "epochs": 1},
         "data": {"source": "digits", "alpha": 0.5},
         "tracking": {"root": str(root), "name": name, "wandb": False},
@@ -40,7 +42,7 @@ def write_run(root: Path, name: str, seed: int, lr: float, curves: dict, clients
     history = [{"round": r + 1, **{k: v[r] for k, v in curves.items()}} for r in range(rounds)]
     files.write_metrics(history)
     files.write_clients([{"client": i, "n_train": 10, "pm.l_acc": v, "gm.l_acc": v / 2} for i, v in enumerate(clients)])
-    files.write_summary({"method": "fedavg", "seed": seed, "select": "final", "metrics": history[-1]})
+    files.write_summary({"method": method, "seed": seed, "select": "final", "metrics": history[-1]})
     return files.dir
 
 

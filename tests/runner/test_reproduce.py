@@ -12,12 +12,11 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
 import pfl.runner.reproduce as rep
 from pfl.errors import EXIT_DIVERGED, ConfigError
 from pfl.runner.claims import Claim, Contrast, LrGrid, beats
-from pfl.runner.outputs import RunFiles
+from tests.report_plots_helpers import write_run as write_plot_run
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ["--data.num_clients", "4", "--trainer.rounds", "20", "--tracking.wandb", "false"]
@@ -63,20 +62,12 @@ class FakeRunner:
 
 
 def write_run(argv: list[str], score: float) -> Path:
-    files = RunFiles(Path(flag(argv, "--tracking.root")) / flag(argv, "--tracking.name"))
-    seed, lr, rounds = (
-        int(flag(argv, "--seed")),
-        float(flag(argv, "--client.lr", "0.05")),
-        int(flag(argv, "--trainer.rounds")),
-    )
-    method = flag(argv, "--method.name")
-    config = {"seed": seed, "method": {"name": method}, "client": {"lr": lr}, "trainer": {"rounds": rounds}}
-    files.write_config(yaml.safe_dump(config))
-    files.write_metrics([{"round": rounds, "pm.l_acc.mean": score}])
-    files.write_clients([{"client": i, "pm.l_acc": score + d} for i, d in enumerate((-0.1, 0.0, 0.1))])
-    metrics = {"pm.l_acc.mean": score, "pm.l_acc.std": 0.0816, "pm.val_acc.mean": score}
-    files.write_summary({"method": method, "seed": seed, "rounds": rounds, "select": "final", "metrics": metrics})
-    return files.dir
+    """The run ``argv`` asks for, scoring ``score`` (validation too); its three clients -0.1, +0, +0.1."""
+    where, name = Path(flag(argv, "--tracking.root")), flag(argv, "--tracking.name")
+    seed, lr = int(flag(argv, "--seed")), float(flag(argv, "--client.lr", "0.05"))
+    curves = {"pm.l_acc.mean": [score], "pm.val_acc.mean": [score]}
+    clients = [score + d for d in (-0.1, 0.0, 0.1)]
+    return write_plot_run(where, name, seed, lr, curves, clients, method=flag(argv, "--method.name"))
 
 
 @pytest.fixture
