@@ -37,10 +37,15 @@ class TrainerConfig:
             or disk (at most store_budget_mb on the device, the least recently used spilled to files).
         store_budget_mb: the disk store's budget on the training device, in MiB.
         vectorize: train the sampled clients of a round together (torch.func.vmap over stacked
-            states; pfl.engine.vectorized lists the methods, models and settings it supports).
+            states; pfl.engine.vectorized lists the methods, models and settings it supports):
+            auto (together on CUDA when the method, model and settings allow it, else one at a
+            time), true (together, or a refusal naming why not) or false (one at a time).
         compile: wrap the model's forward in torch.compile (and the vectorized step, when on).
         accelerator: auto (a GPU when there is one), cpu, cuda/gpu or mps (Lightning Fabric).
-        devices: number of devices/processes.
+        devices: number of devices per node.
+        processes_per_device: processes sharing each device (each trains its share of the sampled
+            clients; rank r runs on device r // processes_per_device). Above 1 on CUDA, the ranks
+            exchange through gloo (NCCL refuses two ranks on one GPU).
         precision: any Fabric precision: 32-true, 16-mixed (with a gradient scaler), bf16-mixed,
             bf16-true, 16-true, 64-true, ...
         progress: show a progress bar.
@@ -54,7 +59,8 @@ class TrainerConfig:
     eval_every: int = 10
     checkpoint_every: int = 1  # a killed run loses at most this many rounds
     accelerator: str = "auto"
-    devices: int = 1  # processes per node; > 1 splits each round's clients across them (pfl.federation.distributed)
+    devices: int = 1  # devices per node; > 1 splits each round's clients across them (pfl.federation.distributed)
+    processes_per_device: int = 1  # > 1: several processes share each device (pfl.runner.devices)
     num_nodes: int = 1
     strategy: str = "auto"
     precision: str = "32-true"
@@ -64,11 +70,12 @@ class TrainerConfig:
     threads: int | None = 1
     client_store: str = "memory"  # memory | disk (spills least recently used states beyond store_budget_mb)
     store_budget_mb: float = 2048.0
-    vectorize: bool = False
+    vectorize: bool | str = "auto"  # auto | true | false (pfl.runner.training_path)
     compile: bool = False
 
 
 CLIENT_STORES = ("memory", "disk")
+VECTORIZE_AUTO = "auto"
 PROTOCOLS = ("local", "sg", "global", "new")
 S_TESTS = ("paper", "mixed")  # FedPG's S-test construction (pfl.metrics.protocols.s_test_indices)
 
@@ -321,6 +328,12 @@ def validate(cfg: RunConfig) -> None:
     )
     require(t.store_budget_mb >= 0, "trainer.store_budget_mb", f"must be >= 0 (got {t.store_budget_mb})")
     require(t.devices >= 1, "trainer.devices", f"must be >= 1 (got {t.devices})")
+    require(
+        isinstance(t.vectorize, bool) or t.vectorize == VECTORIZE_AUTO,
+        "trainer.vectorize",
+        f"must be true, false or auto (got {t.vectorize!r})",
+    )
+    check_processes_per_device(t)
     check_accelerator(t)
     if t.threads is not None:
         require(t.threads >= 1, "trainer.threads", f"must be >= 1 or null (got {t.threads})", "null: torch's default")
@@ -406,6 +419,23 @@ def _require_finite(value: Any, name: str) -> None:
             _require_finite(item, f"{name}[{k}]")
     elif isinstance(value, float):
         require(math.isfinite(value), name, f"must be a finite number (got {value})")
+
+
+def check_processes_per_device(t: TrainerConfig) -> None:
+    """Several processes per device: a whole number, with the default strategy or ddp, on a CPU or CUDA."""
+    k = t.processes_per_device
+    require(
+        isinstance(k, int) and not isinstance(k, bool) and k >= 1,
+        "trainer.processes_per_device",
+        f"must be a whole number >= 1 (got {k!r})",
+    )
+    if k > 1:
+        require(
+            t.accelerator != "mps",
+            "trainer.processes_per_device",
+            f"{k} processes cannot share an mps device (torch.distributed has no mps backend)",
+            "use 1, or accelerator cpu or cuda",
+        )
 
 
 def check_accelerator(t: TrainerConfig) -> None:

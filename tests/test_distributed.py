@@ -49,17 +49,28 @@ def test_bad_strategy_and_num_nodes_fail_early():
 
 
 def _fit(root: Path, name: str, *extra: str) -> dict:
+    return _fit_with_log(root, name, *extra)[0]
+
+
+def _fit_with_log(root: Path, name: str, *extra: str) -> tuple[dict, str]:
     cmd = [sys.executable, "-m", "pfl", "fit", *ARGS, "--tracking.root", str(root), "--tracking.name", name, *extra]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    return json.loads((root / name / "summary.json").read_text())
+    return json.loads((root / name / "summary.json").read_text()), out.stdout + out.stderr
 
 
-def test_two_gloo_processes_equal_one_process(tmp_path):
-    one = _fit(tmp_path / "a", "run")
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> tuple[dict, Path]:
+    """The 1-process run that the several-process runs must reproduce (made once per module)."""
+    root = tmp_path_factory.mktemp("one")
+    return _fit(root, "run"), root / "run"
+
+
+def test_two_gloo_processes_equal_one_process(tmp_path, one_process):
+    one, one_dir = one_process
     two = _fit(tmp_path / "b", "run", "--trainer.devices", "2", "--trainer.strategy", "ddp")
-    a, b = load_checkpoint(tmp_path / "a" / "run"), load_checkpoint(tmp_path / "b" / "run")
+    a, b = load_checkpoint(one_dir), load_checkpoint(tmp_path / "b" / "run")
     torch.testing.assert_close(b["server"]["global"], a["server"]["global"], rtol=1e-5, atol=1e-6)
     # Clients trained on rank 1 must have their personal models on rank 0 too (it wrote the checkpoint).
     assert sorted(b["clients"]) == sorted(a["clients"]) and len(a["clients"]) > 4
@@ -100,3 +111,18 @@ def test_a_run_destroys_the_process_group_it_started_and_keeps_a_callers(tmp_pat
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+def test_two_processes_sharing_one_device_equal_one_process(tmp_path, one_process):
+    one, one_dir = one_process
+    two, log = _fit_with_log(tmp_path / "b", "run", "--trainer.processes_per_device", "2")
+    assert "MEMBER: 2/2" in log and "distributed_backend=gloo" in log  # two ranks did start, on gloo
+    a, b = load_checkpoint(one_dir), load_checkpoint(tmp_path / "b" / "run")
+    torch.testing.assert_close(b["server"]["global"], a["server"]["global"], rtol=1e-5, atol=1e-6)
+    assert sorted(b["clients"]) == sorted(a["clients"])
+    for cid, state in a["clients"].items():
+        torch.testing.assert_close(b["clients"][cid]["personal"], state["personal"], rtol=1e-5, atol=1e-6)
+    assert b["train_samples"] == a["train_samples"]
+    for key, value in one["metrics"].items():
+        if not key.startswith(("time.", "throughput.")):
+            assert two["metrics"][key] == pytest.approx(value, abs=1e-5), key

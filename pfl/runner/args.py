@@ -256,6 +256,7 @@ RESUME_ALLOWED = frozenset(
         "trainer.threads",
         "trainer.accelerator",
         "trainer.devices",
+        "trainer.processes_per_device",
         "trainer.num_nodes",
         "trainer.strategy",
         "eval.batch_size",

@@ -12,7 +12,6 @@ import torch
 from pfl.config import RunConfig
 from pfl.data.federated import FederatedData
 from pfl.engine.worker import Worker
-from pfl.errors import require
 from pfl.federation.attacks import Attack
 from pfl.federation.checkpoint import Checkpointer
 from pfl.federation.dispatch import make_dispatcher, vectorize_problems
@@ -24,6 +23,7 @@ from pfl.federation.store import make_store
 from pfl.methods.base import ServerContext, train_settings
 from pfl.metrics.session import EvalSession
 from pfl.models import build_model
+from pfl.runner.training_path import announce, choose_path
 from pfl.seeding import seed_everything
 
 
@@ -40,9 +40,11 @@ def build_loop(
     run_dir: Path | None = None,
     fabric: L.Fabric | None = None,
     callbacks: Sequence[Callback] = (),
+    announce_path: bool = True,
 ) -> FederatedLoop:
     """The loop of a run, its parts built from ``cfg``: the model and worker, the server's context,
-    aggregator and optimizer, the client stores, the evaluation session, the attack and the dispatcher."""
+    aggregator and optimizer, the client stores, the evaluation session, the attack and the dispatcher.
+    ``announce_path``: rank 0 logs which way the clients train and why (off for a run's LOCAL reference)."""
     method, t = cfg.method, cfg.trainer
     seed_everything(cfg.seed, "init")
     net = build_model(cfg.model, data.input_shape, data.num_classes)
@@ -81,12 +83,13 @@ def build_loop(
         evals.malicious = attack.malicious  # honest.* metrics leave these clients out
     if t.compile:  # the forward of every fit and evaluation; the vectorized step as well
         worker.module.net = torch.compile(worker.module.net, dynamic=True)
-    if t.vectorize:
-        problems = vectorize_problems(method, worker, t.precision)
-        require(not problems, "trainer.vectorize", "; ".join(problems), "set trainer.vectorize false")
+    problems = [] if t.vectorize is False else vectorize_problems(method, worker, t.precision)
+    path = choose_path(t.vectorize, problems, worker.device.type, method.name)
+    if announce_path and cohort.is_zero:
+        announce(path.line)
     dispatcher = make_dispatcher(
         worker, clients, init_state, cohort=cohort, sizes=data.sizes("train"),
-        vectorize=t.vectorize, trained=trained, compile=t.compile,
+        vectorize=path.vectorize, trained=trained, compile=t.compile,
     )  # fmt: skip
     return FederatedLoop(
         method=method,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -24,6 +23,7 @@ from pfl.methods import class_path
 from pfl.metrics.protocols import s_test_clients
 from pfl.runner.args import check_resume_progress, parse_fit_args
 from pfl.runner.assembly import build_loop
+from pfl.runner.devices import make_fabric
 from pfl.runner.outputs import FileOutputs, RunFiles, run_dir_under
 from pfl.runner.reference import ensure_local_reference
 from pfl.runner.rundir import RunClaim, check_writable, precheck
@@ -35,19 +35,6 @@ def flat_config(cfg: RunConfig) -> dict[str, Any]:
     for group in ("trainer", "server", "client", "data", "model", "eval", "tracking", "attack"):
         out[group] = asdict(getattr(cfg, group))
     return out
-
-
-def make_fabric(cfg: RunConfig) -> L.Fabric:
-    t = cfg.trainer
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*precision.*")
-        return L.Fabric(
-            accelerator=t.accelerator,
-            devices=t.devices,
-            num_nodes=t.num_nodes,
-            strategy=t.strategy,
-            precision=t.precision,
-        )
 
 
 def run_name(cfg: RunConfig) -> str:
@@ -107,7 +94,7 @@ def _run(cfg: RunConfig, config_text: str | None, resume_dir: Path | None, run_d
     validate_target(cfg.eval, task_of(data))
     if "sg" in cfg.eval.protocols and cfg.eval.s_test == "paper":
         s_test_clients(data.num_clients, cfg.eval.s_acc_others)  # ρ = (m - 1)·c > 1, before any training
-    fabric = make_fabric(cfg)
+    fabric = make_fabric(cfg.trainer)
     # Several processes (trainer.devices / num_nodes): fabric.launch() starts the other local ranks
     # (or joins the ones torchrun/SLURM started). Only rank 0 touches the run folder and logs.
     fabric.launch()

@@ -19,6 +19,7 @@ import lightning as L
 from pfl.config import RunConfig
 from pfl.methods.local import Local
 from pfl.runner.assembly import build_loop
+from pfl.runner.devices import make_fabric
 from pfl.runner.outputs import FileOutputs, RunFiles
 from pfl.safe_files import new_file
 
@@ -74,9 +75,8 @@ def ensure_local_reference(cfg: RunConfig, data, fabric: L.Fabric | None) -> dic
     # A fabric without loggers: the reference's curves must not land in this run's W&B run.
     ref_fabric = None
     if fabric is not None:
-        t = cfg.trainer
-        ref_fabric = L.Fabric(accelerator=t.accelerator, devices=t.devices, precision=t.precision)
-    loop = build_loop(ref_cfg, data, path, ref_fabric, [FileOutputs(RunFiles(path))])
+        ref_fabric = make_fabric(cfg.trainer)
+    loop = build_loop(ref_cfg, data, path, ref_fabric, [FileOutputs(RunFiles(path))], announce_path=False)
     summary = loop.fit()
     metric = loop.own_key
     record = {

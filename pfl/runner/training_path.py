@@ -1,0 +1,46 @@
+"""Which way a run trains its sampled clients (``trainer.vectorize``): together or one at a time, and why.
+
+``auto`` (the default) trains them together only on CUDA and only when nothing refuses it: on a CPU
+the stacked step is slower than the sequential loop (docs/performance.md, "Vectorized clients"),
+while on a GPU small clients are launch-bound one at a time. ``true`` insists (a refusal is a
+ConfigError naming the reasons); ``false`` never vectorizes.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from pfl.errors import require
+
+
+@dataclass(frozen=True)
+class TrainingPath:
+    """The chosen path (``vectorize``) and the one log line that says which and why."""
+
+    vectorize: bool
+    line: str
+
+
+def choose_path(setting: bool | str, problems: list[str], device_type: str, method: str) -> TrainingPath:
+    """The path of a run whose ``trainer.vectorize`` is ``setting``, given what refuses vectorizing
+    (``pfl.federation.dispatch.vectorize_problems``) and the training device's type (cpu, cuda, mps)."""
+    if setting is False:
+        return TrainingPath(False, "clients trained one at a time: trainer.vectorize is false")
+    if setting is True:
+        require(not problems, "trainer.vectorize", "; ".join(problems), "set trainer.vectorize false or auto")
+        return TrainingPath(True, f"clients trained together (vectorized): trainer.vectorize is true, {method}")
+    if device_type != "cuda":
+        reason = f"trainer.vectorize auto trains clients together only on CUDA (this run is on {device_type})"
+        return TrainingPath(False, f"clients trained one at a time: {reason}")
+    if problems:
+        return TrainingPath(False, "clients trained one at a time: " + "; ".join(problems))
+    return TrainingPath(True, f"clients trained together (vectorized): cuda, method {method} allows it")
+
+
+def announce(line: str) -> None:
+    """The run's one line on its training path, on stderr (stdout carries the command's results)."""
+    print(f"pfl: {line}", file=sys.stderr, flush=True)
+
+
+__all__ = ["TrainingPath", "announce", "choose_path"]
