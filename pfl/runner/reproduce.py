@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from pfl.runner.claims import (
     claim_verdict,
     verdict_text,
 )
+from pfl.runner.suite_estimate import Planned, device_label, estimate
 from pfl.runner.sweep import run_parallel
 from pfl.safe_files import write_atomic
 
@@ -92,16 +94,17 @@ def claim_jobs(claim: Claim, out: Path, quick: bool, lrs: dict[str, float] | Non
     return jobs
 
 
-def grid_jobs(claim: Claim, out: Path) -> list[Job]:
-    """The lr-grid stage's short runs on the claim's first seed (none without a grid)."""
+def grid_jobs(claim: Claim, out: Path, edge: dict[str, float] | None = None) -> list[Job]:
+    """The lr-grid stage's short runs on the claim's first seed (none without a grid); ``edge``: instead,
+    the one extra lr of each label whose choice sat on the grid's edge (``beyond_edge``)."""
     grid = claim.lr_grid
     if grid is None:
         return []
     seed, jobs = claim.seeds[0], []
     for label, args in claim.runs.items():
-        if not grid.applies(label):
+        if not grid.applies(label) or (edge is not None and label not in edge):
             continue
-        for lr in grid.values:
+        for lr in grid.values if edge is None else (edge[label],):
             where = out / claim.key / LR_DIR / label / f"lr{lr:g}"
             argv = [*claim.base, *args, grid.arg, str(lr), "--seed", str(seed)]
             argv = shortened([*argv, "--tracking.root", str(where.parent), "--tracking.name", where.name, *RUN_FLAGS],
@@ -118,10 +121,34 @@ def grid_jobs(claim: Claim, out: Path) -> list[Job]:
     return jobs
 
 
-def choose_lrs(claim: Claim, out: Path, finished: set[Path]) -> tuple[dict[str, float], list[str]]:
+def beyond_edge(values: tuple[float, ...], lr: float) -> float | None:
+    """The grid's next value past ``lr`` when ``lr`` is its smallest or largest value (the ratio to its
+    neighbour once more: 0.1 in 0.01, 0.05, 0.1 gives 0.2; 0.01 gives 0.002); None inside the grid or
+    for a grid of one value (no direction to extend in)."""
+    ordered = sorted(values)
+    if len(ordered) < 2 or lr not in (ordered[0], ordered[-1]):
+        return None
+    step = ordered[-1] / ordered[-2] if lr == ordered[-1] else ordered[0] / ordered[1]
+    return float(f"{lr * step:.6g}")
+
+
+def edge_steps(claim: Claim, chosen: dict[str, float]) -> dict[str, float]:
+    """label -> the extra lr of each label whose chosen lr sits on the grid's edge."""
+    grid = claim.lr_grid
+    if grid is None:
+        return {}
+    steps = {label: beyond_edge(grid.values, lr) for label, lr in chosen.items()}
+    return {label: lr for label, lr in steps.items() if lr is not None}
+
+
+def choose_lrs(
+    claim: Claim, out: Path, finished: set[Path], edge: dict[str, float] | None = None
+) -> tuple[dict[str, float], list[str]]:
     """label -> the grid lr with the highest validation metric (the first of equals), and the report's
     lines saying what each lr scored. ``finished``: the folders of the grid runs with a result of this
-    suite (``_finished_jobs``); a label none of whose grid runs finished keeps its configured lr."""
+    suite (``_finished_jobs``); a label none of whose grid runs finished keeps its configured lr.
+    ``edge``: each label's extra lr one step past the grid's edge (``edge_steps``), chosen among the others."""
+    edge = edge or {}
     grid = claim.lr_grid
     if grid is None:
         return {}, []
@@ -132,13 +159,15 @@ def choose_lrs(claim: Claim, out: Path, finished: set[Path]) -> tuple[dict[str, 
         if not grid.applies(label):
             continue
         scores = {}
-        for lr in grid.values:
+        for lr in [*grid.values, *([edge[label]] if label in edge else [])]:
             where = out / claim.key / LR_DIR / label / f"lr{lr:g}"
             if where in finished:
                 score = json.loads((where / "summary.json").read_text())["metrics"].get(grid.metric)
                 if score is not None and math.isfinite(score):
                     scores[lr] = score
         text = ", ".join(f"{lr:g}: {v:.4f}" for lr, v in scores.items()) or "no grid run finished"
+        if label in edge:
+            text += f"; {edge[label]:g} added: the grid's choice was on its edge"
         if scores:
             chosen[label] = max(scores, key=scores.__getitem__)
             lines.append(f"- {label}: **{chosen[label]:g}** ({text})")
@@ -167,10 +196,17 @@ def run_claims(
     started = time.time()
     ran = _run([j for c in ready for j in grids[c.key]], workers, reuse, "lr grid", times, failures, diverged)
     grid_done = {key: _finished_jobs(grid, started, ran) for key, grid in grids.items()}
+    # A choice on the grid's edge may lie past it: one more lr in that direction, and the choice again.
+    edges = {c.key: edge_steps(c, choose_lrs(c, out, {j.run_dir for j in grid_done[c.key]})[0]) for c in ready}
+    beyond = {c.key: grid_jobs(c, out, edges[c.key]) if edges[c.key] else [] for c in ready}
+    started = time.time()
+    ran = _run([j for c in ready for j in beyond[c.key]], workers, reuse, "lr grid edge", times, failures, diverged)
     grid_lines: dict[str, list[str]] = {}
     for c in ready:
+        grid_done[c.key] += _finished_jobs(beyond[c.key], started, ran)
         if grids[c.key]:  # the claim's runs again, with the chosen learning rates
-            chosen, grid_lines[c.key] = choose_lrs(c, out, {j.run_dir for j in grid_done[c.key]})
+            done_dirs = {j.run_dir for j in grid_done[c.key]}
+            chosen, grid_lines[c.key] = choose_lrs(c, out, done_dirs, edges[c.key])
             jobs[c.key] = claim_jobs(c, out, quick, chosen)
     started = time.time()
     ran = _run([j for c in ready for j in jobs[c.key]], workers, reuse, "reproduce", times, failures, diverged)
@@ -197,6 +233,9 @@ def run_claims(
     reused = sum(j.name not in ran and j.done() for c in ready for j in jobs[c.key])
     per_claim = {c.key: times.of(done[c.key], grid_done[c.key]) for c in ready}
     timing = SuiteTime(time.perf_counter() - t0, workers, len(ran), reused, per_claim, times.invocations())
+    timing.device = times.device
+    if quick:
+        timing.estimate = full_suite_estimate(ready, out, jobs, times)
     report = out / "REPORT.md"
     report.write_text("\n".join([*_header(claims, verdicts, quick, timing), *sections]) + "\n")
     if failures:
@@ -204,6 +243,37 @@ def run_claims(
     if diverged:  # a finding about the method and its learning rate, not a failure of the suite
         print(f"{len(diverged)} run(s) diverged, named in {report}: {', '.join(diverged)}", flush=True)
     return report
+
+
+def full_suite_estimate(claims: list[Claim], out: Path, quick_jobs: dict[str, list[Job]], times: RunTimes) -> list[str]:
+    """QUICK: the report's estimate of the full suite (every seed, every round, the lr grids) from the QUICK
+    runs' recorded wall times, each scaled by its rounds (``pfl.runner.suite_estimate``)."""
+    planned, quick_rounds = [], {}
+    for c in claims:
+        quick_of = {j.label: j for j in quick_jobs[c.key]}
+        quick_rounds.update({j.name: _rounds(j) for j in quick_of.values()})
+        planned += [Planned(quick_of[j.label].name, _rounds(j)) for j in claim_jobs(c, out, quick=False)]
+        grid = c.lr_grid
+        if grid is not None:  # every label it applies to, at each of its values
+            planned += [Planned(quick_of[k].name, grid.rounds) for k in c.runs if grid.applies(k) for _ in grid.values]
+    total, missing, startup = estimate(planned, times.wall, quick_rounds)
+    devices = sorted({times.devices[n] for n in quick_rounds if n in times.devices}) or ["an unrecorded device"]
+    left_out = f"; {missing} run(s) without a QUICK record left out" if missing else ""
+    return [
+        f"**Estimate**, not a measurement, of the full suite on {', '.join(devices)}: {len(planned)} runs, "
+        f"{total / 60:.1f} run-minutes, about {total / 60 / times.workers:.1f} min with {times.workers} worker(s) "
+        f"(each QUICK run's wall time scaled by its rounds, {startup:.0f} s of start-up per run kept as is; "
+        f"the lr grids included, their edge steps not{left_out})."
+    ]
+
+
+def _rounds(job: Job) -> int:
+    return parse_fit_args(job.argv[1:])[0].trainer.rounds
+
+
+def default_workers() -> int:
+    """Runs in parallel: one per core (each run trains with one thread; on a GPU machine they share the card)."""
+    return max(1, os.cpu_count() or 1)
 
 
 def _run(
@@ -230,20 +300,24 @@ INVOCATIONS = "invocations.json"
 
 @dataclass
 class RunTimes:
-    """Each run's wall and CPU seconds (``seconds.json``, ``cpu_seconds.json`` in ``out``), written as
-    each run ends, so a suite that is stopped keeps the times of every run it finished, and merged with
-    earlier suites': a reused run keeps its measured times. ``invocations.json`` lists every invocation
-    that ran runs in ``out``: when it started, its workers, how many runs it finished and its wall time
-    up to the last of them, so a suite stopped and continued with ``--reuse`` adds up its measured time."""
+    """Each run's wall and CPU seconds and its device (``seconds.json``, ``cpu_seconds.json``, ``devices.json``
+    in ``out``), written as each run ends, so a suite that is stopped keeps the times of every run it
+    finished, and merged with earlier suites': a reused run keeps its measured times. ``invocations.json``
+    lists every invocation that ran runs in ``out``: when it started, its workers, how many runs it
+    finished and its wall time up to the last of them, so a suite stopped and continued with ``--reuse``
+    adds up its measured time."""
 
     out: Path
     workers: int = 1
     wall: dict[str, float] = field(default_factory=dict)
     cpu: dict[str, float] = field(default_factory=dict)
     codes: dict[str, int] = field(default_factory=dict)  # this invocation's runs' exit codes
+    devices: dict[str, str] = field(default_factory=dict)  # the device each run trained on (``devices.json``)
+    device: str = field(default_factory=device_label)  # this invocation's
 
     def __post_init__(self) -> None:
         self.wall.update(_read_json(self.out / "seconds.json", {}))
+        self.devices.update(_read_json(self.out / "devices.json", {}))
         self.cpu.update(_read_json(self.out / "cpu_seconds.json", {}))
         self.t0, self.finished, self.last = time.perf_counter(), 0, 0.0
         self.started = time.strftime("%Y-%m-%d %H:%M")
@@ -256,8 +330,10 @@ class RunTimes:
             self.wall[name] = wall
             if cpu is not None:
                 self.cpu[name] = cpu
+            self.devices[name] = self.device
             self.finished, self.last = self.finished + 1, time.perf_counter() - self.t0
             _write_json(self.out / "seconds.json", self.wall)
+            _write_json(self.out / "devices.json", self.devices)
             _write_json(self.out / "cpu_seconds.json", self.cpu)
             _write_json(self.out / INVOCATIONS, self.invocations())
 
@@ -310,6 +386,8 @@ class SuiteTime:
     reused: int
     claims: dict[str, ClaimTime]
     invocations: list[dict] = field(default_factory=list)  # every invocation that finished runs here
+    device: str = field(default_factory=device_label)  # the training device of this invocation's runs
+    estimate: list[str] = field(default_factory=list)  # QUICK: the full suite's estimated time
 
     def lines(self) -> list[str]:
         runs = sum(c.runs for c in self.claims.values())
@@ -324,6 +402,7 @@ class SuiteTime:
             "wall time as measured, which grows with other load on the machine)"
             + (f"; {missing} reused run(s) have no recorded CPU time and are not in those sums." if missing else "."),
             *self.invocation_lines(),
+            *self.estimate,
         ]
 
     def invocation_lines(self) -> list[str]:
@@ -351,7 +430,7 @@ def _header(claims: list[Claim], verdicts: dict[str, str], quick: bool, timing: 
     lines = [
         "# Reproduction report",
         "",
-        f"Generated {time.strftime('%Y-%m-%d %H:%M')} on CPU, embedded data; {mode}.",
+        f"Generated {time.strftime('%Y-%m-%d %H:%M')} on {timing.device}, embedded data; {mode}.",
         *timing.lines(),
         "",
         "Verdicts (docs/reproduce.md): per seed, the paired difference of a contrast (positive in the paper's "
@@ -536,10 +615,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--quick", action="store_true", help="first seed, 1/10 of the rounds, no lr grid (a smoke test)"
     )
-    parser.add_argument("--workers", type=int, default=2, help="runs in parallel (cores are split between them)")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="runs in parallel (default: one per core; they share a GPU)"
+    )
     parser.add_argument("--reuse", action="store_true", help="keep runs that already finished (continue a suite)")
     args = parser.parse_args(argv)
-    print(run_claims(args.out, args.only, args.quick, args.workers, args.reuse))
+    print(run_claims(args.out, args.only, args.quick, args.workers or default_workers(), args.reuse))
 
 
 def _read_json(path: Path, empty: dict | list) -> dict | list:

@@ -16,6 +16,7 @@ import pytest
 import pfl.runner.reproduce as rep
 from pfl.errors import EXIT_DIVERGED, ConfigError
 from pfl.runner.claims import Claim, Contrast, LrGrid, beats
+from pfl.runner.suite_estimate import device_label
 from tests.report_plots_helpers import write_run as write_plot_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -205,7 +206,8 @@ def test_the_report_has_the_header_table_the_section_and_the_paired_contrast(fak
     assert fake.calls == [("reproduce", ["tiny/local/s0", "tiny/ditto/s0", "tiny/local/s1", "tiny/ditto/s1"], 3)]
     assert "reproduce: 4 runs to do, 0 reused, 3 worker(s)" in capsys.readouterr().out
     assert report.startswith("# Reproduction report\n\nGenerated ")
-    assert "on CPU, embedded data; full: every claim over its seeds.\n" in report and "QUICK" not in report
+    assert f"on {device_label()}, embedded data; full: every claim over its seeds.\n" in report
+    assert "QUICK" not in report
     assert "| claim | verdict | runs | CPU-minutes | run-minutes |\n|---|---|---|---|---|\n" in report
     assert "| absent | not run | 0 | 0.0 | 0.0 |\n| tiny | held | 4 | 8.0 | 10.0 |\n" in report
     wall = re.search(r"\nMeasured wall time of this invocation: (\d+\.\d) min with 3 worker\(s\); it ran 4 run", report)
@@ -348,37 +350,77 @@ def test_the_grid_runs_first_and_the_claims_runs_use_the_lr_it_chose(fake, tmp_p
     grid = LrGrid((0.01, 0.3), labels=("ditto",), rounds=5)
     monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(base=[*BASE, "--data.val_frac", "0.2"], lr_grid=grid)])
     fake.score = lambda name, argv: (
-        float(flag(argv, "--client.lr")) if "_lr" in name else SCORES[(name.split("/")[1], int(flag(argv, "--seed")))]
+        (lambda lr: lr if lr <= 0.3 else 0.0)(float(flag(argv, "--client.lr")))  # the best lr is 0.3
+        if "_lr" in name
+        else SCORES[(name.split("/")[1], int(flag(argv, "--seed")))]
     )
     report = rep.run_claims(tmp_path).read_text()
     assert [c[:2] for c in fake.calls] == [
         ("lr grid", ["tiny/_lr/ditto/lr0.01", "tiny/_lr/ditto/lr0.3"]),
+        ("lr grid edge", ["tiny/_lr/ditto/lr9"]),  # 0.3 is the grid's top: one step (x30) past it
         ("reproduce", ["tiny/local/s0", "tiny/ditto/s0", "tiny/local/s1", "tiny/ditto/s1"]),
     ]
     assert flag(fake.argv["tiny/ditto/s1"], "--client.lr") == "0.3" and "--client.lr" not in fake.argv["tiny/local/s0"]
     assert "Claim: ditto beats local.\n\nLearning rate chosen on validation (`pm.val_acc.mean` after 5 rounds" in report
-    assert "- ditto: **0.3** (0.01: 0.0100, 0.3: 0.3000)\n" in report
+    edge = "9: 0.0000; 9 added: the grid's choice was on its edge"
+    assert f"- ditto: **0.3** (0.01: 0.0100, 0.3: 0.3000, {edge})\n" in report
     assert "| run | method | client.lr | n | pm.l_acc |" in report  # the runs' configs tell their settings apart
     assert "| ditto | ditto | 0.3 | 2 | **0.6500 ± 0.0707** |" in report and "| local | local | 0.05 | 2 |" in report
-    assert "| tiny | held | 6 (2 lr grid) | 12.0 | 15.0 |" in report
-    assert report.rstrip().endswith("(6 (2 lr grid) runs, 12.0 CPU-minutes, 15.0 run-minutes)")
+    assert "| tiny | held | 7 (3 lr grid) | 14.0 | 17.5 |" in report
+    assert report.rstrip().endswith("(7 (3 lr grid) runs, 14.0 CPU-minutes, 17.5 run-minutes)")
+
+
+def test_a_choice_on_the_grids_edge_extends_it_one_step_that_way_and_chooses_again(fake, tmp_path, monkeypatch):
+    grid = LrGrid((0.01, 0.05, 0.1), rounds=5)
+    monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(base=[*BASE, "--data.val_frac", "0.2"], lr_grid=grid)])
+    best = {"local": 0.01, "ditto": 0.2}  # local peaks below the grid, ditto above it
+
+    def score(name: str, argv: list[str]) -> float:
+        if "_lr" not in name:
+            return SCORES[(name.split("/")[1], int(flag(argv, "--seed")))]
+        return 1.0 - abs(math.log(float(flag(argv, "--client.lr")) / best[name.split("/")[2]]))
+
+    fake.score = score
+    report = rep.run_claims(tmp_path).read_text()
+    assert fake.calls[1][:2] == ("lr grid edge", ["tiny/_lr/local/lr0.002", "tiny/_lr/ditto/lr0.2"])
+    assert flag(fake.argv["tiny/ditto/s0"], "--client.lr") == "0.2"  # the extension won
+    assert flag(fake.argv["tiny/local/s0"], "--client.lr") == "0.01"  # the edge value beat the step past it
+    assert "- local: **0.01** (0.01: 1.0000, 0.05: -0.6094, 0.1: -1.3026, 0.002: -0.6094; 0.002 added" in report
+    assert "- ditto: **0.2** (0.01: -1.9957, 0.05: -0.3863, 0.1: 0.3069, 0.2: 1.0000; 0.2 added" in report
+    assert "| tiny | held | 12 (8 lr grid) |" in report
+
+
+def test_a_grid_is_extended_only_past_the_edge_its_choice_is_on():
+    assert rep.beyond_edge((0.01, 0.05, 0.1), 0.1) == 0.2
+    assert rep.beyond_edge((0.1, 0.05, 0.01), 0.01) == 0.002  # the order of the values does not matter
+    assert rep.beyond_edge((0.01, 0.05, 0.1), 0.05) is None
+    assert rep.beyond_edge((0.1,), 0.1) is None  # one value: no direction
+    assert rep.beyond_edge((0.001, 0.1), 0.1) == 10.0
+    claim = tiny_claim(lr_grid=LrGrid((0.01, 0.05, 0.1)))
+    assert rep.edge_steps(claim, {"local": 0.05, "ditto": 0.01}) == {"ditto": 0.002}
+    assert rep.edge_steps(tiny_claim(), {"ditto": 0.01}) == {}
 
 
 def test_a_grid_run_that_failed_now_is_not_chosen_on_an_earlier_suites_result(fake, tmp_path, monkeypatch):
     grid = LrGrid((0.01, 0.3), labels=("ditto",), rounds=5)
     monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(base=[*BASE, "--data.val_frac", "0.2"], lr_grid=grid)])
     fake.score = lambda name, argv: (
-        float(flag(argv, "--client.lr")) if "_lr" in name else SCORES[(name.split("/")[1], int(flag(argv, "--seed")))]
+        (lambda lr: lr if lr <= 0.3 else 0.0)(float(flag(argv, "--client.lr")))  # the best lr is 0.3
+        if "_lr" in name
+        else SCORES[(name.split("/")[1], int(flag(argv, "--seed")))]
     )
     rep.run_claims(tmp_path)
     os.utime(tmp_path / "tiny" / "_lr" / "ditto" / "lr0.3" / "summary.json", (1.0, 1.0))  # an earlier suite's
     fake.codes = {"tiny/_lr/ditto/lr0.3": EXIT_DIVERGED}
     report = rep.run_claims(tmp_path).read_text()
-    assert "- ditto: **0.01** (0.01: 0.0100)\n" in report and flag(fake.argv["tiny/ditto/s0"], "--client.lr") == "0.01"
-    assert "| tiny | held | 5 (1 lr grid) |" in report
+    step = "0.000333333: 0.0003; 0.000333333 added: the grid's choice was on its edge"  # 0.01 is now its bottom
+    assert f"- ditto: **0.01** (0.01: 0.0100, {step})\n" in report
+    assert flag(fake.argv["tiny/ditto/s0"], "--client.lr") == "0.01"
+    assert "| tiny | held | 6 (2 lr grid) |" in report
     fake.codes = {}
     reused = rep.run_claims(tmp_path, reuse=True).read_text()  # reused, the earlier result is this suite's
-    assert "- ditto: **0.3** (0.01: 0.0100, 0.3: 0.3000)\n" in reused and "| tiny | held | 6 (2 lr grid) |" in reused
+    assert "- ditto: **0.3** (0.01: 0.0100, 0.3: 0.3000, 9: 0.0000; 9 added" in reused
+    assert "| tiny | held | 7 (3 lr grid) |" in reused
 
 
 def test_quick_runs_the_first_seed_a_tenth_of_the_rounds_and_no_grid(fake, tmp_path, monkeypatch):
@@ -449,6 +491,50 @@ def test_each_finished_run_is_recorded_on_disk_at_once_and_failed_runs_only_by_t
     assert json.loads((tmp_path / "cpu_seconds.json").read_text()) == {"a": 7.5}
     assert json.loads((tmp_path / "invocations.json").read_text())[0]["runs"] == 2
     assert times.of([rep.Job("k", "l", 0, [], tmp_path, n) for n in "abc"]) == rep.ClaimTime(3, 16.0, 7.5, 2, 0)
+    assert json.loads((tmp_path / "devices.json").read_text()) == {"a": device_label(), "c": device_label()}
+
+
+def test_each_runs_device_is_kept_across_invocations(tmp_path):
+    (tmp_path / "devices.json").write_text('{"old": "NVIDIA H100 80GB HBM3 x1"}')
+    times = rep.RunTimes(tmp_path, device="NVIDIA H200 x1")
+    times.record("new", 0, 3.0, 1.0)
+    assert json.loads((tmp_path / "devices.json").read_text()) == {
+        "old": "NVIDIA H100 80GB HBM3 x1", "new": "NVIDIA H200 x1"}  # fmt: skip
+    (tmp_path / "devices.json").write_text("[]")
+    with pytest.raises(ConfigError, match="devices.json: holds a list, not a dict"):
+        rep.RunTimes(tmp_path)
+
+
+def test_quick_estimates_the_full_suite_from_its_runs_scaled_by_their_rounds(fake, tmp_path, monkeypatch):
+    grid = LrGrid((0.01, 0.3), labels=("ditto",), rounds=5)
+    claim = tiny_claim(base=[*BASE, "--data.val_frac", "0.2"], lr_grid=grid)  # 20 rounds; QUICK runs 2
+    monkeypatch.setattr(rep, "all_claims", lambda: [claim])
+    walls = {"tiny/local/s0": 10.0, "tiny/ditto/s0": 28.0}
+    monkeypatch.setattr(fake, "wall", 0.0)
+    original = fake.__call__
+
+    def timed(jobs, workers, what="sweep", on_finish=None):
+        record = lambda name, code, _, cpu: on_finish(name, code, walls.get(name, 1.0), cpu)  # noqa: E731
+        return original(jobs, workers, what, record)
+
+    monkeypatch.setattr(rep, "run_parallel", timed)
+    report = rep.run_claims(tmp_path, quick=True, workers=2).read_text()
+    # start-up 10 s (the shortest QUICK run); per seed local 10 s, ditto 10 + 18 x 20/2 = 190 s; 2 seeds;
+    # the grid: ditto at 2 lrs x 5 rounds: 2 x (10 + 18 x 5/2) = 110 s. 6 runs, 510 s = 8.5 run-minutes.
+    line = next(x for x in report.splitlines() if x.startswith("**Estimate**"))
+    assert line == (
+        f"**Estimate**, not a measurement, of the full suite on {device_label()}: 6 runs, 8.5 run-minutes, "
+        "about 4.2 min with 2 worker(s) (each QUICK run's wall time scaled by its rounds, 10 s of start-up per "
+        "run kept as is; the lr grids included, their edge steps not)."
+    )
+    assert "**Estimate**" not in rep.run_claims(tmp_path / "full", workers=2).read_text()  # only QUICK estimates
+
+
+def test_the_suite_runs_one_worker_per_core_by_default(monkeypatch):
+    monkeypatch.setattr(rep.os, "cpu_count", lambda: 16)
+    assert rep.default_workers() == 16
+    monkeypatch.setattr(rep.os, "cpu_count", lambda: None)
+    assert rep.default_workers() == 1
 
 
 def test_a_later_invocation_keeps_the_earlier_records_and_adds_its_own_line(tmp_path):
@@ -526,7 +612,7 @@ def test_the_header_lists_every_claim_with_its_verdict_and_recorded_time():
     times = {"a": rep.ClaimTime(4, 600.0, 450.0, 1), "b": rep.ClaimTime(6, 60.0, 30.0, 0, grid=2)}
     header = rep._header(claims, {"a": "tie", "b": "held"}, False, rep.SuiteTime(60.0, 1, 10, 0, times))
     assert header[:3] == ["# Reproduction report", "", header[2]]
-    assert header[2].endswith(" on CPU, embedded data; full: every claim over its seeds.")
+    assert header[2].endswith(f" on {device_label()}, embedded data; full: every claim over its seeds.")
     assert header[-5:] == [
         "|---|---|---|---|---|",
         "| a | tie | 4 | 7.5 (1 runs unrecorded) | 10.0 |",
