@@ -313,6 +313,10 @@ class Method:
             return []
         return [f"{self.name}'s clients' local updates depend on each other within a round"]
 
+    def runs_one_at_a_time(self, why: str) -> list[str]:
+        """``vectorize_problems``'s line for a method none of whose fits stack, ``why`` naming the cause."""
+        return [f"{self.name}'s {why}: its clients train one at a time, so trainer.vectorize gains nothing"]
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Method:
         # A hyper-parameter annotated Literal[...] is checked here, once for every method and before its
         # __init__ runs, as jsonargparse checks it on the command line.

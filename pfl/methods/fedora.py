@@ -7,6 +7,7 @@ the paper-vs-code list and how the handshake, the stores and new clients are des
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -53,6 +54,26 @@ class DecoupledPull(Term):
     def on_step(self, params: Tensor, lr: float) -> None:
         c = lr * self.lam
         params.add_(self.before, alpha=-c).add_(self.anchor, alpha=c)
+
+    @classmethod
+    def stack(cls, terms: Sequence[DecoupledPull]) -> Term:
+        return _DecoupledPullRows(terms)
+
+
+class _DecoupledPullRows(Term):
+    """``DecoupledPull`` for a stack of clients (``pfl.engine.stacked``): one anchor row and λ per client."""
+
+    def __init__(self, terms: Sequence[DecoupledPull]):
+        self.anchor = torch.stack([t.anchor.reshape(-1) for t in terms])
+        self.lam = torch.tensor([[float(t.lam)] for t in terms], dtype=_F64, device=self.anchor.device)
+        self.before = torch.empty_like(self.anchor)
+
+    def on_grad(self, params: Tensor, grads: Tensor) -> None:
+        self.before.copy_(params)
+
+    def on_step(self, params: Tensor, lr: Tensor) -> None:
+        c = (lr * self.lam).to(params.dtype)  # the product in float64, as the sequential Python floats
+        params.sub_(self.before * c).add_(self.anchor * c)
 
 
 @register

@@ -162,6 +162,9 @@ class PLGULF(FedAvg):
     description = "D most personal layers kept local; global copy trained at an LWSAM-perturbed point (PLGU)"
     has_personal_model = True
 
+    def vectorize_problems(self) -> list[str]:
+        return self.runs_one_at_a_time("LWSAM steps are a custom objective (PLGULFObjective)")
+
     def __init__(
         self,
         personal_layers: int = 5,
