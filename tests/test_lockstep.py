@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import traceback
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,11 +23,12 @@ from pfl.methods.pgfed import AuxiliaryRisk
 from pfl.seeding import seed_everything
 from tests.conftest import make_loop, tiny_config
 
+PERFORMANCE = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
+
 # Momentum kept across rounds, weight decay, augmentation and validation splits are on in the
 # registry-wide comparison (drop_last and the rest: the stacked-fit tests below).
 CLIENT = {"momentum": 0.5, "keep_momentum": True, "weight_decay": 1e-3}
 DATA = {"val_frac": 0.2, "augment": "flip", "max_client_samples": 90}
-SLOW = {"fedala"}  # its own per-batch loop makes one run take ~10 s on this CPU
 # PAGE's agents pick up to 20 local epochs at lr up to 0.1: float summation order (the stacked loss's
 # masked mean against the batch mean) drifts the states by ~1e-4 over those steps; metrics stay within 1e-5.
 STATE_ATOL = {"page": 3e-4}
@@ -39,6 +41,18 @@ def _loop(name: str, vectorize: bool):
     return loop
 
 
+def _docs_table() -> dict[str, tuple[str, str]]:
+    """docs/performance.md's lockstep table: method -> (fits trained together, why not)."""
+    text = PERFORMANCE.read_text()
+    block = text[text.index("<!-- lockstep-table") : text.index("<!-- end lockstep-table")]
+    rows = [line.split("|")[1:-1] for line in block.splitlines() if line.startswith("| ") and "---" not in line]
+    return {name.strip(): (status.strip(), why.strip()) for name, status, why in rows[1:]}
+
+
+def test_the_docs_table_lists_every_registered_method_once():
+    assert sorted(_docs_table()) == sorted(methods())
+
+
 def _assert_close(a, b, what, atol=1e-5):
     if isinstance(b, torch.Tensor) and b.is_floating_point():
         torch.testing.assert_close(a, b, rtol=0, atol=atol, msg=what)
@@ -48,9 +62,7 @@ def _assert_close(a, b, what, atol=1e-5):
             _assert_close(a[k], b[k], f"{what}[{k}]", atol)
 
 
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(methods())]
-)
+@pytest.mark.parametrize("name", sorted(methods()))
 def test_every_method_trains_in_lockstep_as_it_does_sequentially(name):
     seq, vec = _loop(name, False), _loop(name, True)
     seq.fit(), vec.fit()
@@ -63,9 +75,14 @@ def test_every_method_trains_in_lockstep_as_it_does_sequentially(name):
             assert vec.history[-1][key] == pytest.approx(value, abs=1e-5), key
     assert vec.train_samples == seq.train_samples
     lockstep = vec.dispatcher.lockstep
-    # What vectorize_problems says (the docs' table) is what happens: a method that names no
-    # problem stacks fits, one that says it gains nothing stacks none.
-    assert (lockstep.stacked_fits > 0) == (not seq.method.vectorize_problems()), lockstep.stacked_fits
+    # What vectorize_problems and the docs' table say is what happens: a method that names no problem
+    # stacks fits, one that says it gains nothing stacks none.
+    problems = seq.method.vectorize_problems()
+    assert (lockstep.stacked_fits > 0) == (not problems), lockstep.stacked_fits
+    status = "none" if not lockstep.stacked_fits else "some" if lockstep.sequential_fits else "all"
+    documented, why = _docs_table()[name]
+    assert documented == status, (documented, status)
+    assert why == (problems[0] if problems else why if status == "some" else ""), why
 
 
 def _worker():
@@ -249,3 +266,20 @@ def test_a_clients_exception_reaches_the_caller_and_no_thread_is_left():
     assert reached == []  # the round stopped: no client went past the failure's stacked step
     assert not [t for t in threading.enumerate() if t.name.startswith("pfl-lockstep")]
     assert lockstep.run([waiting(0)]) == [None] and reached == [0]  # and the lockstep is usable again
+
+
+def test_stacked_sam_fits_equal_the_workers_sam_fits():
+    from pfl.engine.sam import SAMObjective, sam_context
+
+    loop = _worker()
+    w, start = loop.worker, loop.init_state
+    body = slice(0, w.flat.layout.tail(1).start)
+    contexts = [sam_context(0.05), sam_context(0.1, p=3.0, region=body), sam_context(0.0, region=body)]
+    specs = [FitSpec(objective=SAMObjective, context=c, lr=0.05 * (k + 1)) for k, c in enumerate(contexts)]
+    expected = [_sequential(w, k, start, spec)[0] for k, spec in enumerate(specs)]
+    requests = [FitRequest.of(w, k, start, 0, spec) for k, spec in enumerate(specs)]
+    assert all(spec_problem(spec) is None for spec in specs)
+    StackedTrainer(w).train(requests)
+    for k, r in enumerate(requests):
+        torch.testing.assert_close(r.out, expected[k], rtol=0, atol=1e-5)
+    assert not torch.allclose(expected[0], expected[2], atol=1e-3)  # SAM's pass changes the result

@@ -14,9 +14,13 @@ float summation order. The cost of a step is that of the largest batch times the
 
 The step is the engine's: the terms' ``on_grad``, SGD with weight decay and per-client momentum
 (a zero buffer where a client has none: 0·m + g is torch's first-step buffer g), the terms'
-``on_step``. What a fit needs that this cannot do exactly (a custom loss or objective, a term without a
-stacked form, a model with float buffers or active dropout, autocast or a gradient scaler) is refused
-by ``can_stack``; the lockstep dispatcher (``pfl.engine.lockstep``) trains such fits on the worker.
+``on_step``; with SAM's objective (``pfl.engine.sam``: FedSAM, PLGU-GRep's body steps) the gradient is
+the second pass's, at w + ε with each client's ε. A learning rate or coefficient shared by the group is
+applied with torch's own scalar arithmetic (as the sequential step), per-client ones as columns. What a
+fit needs that this cannot do exactly (a custom loss or another objective, a term without a stacked
+form: ``spec_problem``; a model with float buffers or active dropout, autocast or a gradient scaler:
+``model_problems``) is left to the lockstep dispatcher (``pfl.engine.lockstep``), which trains such
+fits on the worker.
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from pfl.engine.terms import Term, stack_terms, stackable
+from pfl.engine.sam import SAMObjective
+from pfl.engine.terms import Term, add_scaled_, coefficient, stack_terms, stackable
 from pfl.engine.worker import FitSpec, FitStats, Worker, keyed_batches
+from pfl.optim.sharpness import perturbation
 
 
 def model_problems(worker: Worker, precision: str = "32-true") -> list[str]:
@@ -45,11 +51,34 @@ def model_problems(worker: Worker, precision: str = "32-true") -> list[str]:
     return reasons
 
 
+@dataclass(frozen=True)
+class SAMRow:
+    """One client's SAM step settings (``pfl.engine.sam``'s ``fit_context``)."""
+
+    rho: float
+    p: float
+    scale: Tensor | None
+    region: slice
+
+
+def sam_row(spec: FitSpec) -> SAMRow | None:
+    """The SAM settings of a fit whose objective is SAM's plain step: ``SAMObjective`` itself, or a
+    subclass whose own ``stacks_as_sam(context)`` says its step is that one with this context."""
+    cls = spec.objective
+    if cls is None or not issubclass(cls, SAMObjective):
+        return None
+    ctx = spec.context or {}
+    own = cls.__dict__.get("stacks_as_sam")
+    if cls is not SAMObjective and (own is None or not own.__func__(ctx)):
+        return None
+    return SAMRow(ctx["rho"], ctx.get("p", 2.0), ctx.get("scale"), ctx.get("region") or slice(0, None))
+
+
 def spec_problem(spec: FitSpec) -> str | None:
     """Why this fit's options have no stacked form (None: they have)."""
     if spec.loss_fn is not None:
         return "a custom loss (loss_fn)"
-    if spec.objective is not None:
+    if spec.objective is not None and sam_row(spec) is None:
         return f"a custom objective ({spec.objective.__name__})"
     for term in spec.terms:
         if not stackable(term):
@@ -74,6 +103,7 @@ class FitRequest:
     stats: FitStats
     buffer: Tensor | None = None  # momentum to continue from (FitSpec.momentum_buffer)
     indices: Tensor | None = None  # pool samples to train on instead of the train split
+    sam: SAMRow | None = None  # each step a SAM step (pfl.engine.sam)
     buffer_out: Tensor | None = field(default=None, repr=False)
 
     @classmethod
@@ -95,10 +125,12 @@ class FitRequest:
             FitStats(n, n * epochs, 0, float("nan"), 0.0),
             spec.momentum_buffer,
             spec.indices,
+            sam_row(spec),
         )
 
     def group(self) -> tuple:
-        return tuple(t.stack_key() for t in self.terms)
+        sam = None if self.sam is None else (self.sam.region.start, self.sam.region.stop)
+        return (sam, *(t.stack_key() for t in self.terms))
 
 
 class StackedTrainer:
@@ -137,8 +169,7 @@ class StackedTrainer:
         params = torch.stack([r.start[:p] for r in reqs]).clone()
         dtype = params.dtype
         terms = stack_terms([r.terms for r in reqs])
-        lr64 = torch.tensor([float(r.lr) for r in reqs], dtype=torch.float64, device=params.device).unsqueeze(1)
-        lr = lr64.to(dtype)  # as torch's SGD rounds its Python-float lr to the parameters' dtype
+        lr = coefficient([r.lr for r in reqs], params)  # a float when shared: torch's SGD arithmetic exactly
         moms = [float(r.momentum) for r in reqs]
         mom = torch.tensor(moms, dtype=dtype, device=params.device).unsqueeze(1)
         buf = None
@@ -149,14 +180,21 @@ class StackedTrainer:
         augment = [w.fit_generators(r.cid, r.round_idx, r.purpose)[1] for r in reqs]
         steps = [0] * k
         losses: list[list[Tensor]] = [[] for _ in reqs]
-        while True:
-            drawn = [next(s, None) for s in streams]
-            if all(d is None for d in drawn):
-                break
+        # With equal epochs the clients step epoch by epoch (a client done with its epoch waits for the
+        # others: the same number of steps, and each epoch's batches stacked together); with unequal
+        # epochs each client goes through all of its batches at its own pace.
+        aligned = len({r.epochs for r in reqs}) == 1
+        upcoming = [next(s, None) for s in streams]
+        while any(d is not None for d in upcoming):
+            epoch = min(d[0] for d in upcoming if d is not None)
+            drawn = [d if d is not None and (not aligned or d[0] == epoch) else None for d in upcoming]
+            upcoming = [next(s, None) if d is not None else u for s, d, u in zip(streams, drawn, upcoming, strict=True)]
             batches = [d[1] if d is not None else None for d in drawn]
             active = torch.tensor([b is not None for b in batches], device=params.device).unsqueeze(1)
             x, y, mask = self._padded(batches, augment, dtype)
             grads, loss = self.step(params, x, y, mask)
+            if reqs[0].sam is not None:
+                grads = self._sam_gradient(reqs, params, grads, x, y, mask)
             for term in terms:
                 if hasattr(term, "active"):  # a stateful stacked term updates the active rows only
                     term.active = active  # type: ignore[attr-defined]
@@ -166,9 +204,9 @@ class StackedTrainer:
             if buf is not None:
                 buf = torch.where(active, buf * mom + grads, buf)
                 grads = buf
-            new = params - lr * grads
+            new = add_scaled_(params.clone(), grads, -lr)
             for term in terms:
-                term.on_step(new, lr64)
+                term.on_step(new, lr)
             params = torch.where(active, new, params)
             loss = loss.detach()
             for j, d in enumerate(drawn):
@@ -187,6 +225,22 @@ class StackedTrainer:
             r.stats.steps, r.stats.seconds = steps[j], seconds
             r.stats._loss = losses[j]  # averaged when read, as Worker.fit's
             r.buffer_out = _buffer_after(r, None if buf is None else buf[j], steps[j])
+
+    def _sam_gradient(
+        self, reqs: list[FitRequest], params: Tensor, grads: Tensor, x: Tensor, y: Tensor, mask: Tensor
+    ) -> Tensor:
+        """SAM's second pass for every client (``SharpnessStep.two_pass``): the gradient at w + ε,
+        ε = ``perturbation`` of the client's own gradient over its region, with its ρ, p and Λ."""
+        region = reqs[0].sam.region  # type: ignore[union-attr] # one region per group
+        eps = []
+        for r, g in zip(reqs, grads, strict=True):
+            sam = r.sam
+            assert sam is not None
+            scale = None if sam.scale is None else sam.scale[region]
+            eps.append(perturbation(g[region], sam.rho, sam.p, scale) if sam.rho else torch.zeros_like(g[region]))
+        perturbed = params.clone()
+        perturbed[:, region] += torch.stack(eps)
+        return self.step(perturbed, x, y, mask)[0]
 
     def _stream(self, r: FitRequest) -> Iterator[tuple[int, Tensor]]:
         w = self.worker

@@ -7,8 +7,9 @@ step). Methods compose them instead of re-writing the same arithmetic.
 Stacked forms: a class that defines its own ``stack`` classmethod can act on several clients' fits at
 once (``pfl.engine.stacked``): ``stack(terms)`` takes one such term per client (all with the same
 ``stack_key``) and returns one term whose hooks act on (clients × parameters) matrices, with the
-per-client tensors and coefficients stacked one row per client and ``on_step``'s ``lr`` a column of
-the clients' learning rates (float64, as the sequential hooks get Python floats). A subclass that does
+per-client tensors stacked one row per client. A coefficient (μ, λ, and ``on_step``'s ``lr``) is a
+Python float when every client has the same one (then the hook is the sequential one's own arithmetic,
+bit for bit), else a (clients × 1) float64 column. A subclass that does
 not define ``stack`` itself has no stacked form (its hooks may differ from its parent's), so its fits
 run one client at a time.
 """
@@ -44,9 +45,20 @@ def stack_terms(rows: Sequence[Sequence[Term]]) -> list[Term]:
     return [type(column[0]).stack(column) for column in zip(*rows, strict=True)]  # type: ignore[attr-defined]
 
 
-def _column(values: Sequence[float], like: Tensor) -> Tensor:
-    """Per-client coefficients as a (clients × 1) float64 column on ``like``'s device."""
+def coefficient(values: Sequence[float], like: Tensor) -> float | Tensor:
+    """Per-client coefficients: one float when they are all equal, else a (clients × 1) float64
+    column on ``like``'s device."""
+    first = float(values[0])
+    if all(float(v) == first for v in values):
+        return first
     return torch.tensor([float(v) for v in values], dtype=torch.float64, device=like.device).unsqueeze(1)
+
+
+def add_scaled_(x: Tensor, y: Tensor, c: float | Tensor) -> Tensor:
+    """x += c·y, with a float c as the sequential hooks do it (``add_(alpha=)``), a column row by row."""
+    if isinstance(c, float):
+        return x.add_(y, alpha=c)
+    return x.add_(y * c.to(x.dtype))
 
 
 def _rows(tensors: Sequence[Tensor]) -> Tensor:
@@ -65,15 +77,15 @@ class Proximal(Term):
     @classmethod
     def stack(cls, terms: Sequence[Proximal]) -> Term:
         anchor = _rows([t.anchor for t in terms])
-        return _ProximalRows(anchor, _column([t.mu for t in terms], anchor).to(anchor.dtype))
+        return _ProximalRows(anchor, coefficient([t.mu for t in terms], anchor))
 
 
 class _ProximalRows(Term):
-    def __init__(self, anchor: Tensor, mu: Tensor):
+    def __init__(self, anchor: Tensor, mu: float | Tensor):
         self.anchor, self.mu = anchor, mu
 
     def on_grad(self, params: Tensor, grads: Tensor) -> None:
-        grads.add_((params - self.anchor) * self.mu)
+        add_scaled_(grads, params - self.anchor, self.mu)
 
 
 class ProximalStep(Term):
@@ -91,16 +103,17 @@ class ProximalStep(Term):
     @classmethod
     def stack(cls, terms: Sequence[ProximalStep]) -> Term:
         anchor = _rows([t.anchor for t in terms])
-        return _ProximalStepRows(anchor, _column([t.lam for t in terms], anchor))
+        return _ProximalStepRows(anchor, coefficient([t.lam for t in terms], anchor))
 
 
 class _ProximalStepRows(Term):
-    def __init__(self, anchor: Tensor, lam: Tensor):
+    def __init__(self, anchor: Tensor, lam: float | Tensor):
         self.anchor, self.lam = anchor, lam
 
-    def on_step(self, params: Tensor, lr: Tensor) -> None:
+    def on_step(self, params: Tensor, lr: float | Tensor) -> None:
         c = lr * self.lam  # in float64, as the sequential step's Python floats
-        params.add_(self.anchor * c.to(params.dtype)).div_((1.0 + c).to(params.dtype))
+        divisor = 1.0 + c
+        add_scaled_(params, self.anchor, c).div_(divisor if isinstance(divisor, float) else divisor.to(params.dtype))
 
 
 class LinearTerm(Term):
@@ -146,7 +159,7 @@ class _FreezeRows(Term):
     def on_grad(self, params: Tensor, grads: Tensor) -> None:
         grads[:, self.sl].zero_()
 
-    def on_step(self, params: Tensor, lr: Tensor) -> None:
+    def on_step(self, params: Tensor, lr: float | Tensor) -> None:
         params[:, self.sl].copy_(self.values)
 
 

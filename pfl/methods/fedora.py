@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from pfl.engine.terms import Proximal, Term
+from pfl.engine.terms import Proximal, Term, add_scaled_, coefficient
 from pfl.errors import require
 from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload
 from pfl.methods.registry import register
@@ -65,15 +65,15 @@ class _DecoupledPullRows(Term):
 
     def __init__(self, terms: Sequence[DecoupledPull]):
         self.anchor = torch.stack([t.anchor.reshape(-1) for t in terms])
-        self.lam = torch.tensor([[float(t.lam)] for t in terms], dtype=_F64, device=self.anchor.device)
+        self.lam = coefficient([t.lam for t in terms], self.anchor)
         self.before = torch.empty_like(self.anchor)
 
     def on_grad(self, params: Tensor, grads: Tensor) -> None:
         self.before.copy_(params)
 
-    def on_step(self, params: Tensor, lr: Tensor) -> None:
-        c = (lr * self.lam).to(params.dtype)  # the product in float64, as the sequential Python floats
-        params.sub_(self.before * c).add_(self.anchor * c)
+    def on_step(self, params: Tensor, lr: float | Tensor) -> None:
+        c = lr * self.lam  # float64 (Python floats or a column), as the sequential hook's product
+        add_scaled_(add_scaled_(params, self.before, -c), self.anchor, c)
 
 
 @register

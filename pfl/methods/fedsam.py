@@ -25,9 +25,6 @@ class FedSAM(FedAvg):
     name = "fedsam"
     description = "FedAvg with SAM local steps: gradient at w + rho*g/||g||, applied at w"
 
-    def vectorize_problems(self) -> list[str]:
-        return self.runs_one_at_a_time("SAM steps are a custom objective (SAMObjective)")
-
     def __init__(self, rho: float = 0.05, p: float = 2.0, finetune_epochs: int = 0):
         super().__init__(finetune_epochs)
         require(rho >= 0, "method.rho", f"must be >= 0 (got {rho})")

@@ -250,6 +250,11 @@ class GRepBodyObjective(SAMObjective):
     optimizer steps and three passes per mini-batch. Returns the loss at the step's starting point.
     """
 
+    @staticmethod
+    def stacks_as_sam(context: dict[str, Any]) -> bool:
+        """Without ``pre_step`` the step is SAM's own, so clients' fits stack (``pfl.engine.stacked``)."""
+        return not context["pre_step"]
+
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int = 0) -> Tensor:
         if not self.fit_context["pre_step"]:
             return super().training_step(batch, batch_idx)
