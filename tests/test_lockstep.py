@@ -283,3 +283,22 @@ def test_stacked_sam_fits_equal_the_workers_sam_fits():
     for k, r in enumerate(requests):
         torch.testing.assert_close(r.out, expected[k], rtol=0, atol=1e-5)
     assert not torch.allclose(expected[0], expected[2], atol=1e-3)  # SAM's pass changes the result
+
+
+def test_padding_every_step_to_the_batch_size_changes_no_result():
+    loop = make_loop(tiny_config("fedavg", client={"momentum": 0.9}))
+    w, start = loop.worker, loop.init_state
+    specs = [FitSpec(epochs=2, lr=0.05), FitSpec(momentum=0.0)]
+    results, widths = [], []
+    for static in (False, True):
+        trainer = StackedTrainer(w)
+        trainer.static_width = static  # what compile=True sets: one input width for every step
+        step = trainer.step
+        trainer.step = lambda p, x, y, m, step=step, s=static: widths.append((s, x.shape[1])) or step(p, x, y, m)
+        requests = [FitRequest.of(w, k, start, 0, spec) for k, spec in enumerate(specs)]
+        trainer.train(requests)
+        results.append(torch.stack([r.out for r in requests]))
+    torch.testing.assert_close(results[1], results[0], rtol=0, atol=1e-6)
+    bs = w.settings.batch_size
+    assert {width for static, width in widths if static} == {bs}
+    assert {width for static, width in widths if not static} > {bs}  # short last batches, unpadded

@@ -153,6 +153,9 @@ class StackedTrainer:
 
         step: Callable[..., tuple[Tensor, Tensor]] = vmap(grad_and_value(loss))
         self.step = torch.compile(step, dynamic=True) if compile else step
+        # Compiled, every step pads to the batch size: one input width, so a short last batch never
+        # compiles another graph.
+        self.static_width = compile
 
     def train(self, requests: Sequence[FitRequest]) -> None:
         """Train every request; requests with the same term structure share one stacked loop."""
@@ -256,6 +259,8 @@ class StackedTrainer:
         a fully masked batch of sample 0."""
         w = self.worker
         width = max(len(b) for b in batches if b is not None)
+        if self.static_width:
+            width = max(width, w.settings.batch_size)
         xs, ys, masks = [], [], []
         for b, gen in zip(batches, augment, strict=True):
             n = 0 if b is None else len(b)
