@@ -302,3 +302,34 @@ def test_padding_every_step_to_the_batch_size_changes_no_result():
     bs = w.settings.batch_size
     assert {width for static, width in widths if static} == {bs}
     assert {width for static, width in widths if not static} > {bs}  # short last batches, unpadded
+
+
+def test_batchnorm_running_statistics_stack_per_client():
+    from pfl.engine.sam import SAMObjective, sam_context
+    from pfl.engine.stacked import model_problems
+    from pfl.engine.worker import TrainSettings
+
+    data = make_loop(tiny_config("fedavg")).worker.data
+    dim = data.x[0].numel()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(dim, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 10)
+    )
+    w = Worker(net, data, TrainSettings(batch_size=16, lr=0.1, momentum=0.5), seed=0)
+    assert model_problems(w) == [] and w.flat.num_buffers == 32
+    sizes = {cid: len(w.split(cid).train) % 16 for cid in range(6)}
+    cids = [c for c, rest in sizes.items() if rest != 1][:4]  # a batch of one has no batch statistics
+    assert len({sizes[c] for c in cids}) > 1  # short last batches of different widths: no padding
+    start = w.flat.snapshot()
+    start[w.flat.num_params :] = torch.rand(w.flat.num_buffers)  # running statistics that differ from the init
+    specs = [FitSpec(epochs=2), FitSpec(objective=SAMObjective, context=sam_context(0.05)), FitSpec(), FitSpec()]
+    expected = [_sequential(w, cid, start, spec)[0] for cid, spec in zip(cids, specs, strict=True)]
+    requests = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in zip(cids, specs, strict=True)]
+    trainer = StackedTrainer(w)
+    trainer.train(requests[:1] + requests[2:])
+    trainer.train(requests[1:2])
+    for r, state in zip(requests, expected, strict=True):
+        torch.testing.assert_close(r.out, state, rtol=0, atol=1e-5)
+        assert not torch.equal(r.out[w.flat.num_params :], start[w.flat.num_params :])  # statistics moved
+    cumulative = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.BatchNorm1d(dim, momentum=None))
+    assert "BatchNorm1d" in model_problems(Worker(cumulative, data, TrainSettings(), seed=0))[0]

@@ -445,7 +445,10 @@ def test_vectorize_refuses_what_it_cannot_do_exactly():
     data = make_loop(tiny_config("fedavg")).worker.data
     dim = data.x[0].numel()
     nets = {
-        "BatchNorm": torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(dim, 4), torch.nn.BatchNorm1d(4)),
+        # BatchNorm stacks with per-client running statistics, unless it averages them cumulatively.
+        "BatchNorm": torch.nn.Sequential(
+            torch.nn.Flatten(), torch.nn.Linear(dim, 4), torch.nn.BatchNorm1d(4, momentum=None)
+        ),
         "dropout": torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Dropout(0.2), torch.nn.Linear(dim, 10)),
         "": torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Dropout(0.0), torch.nn.Linear(dim, 10)),
     }

@@ -42,8 +42,11 @@ from pfl.optim.sharpness import perturbation
 def model_problems(worker: Worker, precision: str = "32-true") -> list[str]:
     """Why no fit of this worker's model and settings can be stacked (empty: they can)."""
     reasons = []
-    if worker.flat.num_buffers:
-        reasons.append("the model has float buffers (BatchNorm running statistics); use GroupNorm or LayerNorm")
+    others = [type(m).__name__ for m in _buffer_modules(worker.module.net) if not _stacked_batch_norm(m)]
+    if others:
+        reasons.append(
+            f"the model has float buffers outside BatchNorm layers with a momentum ({', '.join(sorted(set(others)))})"
+        )
     if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in worker.module.net.modules()):
         reasons.append("the model has dropout")
     if "mixed" in precision or worker.scaler is not None:
@@ -72,6 +75,17 @@ def sam_row(spec: FitSpec) -> SAMRow | None:
     if cls is not SAMObjective and (own is None or not own.__func__(ctx)):
         return None
     return SAMRow(ctx["rho"], ctx.get("p", 2.0), ctx.get("scale"), ctx.get("region") or slice(0, None))
+
+
+def _buffer_modules(net: nn.Module) -> list[nn.Module]:
+    """The modules that own float buffers (running statistics)."""
+    return [m for m in net.modules() if any(b is not None and b.is_floating_point() for b in m._buffers.values())]
+
+
+def _stacked_batch_norm(m: nn.Module) -> bool:
+    """A BatchNorm layer whose running statistics stack: an exponential average (``momentum`` set; a
+    cumulative one would read the module's shared ``num_batches_tracked``)."""
+    return isinstance(m, nn.modules.batchnorm._BatchNorm) and m.momentum is not None
 
 
 def spec_problem(spec: FitSpec) -> str | None:
@@ -153,6 +167,20 @@ class StackedTrainer:
 
         step: Callable[..., tuple[Tensor, Tensor]] = vmap(grad_and_value(loss))
         self.step = torch.compile(step, dynamic=True) if compile else step
+        # BatchNorm: each client's running statistics are a row of a (clients × buffers) matrix passed
+        # through functional_call, which BatchNorm updates in place, row by row under vmap; its other
+        # buffers (num_batches_tracked) are passed as throwaway copies. Batches are never padded
+        # then (padding would enter the batch statistics): each step runs once per batch width.
+        self.buffer_views = _buffer_views(net)
+        others = {n: b for n, b in net.named_buffers() if not b.is_floating_point()}
+
+        def unpadded_loss(p: Tensor, buffers: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+            tensors = {name: p[sl].view(shapes[name]) for name, sl in slices.items()}
+            out = functional_call(net, {**tensors, **buffers}, (x,))
+            return task_loss(out.squeeze(-1) if regression else out, y)
+
+        self._others = others
+        self.unpadded_step = vmap(grad_and_value(unpadded_loss))
         # Compiled, every step pads to the batch size: one input width, so a short last batch never
         # compiles another graph.
         self.static_width = compile
@@ -170,7 +198,10 @@ class StackedTrainer:
         started = time.perf_counter()
         p, k = w.flat.num_params, len(reqs)
         params = torch.stack([r.start[:p] for r in reqs]).clone()
+        bufs = torch.stack([r.start[p:] for r in reqs]).clone()  # running statistics, one row per client
         dtype = params.dtype
+        if self.buffer_views:
+            w.module.net.train()  # as Worker.fit: BatchNorm uses and updates batch statistics
         terms = stack_terms([r.terms for r in reqs])
         lr = coefficient([r.lr for r in reqs], params)  # a float when shared: torch's SGD arithmetic exactly
         moms = [float(r.momentum) for r in reqs]
@@ -194,10 +225,21 @@ class StackedTrainer:
             upcoming = [next(s, None) if d is not None else u for s, d, u in zip(streams, drawn, upcoming, strict=True)]
             batches = [d[1] if d is not None else None for d in drawn]
             active = torch.tensor([b is not None for b in batches], device=params.device).unsqueeze(1)
-            x, y, mask = self._padded(batches, augment, dtype)
-            grads, loss = self.step(params, x, y, mask)
+            inputs = self._inputs(batches, augment)
+            if self.buffer_views:
+                grads, loss = self._unpadded(params, bufs, inputs)
+
+                def gradient_at(q: Tensor, inputs: list = inputs) -> Tensor:  # leaves no statistics behind
+                    return self._unpadded(q, bufs.clone(), inputs)[0]
+            else:
+                x, y, mask = self._pad(inputs, dtype)
+                grads, loss = self.step(params, x, y, mask)
+
+                def gradient_at(q: Tensor, x: Tensor = x, y: Tensor = y, mask: Tensor = mask) -> Tensor:
+                    return self.step(q, x, y, mask)[0]
+
             if reqs[0].sam is not None:
-                grads = self._sam_gradient(reqs, params, grads, x, y, mask)
+                grads = self._sam_gradient(reqs, params, grads, gradient_at)
             for term in terms:
                 if hasattr(term, "active"):  # a stateful stacked term updates the active rows only
                     term.active = active  # type: ignore[attr-defined]
@@ -224,13 +266,13 @@ class StackedTrainer:
         seconds = (time.perf_counter() - started) / k
         for j, r in enumerate(reqs):
             r.out[:p].copy_(params[j])
-            r.out[p:].copy_(r.start[p:])
+            r.out[p:].copy_(bufs[j])
             r.stats.steps, r.stats.seconds = steps[j], seconds
             r.stats._loss = losses[j]  # averaged when read, as Worker.fit's
             r.buffer_out = _buffer_after(r, None if buf is None else buf[j], steps[j])
 
     def _sam_gradient(
-        self, reqs: list[FitRequest], params: Tensor, grads: Tensor, x: Tensor, y: Tensor, mask: Tensor
+        self, reqs: list[FitRequest], params: Tensor, grads: Tensor, gradient_at: Callable[[Tensor], Tensor]
     ) -> Tensor:
         """SAM's second pass for every client (``SharpnessStep.two_pass``): the gradient at w + ε,
         ε = ``perturbation`` of the client's own gradient over its region, with its ρ, p and Λ."""
@@ -243,7 +285,7 @@ class StackedTrainer:
             eps.append(perturbation(g[region], sam.rho, sam.p, scale) if sam.rho else torch.zeros_like(g[region]))
         perturbed = params.clone()
         perturbed[:, region] += torch.stack(eps)
-        return self.step(perturbed, x, y, mask)[0]
+        return gradient_at(perturbed)
 
     def _stream(self, r: FitRequest) -> Iterator[tuple[int, Tensor]]:
         w = self.worker
@@ -251,35 +293,76 @@ class StackedTrainer:
         idx = w.split(r.cid).train if r.indices is None else r.indices
         return keyed_batches(gen, idx, r.epochs, w.settings.batch_size, w.settings.drop_last)
 
-    def _padded(
-        self, batches: list[Tensor | None], augment: list[torch.Generator | None], dtype: torch.dtype
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """(inputs, targets, mask) of shape (clients, width, ...): each client's batch, augmented from
-        its own generator, padded with its first sample (masked out); a client without a batch gets
-        a fully masked batch of sample 0."""
+    def _inputs(
+        self, batches: list[Tensor | None], augment: list[torch.Generator | None]
+    ) -> list[tuple[Tensor, Tensor] | None]:
+        """Each client's (inputs, targets) of this step, augmented from its own generator (None: no batch)."""
         w = self.worker
-        width = max(len(b) for b in batches if b is not None)
+        out: list[tuple[Tensor, Tensor] | None] = []
+        for b, gen in zip(batches, augment, strict=True):
+            if b is None:
+                out.append(None)
+                continue
+            x = w.data.x[b]
+            out.append((w.augment(x, gen) if gen is not None else x, w.data.y[b]))
+        return out
+
+    def _pad(self, inputs: list[tuple[Tensor, Tensor] | None], dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+        """(inputs, targets, mask) of shape (clients, width, ...): each client's batch padded with its
+        first sample (masked out); a client without a batch gets a fully masked batch of sample 0."""
+        w = self.worker
+        width = max(len(i[1]) for i in inputs if i is not None)
         if self.static_width:
             width = max(width, w.settings.batch_size)
+        zero = torch.zeros(width, dtype=torch.long, device=w.device)
         xs, ys, masks = [], [], []
-        for b, gen in zip(batches, augment, strict=True):
-            n = 0 if b is None else len(b)
-            if b is None:
-                pad = torch.zeros(width, dtype=torch.long, device=w.device)
-                x, y = w.data.x[pad], w.data.y[pad]
-            else:
-                x, y = w.data.x[b], w.data.y[b]
-                if gen is not None:
-                    x = w.augment(x, gen)
-                if width > n:
-                    pad = b[:1].expand(width - n)
-                    x, y = torch.cat([x, w.data.x[pad]]), torch.cat([y, w.data.y[pad]])
+        for i in inputs:
+            x, y = (w.data.x[zero], w.data.y[zero]) if i is None else i
+            n = 0 if i is None else len(y)
+            if width > n and n:
+                x, y = torch.cat([x, x[:1].expand(width - n, *x.shape[1:])]), torch.cat([y, y[:1].expand(width - n)])
             xs.append(x)
             ys.append(y)
             m = torch.zeros(width, dtype=dtype, device=w.device)
             m[:n] = 1
             masks.append(m)
         return torch.stack(xs), torch.stack(ys), torch.stack(masks)
+
+    def _unpadded(
+        self, params: Tensor, bufs: Tensor, inputs: list[tuple[Tensor, Tensor] | None]
+    ) -> tuple[Tensor, Tensor]:
+        """Gradients and losses of every client with a batch, one vmapped call per batch width (no
+        padding), updating those clients' rows of ``bufs`` (BatchNorm's running statistics)."""
+        grads, loss = torch.zeros_like(params), torch.zeros(len(params), dtype=params.dtype, device=params.device)
+        widths: dict[int, list[int]] = {}
+        for j, i in enumerate(inputs):
+            if i is not None:
+                widths.setdefault(len(i[1]), []).append(j)
+        for rows in widths.values():
+            idx = torch.tensor(rows, device=params.device)
+            sub = bufs[idx]
+            # One tensor per buffer (BatchNorm updates them in place; an update through a view of one
+            # stacked matrix would not reach it under vmap), the integer ones as throwaway copies.
+            buffers = {n: sub[:, sl].reshape(len(rows), *shape).clone() for n, sl, shape in self.buffer_views}
+            buffers.update({n: b.expand(len(rows)).clone() for n, b in self._others.items()})
+            x = torch.stack([inputs[j][0] for j in rows])  # type: ignore[index]
+            y = torch.stack([inputs[j][1] for j in rows])  # type: ignore[index]
+            g, value = self.unpadded_step(params[idx], buffers, x, y)
+            for n, sl, _ in self.buffer_views:
+                sub[:, sl] = buffers[n].reshape(len(rows), -1)
+            grads[idx], loss[idx], bufs[idx] = g, value.to(loss.dtype), sub
+        return grads, loss
+
+
+def _buffer_views(net: nn.Module) -> list[tuple[str, slice, torch.Size]]:
+    """(name, slice of the flat buffers, shape) of each float buffer, in ``FlatModule``'s order."""
+    views, offset = [], 0
+    for prefix, m in net.named_modules():
+        for name, b in m._buffers.items():
+            if b is not None and b.is_floating_point():
+                views.append((f"{prefix}.{name}" if prefix else name, slice(offset, offset + b.numel()), b.shape))
+                offset += b.numel()
+    return views
 
 
 def _buffer_after(r: FitRequest, trained: Tensor | None, steps: int) -> Tensor | None:
