@@ -326,6 +326,7 @@ def test_batchnorm_running_statistics_stack_per_client():
     expected = [_sequential(w, cid, start, spec)[0] for cid, spec in zip(cids, specs, strict=True)]
     requests = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in zip(cids, specs, strict=True)]
     trainer = StackedTrainer(w)
+    w.module.eval()  # as an evaluation leaves it: the stacked fit trains in train mode, as Worker.fit
     trainer.train(requests[:1] + requests[2:])
     trainer.train(requests[1:2])
     for r, state in zip(requests, expected, strict=True):
