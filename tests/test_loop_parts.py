@@ -1,5 +1,5 @@
 """The loop's parts: the loop is the round over parts it receives built (pfl.runner.assembly), local
-updates run through a dispatcher chosen once, vectorizability is declared per class, the learning-rate
+updates run through a dispatcher chosen once, a method says why vectorizing gains it nothing, the learning-rate
 schedule lives in the training settings, and the Checkpointer owns the chain."""
 
 from __future__ import annotations
@@ -35,31 +35,28 @@ def test_the_loop_class_is_short_and_names_no_method():
     assert not strings & set(methods()), strings & set(methods())
 
 
-def test_vectorizable_is_declared_by_fedavg_fedprox_local_ditto_never_inherited():
-    assert sorted(name for name, cls in methods().items() if cls.vectorizable) == [
-        "ditto",
-        "fedavg",
-        "fedprox",
-        "local",
-    ]
+def test_vectorizable_is_inherited_and_a_method_says_why_it_gains_nothing():
+    assert all(cls.vectorizable for cls in methods().values())  # every method's clients are independent
 
     class Child(FedAvg):
         name = "child"
 
-    class Declared(FedAvg):
-        name = "declared"
-        vectorizable = True
+    class Shared(FedAvg):
+        name = "shared"
+        vectorizable = False
 
-    assert not Child.vectorizable and Child().vectorize_problems()
-    assert Declared.vectorizable and Declared().vectorize_problems() == []
+    assert Child.vectorizable and Child().vectorize_problems() == []
+    assert Shared().vectorize_problems() == ["shared's clients' local updates depend on each other within a round"]
     assert methods()["ditto"](prox="autograd").vectorize_problems() == [
-        "ditto's prox=autograd objective is a training_step (use exact or gradient)"
+        "ditto's prox=autograd personal fit is a custom objective (use exact or gradient): its clients train one "
+        "at a time, so trainer.vectorize gains nothing"
     ]
+    assert methods()["ditto"]().vectorize_problems() == []
 
 
-def test_a_method_that_is_not_vectorizable_is_refused_by_name_before_training():
-    with pytest.raises(ConfigError, match=r"trainer.vectorize.*'fedrep' reads trained states"):
-        make_loop(tiny_config("fedrep", trainer={"vectorize": True}))
+def test_a_method_that_gains_nothing_from_vectorize_is_refused_by_name_before_training():
+    with pytest.raises(ConfigError, match=r"trainer.vectorize.*apfl's fits .* gains nothing"):
+        make_loop(tiny_config("apfl", trainer={"vectorize": True}))
 
 
 def test_the_dispatcher_is_chosen_once_from_the_settings():

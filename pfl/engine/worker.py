@@ -190,6 +190,20 @@ class FitSpec:
 DEFAULT_FIT = FitSpec()
 
 
+def keyed_batches(
+    gen: torch.Generator, idx: Tensor, epochs: int, batch_size: int, drop_last: bool
+) -> Iterator[tuple[int, Tensor]]:
+    """(epoch, index batch) pairs of ``idx``, reshuffled every epoch from ``gen`` (``Worker.epoch_batches``
+    documents ``drop_last``). The one place a fit's batches are drawn: the sequential worker and the
+    stacked trainer (``pfl.engine.stacked``) both take theirs from here."""
+    n, bs = len(idx), batch_size
+    stop = n - n % bs if drop_last and n >= bs else n
+    for epoch in range(epochs):
+        order = idx[torch.randperm(n, generator=gen, device=gen.device)]
+        for s in range(0, stop, bs):
+            yield epoch, order[s : s + bs]
+
+
 class StepOptimizer:
     """What a manual-optimisation ``training_step`` gets from ``self.optimizers()``: ``zero_grad`` and
     ``step`` on the flat parameter vector, with the fit's terms applied around the step and the
@@ -424,16 +438,17 @@ class Worker:
         the batch size still trains, on one batch of all its samples, as a loader whose batch size
         is capped at the data size does)."""
         seed_everything(self.seed, round_idx, cid, purpose)
-        gen = torch_generator(self.seed, round_idx, cid, purpose, "batches", device=self.device)
-        if self.augment is not None:  # its own key: the batch order is the same with augmentation on or off
-            self._augment_gen = torch_generator(self.seed, round_idx, cid, purpose, "augment", device=self.device)
+        gen, self._augment_gen = self.fit_generators(cid, round_idx, purpose)
         idx = self.split(cid).train if indices is None else indices
-        n, bs = len(idx), self.settings.batch_size
-        stop = n - n % bs if self.settings.drop_last and n >= bs else n
-        for epoch in range(epochs):
-            order = idx[torch.randperm(n, generator=gen, device=self.device)]
-            for s in range(0, stop, bs):
-                yield epoch, order[s : s + bs]
+        yield from keyed_batches(gen, idx, epochs, self.settings.batch_size, self.settings.drop_last)
+
+    def fit_generators(self, cid: int, round_idx: int, purpose: str) -> tuple[torch.Generator, torch.Generator | None]:
+        """The keyed generators of a fit's batch orders and (when the data setting augments) of its
+        augmentation: each its own key, so the batch order is the same with augmentation on or off."""
+        gen = torch_generator(self.seed, round_idx, cid, purpose, "batches", device=self.device)
+        if self.augment is None:
+            return gen, None
+        return gen, torch_generator(self.seed, round_idx, cid, purpose, "augment", device=self.device)
 
     def batches(
         self, cid: int, round_idx: int, purpose: str, epochs: int, indices: Tensor | None = None

@@ -15,7 +15,9 @@ from typing import Any
 
 from torch import Tensor
 
-from pfl.engine.vectorized import DeferredWorker, VectorTrainer, unsupported
+from pfl.engine.lockstep import ClientWorker, Lockstep
+from pfl.engine.stacked import StackedTrainer
+from pfl.engine.vectorized import unsupported
 from pfl.engine.worker import FitStats, Worker
 from pfl.federation import divergence
 from pfl.federation.distributed import Cohort
@@ -37,7 +39,7 @@ class Trained:
 
 
 def client_context(
-    cid: int, round_idx: int, worker: Worker | DeferredWorker, clients: ClientStore, init_state: Tensor
+    cid: int, round_idx: int, worker: Worker | ClientWorker, clients: ClientStore, init_state: Tensor
 ) -> ClientContext:
     """Client ``cid`` as its local update sees it: its stored state (created empty), which the method
     may change. The one place a trained client's context is built (the dispatchers and the loop)."""
@@ -80,24 +82,34 @@ class SequentialDispatcher(Dispatcher):
 
 
 class VectorizedDispatcher(Dispatcher):
-    """The local updates record their fits; one flush trains them all together (``trainer.vectorize``)
-    and fills in the trained states, so those clients' states stay on the device until then."""
+    """The local updates run in lockstep (``pfl.engine.lockstep``): each client's code as in sequential
+    mode, one client at a time, while the fits they reach together are trained as one stacked step
+    (``trainer.vectorize``)."""
 
     def __init__(self, worker: Worker, clients: ClientStore, init_state: Tensor, trained: ClientStore, compile: bool):
         super().__init__(worker, clients, init_state)
         self.trained = trained  # the evaluation's store of trained models, pinned alongside
-        self.trainer = VectorTrainer(worker, compile=compile)
+        self.lockstep = Lockstep(worker, StackedTrainer(worker, compile=compile))
 
     def train(self, method: Method, round_idx: int, cids: Sequence[int], payloads: dict[int, Any]) -> Trained:
-        out = Trained()
-        deferred = DeferredWorker(self.worker, self.trainer)
+        out = Trained(sums=[])
+        contexts: dict[int, ClientContext] = {}
+
+        def update(cid: int) -> Any:
+            def run(worker: ClientWorker) -> Upload:
+                ctx = contexts[cid] = client_context(cid, round_idx, worker, self.clients, self.init_state)
+                return method.local_update(ctx, payloads[cid])
+
+            return run
+
         with self.clients.pin(cids), self.trained.pin(cids):
-            for cid in cids:
-                ctx = client_context(cid, round_idx, deferred, self.clients, self.init_state)
-                out.uploads[cid] = method.local_update(ctx, payloads[cid])
-                out.fits += ctx.fits
-                out.client_fits[cid] = ctx.fits
-            deferred.flush()
+            uploads = self.lockstep.run([update(cid) for cid in cids])
+        for cid, upload in zip(cids, uploads, strict=True):
+            ctx = contexts[cid]
+            out.uploads[cid] = upload
+            out.fits += ctx.fits
+            out.client_fits[cid] = ctx.fits
+            out.sums.append(divergence.finite_sum([upload, ctx.state]))  # type: ignore[union-attr]
         return out
 
 

@@ -41,6 +41,9 @@ class APFL(FedAvg):
 
     fixed_options = ("finetune_epochs", "share_buffers")  # passed to the parent fixed: not options of apfl
 
+    def vectorize_problems(self) -> list[str]:
+        return self.runs_one_at_a_time("fits train the personal model through a custom loss (loss_fn)")
+
     def __init__(
         self,
         mix: float = 0.5,

@@ -285,11 +285,11 @@ class Method:
     # ``hparams``.
     client_momentum: float | None = None
     keep_momentum: bool | None = None
-    # True for a method whose local update only passes trained states on (into the upload or the
-    # client's state) without reading them during the round: only those can be trained together
-    # (``trainer.vectorize``). Each class states it for itself (never inherited, see
-    # ``__init_subclass__``): a subclass's update may read what its parent's only passed on.
-    vectorizable: ClassVar[bool] = False
+    # False for a method whose clients' local updates depend on each other within a round (state the
+    # method shares between its clients' updates, draws from torch's global generator outside fits):
+    # ``trainer.vectorize`` runs the updates interleaved in lockstep (``pfl.engine.lockstep``), which
+    # is exact only for independent ones. Inherited like any class attribute.
+    vectorizable: ClassVar[bool] = True
     # True for a method whose server takes a weighted mean of the uploaded states (``Upload.state``, in
     # the coordinates of ``upload_reference``) as its model or its shared part: a robust aggregator
     # (``server.aggregator``, pfl.federation.robust) can then stand in for that mean by rewriting the
@@ -301,18 +301,21 @@ class Method:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.vectorizable = bool(cls.__dict__.get("vectorizable", False))
         if "aggregate" in cls.__dict__:
             cls.averages_uploads = bool(cls.__dict__.get("averages_uploads", False))
 
     def vectorize_problems(self) -> list[str]:
-        """Why this method's local updates cannot be trained vectorized (empty: they can)."""
+        """Why ``trainer.vectorize`` cannot train this method's clients together with its current
+        settings, in one line each (empty: at least some of its fits stack; ``pfl.engine.lockstep``).
+        A method whose fits all run one client at a time (custom losses or objectives, its own loop)
+        says so here: lockstep would run it exactly, but gain nothing."""
         if self.vectorizable:
             return []
-        return [
-            f"method {self.name!r} reads trained states during its local update (trainer.vectorize needs one "
-            "that only passes them on, e.g. fedavg, fedprox, local, ditto)"
-        ]
+        return [f"{self.name}'s clients' local updates depend on each other within a round"]
+
+    def runs_one_at_a_time(self, why: str) -> list[str]:
+        """``vectorize_problems``'s line for a method none of whose fits stack, ``why`` naming the cause."""
+        return [f"{self.name}'s {why}: its clients train one at a time, so trainer.vectorize gains nothing"]
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Method:
         # A hyper-parameter annotated Literal[...] is checked here, once for every method and before its

@@ -32,7 +32,6 @@ class Ditto(FedAvg):
     """
 
     name = "ditto"
-    vectorizable = True  # the update passes the trained state on without reading it
     description = "FedAvg global model + personal models regularised towards it by lam/2*||v - w||^2"
     has_personal_model = True
 
@@ -52,7 +51,7 @@ class Ditto(FedAvg):
 
     def vectorize_problems(self) -> list[str]:
         if self.prox == "autograd":
-            return ["ditto's prox=autograd objective is a training_step (use exact or gradient)"]
+            return self.runs_one_at_a_time("prox=autograd personal fit is a custom objective (use exact or gradient)")
         return super().vectorize_problems()
 
     def local_update(self, client: ClientContext, payload: State) -> Upload:

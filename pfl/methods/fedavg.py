@@ -29,7 +29,6 @@ class FedAvg(ClientOptimizerMethod):
     """
 
     name = "fedavg"
-    vectorizable = True  # the update passes the trained state on without reading it
     description = "sample-weighted average of locally trained models (+FT: finetune_epochs > 0)"
     has_personal_model = False
     averages_uploads = True  # the sample-weighted mean of the uploads

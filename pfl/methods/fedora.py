@@ -7,12 +7,13 @@ the paper-vs-code list and how the handshake, the stores and new clients are des
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from pfl.engine.terms import Proximal, Term
+from pfl.engine.terms import Proximal, Term, add_scaled_, coefficient
 from pfl.errors import require
 from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload
 from pfl.methods.registry import register
@@ -53,6 +54,26 @@ class DecoupledPull(Term):
     def on_step(self, params: Tensor, lr: float) -> None:
         c = lr * self.lam
         params.add_(self.before, alpha=-c).add_(self.anchor, alpha=c)
+
+    @classmethod
+    def stack(cls, terms: Sequence[DecoupledPull]) -> Term:
+        return _DecoupledPullRows(terms)
+
+
+class _DecoupledPullRows(Term):
+    """``DecoupledPull`` for a stack of clients (``pfl.engine.stacked``): one anchor row and λ per client."""
+
+    def __init__(self, terms: Sequence[DecoupledPull]):
+        self.anchor = torch.stack([t.anchor.reshape(-1) for t in terms])
+        self.lam = coefficient([t.lam for t in terms], self.anchor)
+        self.before = torch.empty_like(self.anchor)
+
+    def on_grad(self, params: Tensor, grads: Tensor) -> None:
+        self.before.copy_(params)
+
+    def on_step(self, params: Tensor, lr: float | Tensor) -> None:
+        c = lr * self.lam  # float64 (Python floats or a column), as the sequential hook's product
+        add_scaled_(add_scaled_(params, self.before, -c), self.anchor, c)
 
 
 @register

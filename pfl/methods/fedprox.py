@@ -18,7 +18,6 @@ class FedProx(FedAvg):
     """
 
     name = "fedprox"
-    vectorizable = True  # the update passes the trained state on without reading it
     description = "FedAvg with a proximal term mu/2*||theta - w||^2 in the local objective"
 
     def __init__(

@@ -50,6 +50,9 @@ class FedRoD(FedAvg):
 
     fixed_options = ("finetune_epochs", "share_buffers")  # passed to the parent fixed: not options of fedrod
 
+    def vectorize_problems(self) -> list[str]:
+        return self.runs_one_at_a_time("fits train the personal head through a custom loss (loss_fn)")
+
     def __init__(
         self,
         head_lr: float | None = None,

@@ -51,6 +51,11 @@ class LGFedAvg(LayerSharing, ClientOptimizerMethod):
     name = "lgfedavg"
     description = "local representation layers; only the last global_layers layers are averaged"
 
+    def vectorize_problems(self) -> list[str]:
+        if self.alternate:
+            return self.runs_one_at_a_time("alternate steps are a custom objective (AlternatingSteps)")
+        return super().vectorize_problems()
+
     def __init__(
         self,
         global_layers: int = 1,

@@ -12,7 +12,6 @@ class Local(ClientOptimizerMethod):
     """
 
     name = "local"
-    vectorizable = True  # the update passes the trained state on without reading it
     description = "each client trains alone (the reference for gain, R-Acc and PTR)"
     has_global_model = False
 

@@ -11,6 +11,7 @@ after every step, which is the default here (``clip_alpha``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
@@ -50,6 +51,45 @@ class AuxiliaryRisk(Term):
         self.alpha.sub_(self.eta2 * (self.c + s))
         if self.clip:
             self.alpha.clamp_(min=0.0)
+
+    def stack_key(self) -> tuple:
+        dot = None if self.dot is None else tuple(self.dot.shape)
+        return (AuxiliaryRisk, self.clip, dot, tuple(self.alpha.shape))
+
+    @classmethod
+    def stack(cls, terms: Sequence[AuxiliaryRisk]) -> Term:
+        return _AuxiliaryRiskRows(terms)
+
+
+class _AuxiliaryRiskRows(Term):
+    """``AuxiliaryRisk`` for a stack of clients (``pfl.engine.stacked``): one row of g̃, c, α (and ḡ or
+    the server's constants) per client; α moves only on the rows of clients with a batch at the step
+    (``active``) and is written back into each client's own α at the end (``finish``)."""
+
+    active: Tensor | None = None
+
+    def __init__(self, terms: Sequence[AuxiliaryRisk]):
+        self.terms = terms
+        first = terms[0]
+        self.aux = torch.stack([t.aux for t in terms])
+        self.c = torch.stack([t.c for t in terms])
+        self.alpha = torch.stack([t.alpha for t in terms])
+        self.eta2 = torch.tensor([[float(t.eta2)] for t in terms], dtype=self.alpha.dtype, device=self.alpha.device)
+        self.clip = first.clip
+        self.dot = None if first.dot is None else torch.stack([t.dot for t in terms])
+        self.gbar = None if first.gbar is None else torch.stack([t.gbar for t in terms])
+
+    def on_grad(self, params: Tensor, grads: Tensor) -> None:
+        grads.add_(self.aux)
+        s = self.dot if self.dot is not None else (self.gbar * params).sum(1, keepdim=True)  # type: ignore[operator]
+        alpha = self.alpha - self.eta2 * (self.c + s)
+        if self.clip:
+            alpha.clamp_(min=0.0)
+        self.alpha = alpha if self.active is None else torch.where(self.active, alpha, self.alpha)
+
+    def finish(self) -> None:
+        for t, row in zip(self.terms, self.alpha, strict=True):
+            t.alpha.copy_(row)
 
 
 @register

@@ -162,6 +162,9 @@ class PLGULF(FedAvg):
     description = "D most personal layers kept local; global copy trained at an LWSAM-perturbed point (PLGU)"
     has_personal_model = True
 
+    def vectorize_problems(self) -> list[str]:
+        return self.runs_one_at_a_time("LWSAM steps are a custom objective (PLGULFObjective)")
+
     def __init__(
         self,
         personal_layers: int = 5,
@@ -246,6 +249,11 @@ class GRepBodyObjective(SAMObjective):
     ``pre_step`` first takes Eq. 11's plain step φ_i = φ − η∇_φF_B(h, φ) and builds ε at φ_i: two
     optimizer steps and three passes per mini-batch. Returns the loss at the step's starting point.
     """
+
+    @staticmethod
+    def stacks_as_sam(context: dict[str, Any]) -> bool:
+        """Without ``pre_step`` the step is SAM's own, so clients' fits stack (``pfl.engine.stacked``)."""
+        return not context["pre_step"]
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int = 0) -> Tensor:
         if not self.fit_context["pre_step"]:

@@ -12,6 +12,7 @@ cache, every call to ``load`` restores everything the agent does next.
 from __future__ import annotations
 
 import inspect
+import threading
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, Literal, get_args, get_type_hints
 
@@ -37,10 +38,19 @@ VAL_FIX = "set data.val_frac > 0 (e.g. 0.1), or method.reward_split: test (the p
 
 
 class AgentPool:
-    """Scratch DDPG agents, one per configuration, into which saved agents are loaded."""
+    """Scratch DDPG agents, one per configuration, into which saved agents are loaded. Per thread:
+    under ``trainer.vectorize`` each client's local update runs in a thread of its own and keeps its
+    loaded agent across its fit (``pfl.engine.lockstep``), so clients never share a scratch agent."""
 
     def __init__(self) -> None:
-        self._scratch: dict[str, DDPGAgent] = {}
+        self._local = threading.local()
+
+    @property
+    def _scratch(self) -> dict[str, DDPGAgent]:
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = {}
+        return scratch
 
     def new(self, config: DDPGConfig, seed: int) -> DDPGAgent:
         """A freshly initialised agent (its first state dict is what ``load`` restores later)."""

@@ -83,6 +83,9 @@ class SplitGP(Method):
     description = "split model: client-side part with its own head (personal) + server-side part (global)"
     has_personal_model = True
 
+    def vectorize_problems(self) -> list[str]:
+        return self.runs_one_at_a_time("fits train the auxiliary head through a custom loss (loss_fn)")
+
     def __init__(
         self,
         lam: float = 0.2,

@@ -362,7 +362,11 @@ def test_weighted_mean_refuses_vectors_and_weights_of_different_lengths():
         weighted_mean([v, v], [1.0])
 
 
-def test_the_base_method_is_not_vectorizable_and_says_why():
-    # Method itself can be built (its hooks' defaults): its flag is False, as for any class not declaring it.
-    assert Method.vectorizable is False
-    assert Method().vectorize_problems()
+def test_the_base_method_is_vectorizable_and_a_method_names_what_it_gains_nothing_from():
+    # Lockstep runs any method whose clients' updates are independent: the base flag is True.
+    assert Method.vectorizable is True
+    assert Method().vectorize_problems() == []
+    method = Method()
+    method.name = "m"
+    line = "m's x: its clients train one at a time, so trainer.vectorize gains nothing"
+    assert method.runs_one_at_a_time("x") == [line]

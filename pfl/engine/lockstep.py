@@ -1,0 +1,159 @@
+"""Lockstep local updates: a round's clients run their own code one at a time, and their fits are
+trained together (``trainer.vectorize``).
+
+Each sampled client's local update runs in its own thread, but only one thread runs at a time (an
+explicit handoff), in the order given, so the code between fits runs exactly as in sequential mode.
+The update sees a ``ClientWorker``: the worker itself for everything (gradients, evaluation, batches,
+fits that cannot be stacked: those run right there, one client at a time, exactly), except a ``fit``
+that ``StackedTrainer`` can train: that posts a request and waits. When every client waits on a fit or
+has finished, the pending fits are trained together (``StackedTrainer.train``) and the waiting
+clients resume, one at a time in order, each finding the worker as its own sequential fit would
+have left it: the trained state loaded (``snapshot()``), its momentum (``momentum_buffer()``), and
+torch's global generator seeded by the fit's key (``Worker.epoch_batches``; nothing draws from it in
+a stacked fit).
+
+Exact for a local update that does not depend on the other clients' updates of the round: no state
+shared between clients beyond the worker (e.g. attributes the method sets on itself), and no draws
+from torch's global generator before a client's first fit (sequentially that stream continues from
+the previous client's last fit). Such a method sets ``Method.vectorizable = False``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import torch
+from lightning.fabric.plugins.precision import MixedPrecision
+from torch import Tensor
+
+from pfl.engine.stacked import FitRequest, StackedTrainer, model_problems, spec_problem
+from pfl.engine.worker import DEFAULT_FIT, FitSpec, FitStats, Worker
+from pfl.seeding import seed_everything
+
+T = TypeVar("T")
+
+
+class _Abandoned(BaseException):
+    """Unwinds a waiting client's thread when the round stops (another client raised)."""
+
+
+class ClientWorker:
+    """The worker as one client's local update sees it in lockstep (see the module's docstring)."""
+
+    def __init__(self, worker: Worker, lockstep: Lockstep, slot: int):
+        self._worker, self._lockstep, self._slot = worker, lockstep, slot
+        self._stacked: FitRequest | None = None  # the last fit, when it was stacked
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._worker, name)
+
+    def fit(self, cid: int, start: Tensor, round_idx: int, spec: FitSpec = DEFAULT_FIT) -> FitStats:
+        w = self._worker
+        if not self._lockstep.stacks(spec):
+            self._stacked = None
+            return w.fit(cid, start, round_idx, spec)
+        request = FitRequest.of(w, cid, start, round_idx, spec)
+        self._lockstep.wait_for(self._slot, request)
+        w.flat.load(request.out)
+        seed_everything(w.seed, round_idx, cid, spec.purpose)  # as the fit's epoch_batches leaves it
+        self._stacked = request
+        return request.stats
+
+    def momentum_buffer(self) -> Tensor | None:
+        if self._stacked is None:
+            return self._worker.momentum_buffer()
+        buf = self._stacked.buffer_out
+        return None if buf is None else buf.clone()
+
+
+class Lockstep:
+    """Runs one round's local updates in lockstep on ``worker``, training their stackable fits together."""
+
+    def __init__(self, worker: Worker, trainer: StackedTrainer):
+        self.worker, self.trainer = worker, trainer
+        mixed = isinstance(worker.precision, MixedPrecision)
+        self.model_ok = not model_problems(worker, "mixed" if mixed else "32-true")
+        self.stacked_fits = self.sequential_fits = 0  # counts, for tests and logs
+        self._cond = threading.Condition()
+        self._turn: int | None = None
+        self._pending: dict[int, FitRequest] = {}
+        self._abandoned = False
+
+    def stacks(self, spec: FitSpec) -> bool:
+        """Whether a fit with these options is trained stacked (else on the worker, at once)."""
+        ok = self.model_ok and spec_problem(spec) is None
+        if ok:
+            self.stacked_fits += 1
+        else:
+            self.sequential_fits += 1
+        return ok
+
+    def run(self, updates: Sequence[Callable[[ClientWorker], T]]) -> list[T]:
+        """``updates[i](client_worker_i)`` for every i, in lockstep; their results in order. The first
+        exception a client raises is raised here (with its traceback) once every thread has ended."""
+        n = len(updates)
+        results: list[Any] = [None] * n
+        errors: list[BaseException | None] = [None] * n
+        grad_mode = torch.is_grad_enabled()
+
+        def body(slot: int) -> None:
+            try:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._turn == slot or self._abandoned)
+                    if self._abandoned:
+                        return
+                with torch.set_grad_enabled(grad_mode):  # grad mode is per thread in torch
+                    results[slot] = updates[slot](ClientWorker(self.worker, self, slot))
+            except _Abandoned:
+                pass
+            except BaseException as e:  # handed to the caller's thread, raised there
+                errors[slot] = e
+            finally:
+                with self._cond:
+                    self._turn = None
+                    self._cond.notify_all()
+
+        threads = [threading.Thread(target=body, args=(i,), daemon=True, name=f"pfl-lockstep-{i}") for i in range(n)]
+        for t in threads:
+            t.start()
+        try:
+            runnable = list(range(n))
+            while runnable:
+                for slot in runnable:
+                    self._resume(slot)
+                    if errors[slot] is not None:
+                        raise errors[slot]  # type: ignore[misc]
+                pending, self._pending = self._pending, {}
+                if pending:
+                    self.trainer.train([pending[s] for s in sorted(pending)])
+                runnable = sorted(pending)
+        finally:
+            with self._cond:
+                self._abandoned = True
+                self._cond.notify_all()
+            for t in threads:
+                t.join()
+            self._abandoned, self._turn, self._pending = False, None, {}
+        return results
+
+    def _resume(self, slot: int) -> None:
+        """Let client ``slot`` run until it waits on a stacked fit or ends."""
+        with self._cond:
+            self._turn = slot
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._turn is None)
+
+    def wait_for(self, slot: int, request: FitRequest) -> None:
+        """Called by client ``slot``'s thread: post its fit and wait until it is trained."""
+        with self._cond:
+            self._pending[slot] = request
+            self._turn = None
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._turn == slot or self._abandoned)
+            if self._abandoned:
+                raise _Abandoned
+
+
+__all__ = ["ClientWorker", "Lockstep"]

@@ -1,0 +1,376 @@
+"""Stacked training: several clients' fits as one (clients × parameters) matrix, one vmapped step per
+batch position (``torch.func.functional_call`` + ``vmap(grad_and_value)``).
+
+A ``FitRequest`` is one client's fit (what ``Worker.fit`` would do with its ``FitSpec``); ``StackedTrainer.train``
+trains a list of them, grouped by the structure of their terms (``pfl.engine.terms``: kinds and, for
+``Freeze``, the slice). Inside a group every client keeps its own learning rate, momentum, epochs,
+initial momentum buffer, terms' tensors and coefficients, and samples (its train split or
+``indices``), and draws exactly the sequential worker's keyed batches (``keyed_batches``, with
+``drop_last``) and augmentation. At step s every client contributes its s-th batch of the fit (over
+all its epochs); shorter batches are padded with a repeated index and masked out of the loss (the
+mean over the real samples), and a client whose batches are used up is masked out of the step (its
+parameters, momentum and terms' state stay), so each client trains exactly as it would alone, up to
+float summation order. The cost of a step is that of the largest batch times the number of clients.
+
+The step is the engine's: the terms' ``on_grad``, SGD with weight decay and per-client momentum
+(a zero buffer where a client has none: 0·m + g is torch's first-step buffer g), the terms'
+``on_step``; with SAM's objective (``pfl.engine.sam``: FedSAM, PLGU-GRep's body steps) the gradient is
+the second pass's, at w + ε with each client's ε. A learning rate or coefficient shared by the group is
+applied with torch's own scalar arithmetic (as the sequential step), per-client ones as columns. What a
+fit needs that this cannot do exactly (a custom loss or another objective, a term without a stacked
+form: ``spec_problem``; a model with float buffers or active dropout, autocast or a gradient scaler:
+``model_problems``) is left to the lockstep dispatcher (``pfl.engine.lockstep``), which trains such
+fits on the worker.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from pfl.engine.sam import SAMObjective
+from pfl.engine.terms import Term, add_scaled_, coefficient, stack_terms, stackable
+from pfl.engine.worker import FitSpec, FitStats, Worker, keyed_batches
+from pfl.optim.sharpness import perturbation
+
+
+def model_problems(worker: Worker, precision: str = "32-true") -> list[str]:
+    """Why no fit of this worker's model and settings can be stacked (empty: they can)."""
+    reasons = []
+    others = [type(m).__name__ for m in _buffer_modules(worker.module.net) if not _stacked_batch_norm(m)]
+    if others:
+        reasons.append(
+            f"the model has float buffers outside BatchNorm layers with a momentum ({', '.join(sorted(set(others)))})"
+        )
+    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in worker.module.net.modules()):
+        reasons.append("the model has dropout")
+    if "mixed" in precision or worker.scaler is not None:
+        reasons.append(f"precision {precision} uses autocast/a gradient scaler; use a *-true precision")
+    return reasons
+
+
+@dataclass(frozen=True)
+class SAMRow:
+    """One client's SAM step settings (``pfl.engine.sam``'s ``fit_context``)."""
+
+    rho: float
+    p: float
+    scale: Tensor | None
+    region: slice
+
+
+def sam_row(spec: FitSpec) -> SAMRow | None:
+    """The SAM settings of a fit whose objective is SAM's plain step: ``SAMObjective`` itself, or a
+    subclass whose own ``stacks_as_sam(context)`` says its step is that one with this context."""
+    cls = spec.objective
+    if cls is None or not issubclass(cls, SAMObjective):
+        return None
+    ctx = spec.context or {}
+    own = cls.__dict__.get("stacks_as_sam")
+    if cls is not SAMObjective and (own is None or not own.__func__(ctx)):
+        return None
+    return SAMRow(ctx["rho"], ctx.get("p", 2.0), ctx.get("scale"), ctx.get("region") or slice(0, None))
+
+
+def _buffer_modules(net: nn.Module) -> list[nn.Module]:
+    """The modules that own float buffers (running statistics)."""
+    return [m for m in net.modules() if any(b is not None and b.is_floating_point() for b in m._buffers.values())]
+
+
+def _stacked_batch_norm(m: nn.Module) -> bool:
+    """A BatchNorm layer whose running statistics stack: an exponential average (``momentum`` set; a
+    cumulative one would read the module's shared ``num_batches_tracked``)."""
+    return isinstance(m, nn.modules.batchnorm._BatchNorm) and m.momentum is not None
+
+
+def spec_problem(spec: FitSpec) -> str | None:
+    """Why this fit's options have no stacked form (None: they have)."""
+    if spec.loss_fn is not None:
+        return "a custom loss (loss_fn)"
+    if spec.objective is not None and sam_row(spec) is None:
+        return f"a custom objective ({spec.objective.__name__})"
+    for term in spec.terms:
+        if not stackable(term):
+            return f"the term {type(term).__name__}, which has no stacked form"
+    return None
+
+
+@dataclass
+class FitRequest:
+    """One client's fit. ``out`` and ``stats`` are filled by the training; ``buffer_out`` is the SGD
+    momentum the worker's ``momentum_buffer()`` would return after the fit."""
+
+    cid: int
+    start: Tensor
+    round_idx: int
+    epochs: int
+    purpose: str
+    lr: float
+    momentum: float
+    terms: tuple[Term, ...]
+    out: Tensor
+    stats: FitStats
+    buffer: Tensor | None = None  # momentum to continue from (FitSpec.momentum_buffer)
+    indices: Tensor | None = None  # pool samples to train on instead of the train split
+    sam: SAMRow | None = None  # each step a SAM step (pfl.engine.sam)
+    buffer_out: Tensor | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, worker: Worker, cid: int, start: Tensor, round_idx: int, spec: FitSpec) -> FitRequest:
+        """The request ``worker.fit(cid, start, round_idx, spec)`` stands for (settings read now)."""
+        s = worker.settings
+        epochs = s.epochs if spec.epochs is None else spec.epochs
+        n = len(worker.split(cid).train if spec.indices is None else spec.indices)
+        return cls(
+            cid,
+            start,
+            round_idx,
+            epochs,
+            spec.purpose,
+            s.lr if spec.lr is None else spec.lr,
+            s.momentum if spec.momentum is None else spec.momentum,
+            tuple(spec.terms),
+            torch.empty_like(start),
+            FitStats(n, n * epochs, 0, float("nan"), 0.0),
+            spec.momentum_buffer,
+            spec.indices,
+            sam_row(spec),
+        )
+
+    def group(self) -> tuple:
+        sam = None if self.sam is None else (self.sam.region.start, self.sam.region.stop)
+        return (sam, *(t.stack_key() for t in self.terms))
+
+
+class StackedTrainer:
+    """Trains groups of fits with one vmapped step per batch position."""
+
+    def __init__(self, worker: Worker, compile: bool = False):
+        self.worker = worker
+        net, flat = worker.module.net, worker.flat
+        slices, shapes = flat.param_slices, flat.param_shapes
+        task_loss = worker.module.loss
+        regression = worker.task == "regression"
+
+        def loss(p: Tensor, x: Tensor, y: Tensor, mask: Tensor) -> Tensor:
+            params = {name: p[sl].view(shapes[name]) for name, sl in slices.items()}
+            out = functional_call(net, params, (x,))
+            if regression:
+                out = out.squeeze(-1)
+            per_sample = task_loss(out, y, reduction="none")
+            return (per_sample * mask).sum() / mask.sum().clamp_min(1)
+
+        step: Callable[..., tuple[Tensor, Tensor]] = vmap(grad_and_value(loss))
+        self.step = torch.compile(step, dynamic=True) if compile else step
+        # BatchNorm: each client's running statistics are a row of a (clients × buffers) matrix passed
+        # through functional_call, which BatchNorm updates in place, row by row under vmap; its other
+        # buffers (num_batches_tracked) are passed as throwaway copies. Batches are never padded
+        # then (padding would enter the batch statistics): each step runs once per batch width.
+        self.buffer_views = _buffer_views(net)
+        others = {n: b for n, b in net.named_buffers() if not b.is_floating_point()}
+
+        def unpadded_loss(p: Tensor, buffers: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+            tensors = {name: p[sl].view(shapes[name]) for name, sl in slices.items()}
+            out = functional_call(net, {**tensors, **buffers}, (x,))
+            return task_loss(out.squeeze(-1) if regression else out, y)
+
+        self._others = others
+        self.unpadded_step = vmap(grad_and_value(unpadded_loss))
+        # Compiled, every step pads to the batch size: one input width, so a short last batch never
+        # compiles another graph.
+        self.static_width = compile
+
+    def train(self, requests: Sequence[FitRequest]) -> None:
+        """Train every request; requests with the same term structure share one stacked loop."""
+        groups: dict[tuple, list[FitRequest]] = {}
+        for r in requests:
+            groups.setdefault(r.group(), []).append(r)
+        for group in groups.values():
+            self._train_group(group)
+
+    def _train_group(self, reqs: list[FitRequest]) -> None:
+        w = self.worker
+        started = time.perf_counter()
+        p, k = w.flat.num_params, len(reqs)
+        params = torch.stack([r.start[:p] for r in reqs]).clone()
+        bufs = torch.stack([r.start[p:] for r in reqs]).clone()  # running statistics, one row per client
+        dtype = params.dtype
+        if self.buffer_views:
+            w.module.net.train()  # as Worker.fit: BatchNorm uses and updates batch statistics
+        terms = stack_terms([r.terms for r in reqs])
+        lr = coefficient([r.lr for r in reqs], params)  # a float when shared: torch's SGD arithmetic exactly
+        moms = [float(r.momentum) for r in reqs]
+        mom = torch.tensor(moms, dtype=dtype, device=params.device).unsqueeze(1)
+        buf = None
+        if any(moms):
+            buf = torch.stack([torch.zeros_like(params[0]) if r.buffer is None else r.buffer for r in reqs])
+        wd = w.settings.weight_decay
+        streams = [self._stream(r) for r in reqs]
+        augment = [w.fit_generators(r.cid, r.round_idx, r.purpose)[1] for r in reqs]
+        steps = [0] * k
+        losses: list[list[Tensor]] = [[] for _ in reqs]
+        # With equal epochs the clients step epoch by epoch (a client done with its epoch waits for the
+        # others: the same number of steps, and each epoch's batches stacked together); with unequal
+        # epochs each client goes through all of its batches at its own pace.
+        aligned = len({r.epochs for r in reqs}) == 1
+        upcoming = [next(s, None) for s in streams]
+        while any(d is not None for d in upcoming):
+            epoch = min(d[0] for d in upcoming if d is not None)
+            drawn = [d if d is not None and (not aligned or d[0] == epoch) else None for d in upcoming]
+            upcoming = [next(s, None) if d is not None else u for s, d, u in zip(streams, drawn, upcoming, strict=True)]
+            batches = [d[1] if d is not None else None for d in drawn]
+            active = torch.tensor([b is not None for b in batches], device=params.device).unsqueeze(1)
+            inputs = self._inputs(batches, augment)
+            if self.buffer_views:
+                grads, loss = self._unpadded(params, bufs, inputs)
+
+                def gradient_at(q: Tensor, inputs: list = inputs) -> Tensor:  # leaves no statistics behind
+                    return self._unpadded(q, bufs.clone(), inputs)[0]
+            else:
+                x, y, mask = self._pad(inputs, dtype)
+                grads, loss = self.step(params, x, y, mask)
+
+                def gradient_at(q: Tensor, x: Tensor = x, y: Tensor = y, mask: Tensor = mask) -> Tensor:
+                    return self.step(q, x, y, mask)[0]
+
+            if reqs[0].sam is not None:
+                grads = self._sam_gradient(reqs, params, grads, gradient_at)
+            for term in terms:
+                if hasattr(term, "active"):  # a stateful stacked term updates the active rows only
+                    term.active = active  # type: ignore[attr-defined]
+                term.on_grad(params, grads)
+            if wd:
+                grads = grads.add(params, alpha=wd)
+            if buf is not None:
+                buf = torch.where(active, buf * mom + grads, buf)
+                grads = buf
+            new = add_scaled_(params.clone(), grads, -lr)
+            for term in terms:
+                term.on_step(new, lr)
+            params = torch.where(active, new, params)
+            loss = loss.detach()
+            for j, d in enumerate(drawn):
+                if d is not None:
+                    steps[j] += 1
+                    if d[0] == reqs[j].epochs - 1:
+                        losses[j].append(loss[j])
+        for term in terms:
+            finish = getattr(term, "finish", None)
+            if finish is not None:
+                finish()
+        seconds = (time.perf_counter() - started) / k
+        for j, r in enumerate(reqs):
+            r.out[:p].copy_(params[j])
+            r.out[p:].copy_(bufs[j])
+            r.stats.steps, r.stats.seconds = steps[j], seconds
+            r.stats._loss = losses[j]  # averaged when read, as Worker.fit's
+            r.buffer_out = _buffer_after(r, None if buf is None else buf[j], steps[j])
+
+    def _sam_gradient(
+        self, reqs: list[FitRequest], params: Tensor, grads: Tensor, gradient_at: Callable[[Tensor], Tensor]
+    ) -> Tensor:
+        """SAM's second pass for every client (``SharpnessStep.two_pass``): the gradient at w + ε,
+        ε = ``perturbation`` of the client's own gradient over its region, with its ρ, p and Λ."""
+        region = reqs[0].sam.region  # type: ignore[union-attr] # one region per group
+        eps = []
+        for r, g in zip(reqs, grads, strict=True):
+            sam = r.sam
+            assert sam is not None
+            scale = None if sam.scale is None else sam.scale[region]
+            eps.append(perturbation(g[region], sam.rho, sam.p, scale) if sam.rho else torch.zeros_like(g[region]))
+        perturbed = params.clone()
+        perturbed[:, region] += torch.stack(eps)
+        return gradient_at(perturbed)
+
+    def _stream(self, r: FitRequest) -> Iterator[tuple[int, Tensor]]:
+        w = self.worker
+        gen, _ = w.fit_generators(r.cid, r.round_idx, r.purpose)
+        idx = w.split(r.cid).train if r.indices is None else r.indices
+        return keyed_batches(gen, idx, r.epochs, w.settings.batch_size, w.settings.drop_last)
+
+    def _inputs(
+        self, batches: list[Tensor | None], augment: list[torch.Generator | None]
+    ) -> list[tuple[Tensor, Tensor] | None]:
+        """Each client's (inputs, targets) of this step, augmented from its own generator (None: no batch)."""
+        w = self.worker
+        out: list[tuple[Tensor, Tensor] | None] = []
+        for b, gen in zip(batches, augment, strict=True):
+            if b is None:
+                out.append(None)
+                continue
+            x = w.data.x[b]
+            out.append((w.augment(x, gen) if gen is not None else x, w.data.y[b]))
+        return out
+
+    def _pad(self, inputs: list[tuple[Tensor, Tensor] | None], dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+        """(inputs, targets, mask) of shape (clients, width, ...): each client's batch padded with its
+        first sample (masked out); a client without a batch gets a fully masked batch of sample 0."""
+        w = self.worker
+        width = max(len(i[1]) for i in inputs if i is not None)
+        if self.static_width:
+            width = max(width, w.settings.batch_size)
+        zero = torch.zeros(width, dtype=torch.long, device=w.device)
+        xs, ys, masks = [], [], []
+        for i in inputs:
+            x, y = (w.data.x[zero], w.data.y[zero]) if i is None else i
+            n = 0 if i is None else len(y)
+            if width > n and n:
+                x, y = torch.cat([x, x[:1].expand(width - n, *x.shape[1:])]), torch.cat([y, y[:1].expand(width - n)])
+            xs.append(x)
+            ys.append(y)
+            m = torch.zeros(width, dtype=dtype, device=w.device)
+            m[:n] = 1
+            masks.append(m)
+        return torch.stack(xs), torch.stack(ys), torch.stack(masks)
+
+    def _unpadded(
+        self, params: Tensor, bufs: Tensor, inputs: list[tuple[Tensor, Tensor] | None]
+    ) -> tuple[Tensor, Tensor]:
+        """Gradients and losses of every client with a batch, one vmapped call per batch width (no
+        padding), updating those clients' rows of ``bufs`` (BatchNorm's running statistics)."""
+        grads, loss = torch.zeros_like(params), torch.zeros(len(params), dtype=params.dtype, device=params.device)
+        widths: dict[int, list[int]] = {}
+        for j, i in enumerate(inputs):
+            if i is not None:
+                widths.setdefault(len(i[1]), []).append(j)
+        for rows in widths.values():
+            idx = torch.tensor(rows, device=params.device)
+            sub = bufs[idx]
+            # One tensor per buffer (BatchNorm updates them in place; an update through a view of one
+            # stacked matrix would not reach it under vmap), the integer ones as throwaway copies.
+            buffers = {n: sub[:, sl].reshape(len(rows), *shape).clone() for n, sl, shape in self.buffer_views}
+            buffers.update({n: b.expand(len(rows)).clone() for n, b in self._others.items()})
+            x = torch.stack([inputs[j][0] for j in rows])  # type: ignore[index]
+            y = torch.stack([inputs[j][1] for j in rows])  # type: ignore[index]
+            g, value = self.unpadded_step(params[idx], buffers, x, y)
+            for n, sl, _ in self.buffer_views:
+                sub[:, sl] = buffers[n].reshape(len(rows), -1)
+            grads[idx], loss[idx], bufs[idx] = g, value.to(loss.dtype), sub
+        return grads, loss
+
+
+def _buffer_views(net: nn.Module) -> list[tuple[str, slice, torch.Size]]:
+    """(name, slice of the flat buffers, shape) of each float buffer, in ``FlatModule``'s order."""
+    views, offset = [], 0
+    for prefix, m in net.named_modules():
+        for name, b in m._buffers.items():
+            if b is not None and b.is_floating_point():
+                views.append((f"{prefix}.{name}" if prefix else name, slice(offset, offset + b.numel()), b.shape))
+                offset += b.numel()
+    return views
+
+
+def _buffer_after(r: FitRequest, trained: Tensor | None, steps: int) -> Tensor | None:
+    """What ``Worker.momentum_buffer()`` returns after this fit: torch keeps no buffer without
+    momentum (a restored one stays as it was), and none is created before the first step."""
+    if not r.momentum or steps == 0 or trained is None:
+        return None if r.buffer is None else r.buffer.clone()
+    return trained.clone()
+
+
+__all__ = ["FitRequest", "StackedTrainer", "model_problems", "spec_problem"]

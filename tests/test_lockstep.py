@@ -1,0 +1,336 @@
+"""Lockstep vectorized training (pfl.engine.lockstep, pfl.engine.stacked): every registered method's
+rounds equal its sequential rounds, stacked fits equal the worker's fits option by option, stacked
+terms equal their sequential hooks row by row, and a client's exception reaches the caller."""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from pfl.engine.lockstep import Lockstep
+from pfl.engine.stacked import FitRequest, StackedTrainer, spec_problem
+from pfl.engine.terms import Freeze, LinearTerm, Proximal, ProximalStep, Term, stack_terms, stackable
+from pfl.engine.worker import FitSpec, Worker
+from pfl.federation.dispatch import VectorizedDispatcher
+from pfl.methods import methods
+from pfl.methods.fedora import DecoupledPull
+from pfl.methods.pgfed import AuxiliaryRisk
+from pfl.seeding import seed_everything
+from tests.conftest import make_loop, tiny_config
+
+PERFORMANCE = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
+
+# Momentum kept across rounds, weight decay, augmentation and validation splits are on in the
+# registry-wide comparison (drop_last and the rest: the stacked-fit tests below).
+CLIENT = {"momentum": 0.5, "keep_momentum": True, "weight_decay": 1e-3}
+DATA = {"val_frac": 0.2, "augment": "flip", "max_client_samples": 90}
+# PAGE's agents pick up to 20 local epochs at lr up to 0.1: float summation order (the stacked loss's
+# masked mean against the batch mean) drifts the states by ~1e-4 over those steps; metrics stay within 1e-5.
+STATE_ATOL = {"page": 3e-4}
+
+
+def _loop(name: str, vectorize: bool):
+    loop = make_loop(tiny_config(name, trainer={"rounds": 2, "eval_every": 2}, client=CLIENT, data=DATA))
+    if vectorize:  # also for methods vectorize refuses (they gain nothing): lockstep must still be exact
+        loop.dispatcher = VectorizedDispatcher(loop.worker, loop.clients, loop.init_state, loop.evals.trained, False)
+    return loop
+
+
+def _docs_table() -> dict[str, tuple[str, str]]:
+    """docs/performance.md's lockstep table: method -> (fits trained together, why not)."""
+    text = PERFORMANCE.read_text()
+    block = text[text.index("<!-- lockstep-table") : text.index("<!-- end lockstep-table")]
+    rows = [line.split("|")[1:-1] for line in block.splitlines() if line.startswith("| ") and "---" not in line]
+    return {name.strip(): (status.strip(), why.strip()) for name, status, why in rows[1:]}
+
+
+def test_the_docs_table_lists_every_registered_method_once():
+    assert sorted(_docs_table()) == sorted(methods())
+
+
+def _assert_close(a, b, what, atol=1e-5):
+    if isinstance(b, torch.Tensor) and b.is_floating_point():
+        torch.testing.assert_close(a, b, rtol=0, atol=atol, msg=what)
+    elif isinstance(b, dict):
+        assert a.keys() == b.keys(), what
+        for k in b:
+            _assert_close(a[k], b[k], f"{what}[{k}]", atol)
+
+
+@pytest.mark.parametrize("name", sorted(methods()))
+def test_every_method_trains_in_lockstep_as_it_does_sequentially(name):
+    seq, vec = _loop(name, False), _loop(name, True)
+    seq.fit(), vec.fit()
+    atol = STATE_ATOL.get(name, 1e-5)
+    _assert_close(vec.server.state, seq.server.state, "server", atol)
+    _assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients", atol)
+    final = seq.history[-1]
+    for key, value in final.items():
+        if isinstance(value, float) and not key.startswith(("time", "throughput")) and value == value:
+            assert vec.history[-1][key] == pytest.approx(value, abs=1e-5), key
+    assert vec.train_samples == seq.train_samples
+    lockstep = vec.dispatcher.lockstep
+    # What vectorize_problems and the docs' table say is what happens: a method that names no problem
+    # stacks fits, one that says it gains nothing stacks none.
+    problems = seq.method.vectorize_problems()
+    assert (lockstep.stacked_fits > 0) == (not problems), lockstep.stacked_fits
+    status = "none" if not lockstep.stacked_fits else "some" if lockstep.sequential_fits else "all"
+    documented, why = _docs_table()[name]
+    assert documented == status, (documented, status)
+    assert why == (problems[0] if problems else why if status == "some" else ""), why
+
+
+def _worker():
+    cfg = tiny_config("fedavg", client={"momentum": 0.9, "weight_decay": 1e-3, "drop_last": True}, data=DATA)
+    return make_loop(cfg)
+
+
+def _sequential(worker: Worker, cid: int, start, spec: FitSpec):
+    stats = worker.fit(cid, start, 0, spec)
+    return worker.snapshot(), worker.momentum_buffer(), stats
+
+
+def test_a_stacked_fit_equals_the_workers_fit_option_by_option():
+    loop = _worker()
+    w, start = loop.worker, loop.init_state
+    p = w.flat.num_params
+    g = torch.Generator().manual_seed(0)
+    buf = torch.randn(p, generator=g) * 0.1
+    rest = w.split(3).train[::2]
+    specs = {  # one group: per-client lr, epochs, momentum, restored buffer, indices, purpose
+        0: FitSpec(epochs=2, lr=0.05),
+        1: FitSpec(epochs=1, momentum=0.0),
+        2: FitSpec(epochs=3, momentum=0.5, momentum_buffer=buf, purpose="personal"),
+        3: FitSpec(indices=rest, momentum_buffer=buf, momentum=0.0),
+        4: FitSpec(epochs=0),
+    }
+    expected = {cid: _sequential(w, cid, start, spec) for cid, spec in specs.items()}
+    requests = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in specs.items()]
+    StackedTrainer(w).train(requests)
+    for r in requests:
+        state, momentum, stats = expected[r.cid]
+        torch.testing.assert_close(r.out, state, rtol=0, atol=1e-5)
+        if momentum is None:
+            assert r.buffer_out is None, r.cid
+        else:
+            torch.testing.assert_close(r.buffer_out, momentum, rtol=0, atol=1e-5)
+        assert (r.stats.steps, r.stats.num_samples, r.stats.samples_seen) == (
+            stats.steps,
+            stats.num_samples,
+            stats.samples_seen,
+        )
+        assert r.stats.loss == pytest.approx(stats.loss, abs=1e-5, nan_ok=True)
+    assert requests[4].stats.steps == 0 and len({r.stats.steps for r in requests}) >= 4  # ragged stack
+
+
+def test_stacked_fits_with_terms_equal_the_workers_fits():
+    loop = _worker()
+    w, start = loop.worker, loop.init_state
+    p = w.flat.num_params
+    g = torch.Generator().manual_seed(1)
+    anchors = [start[:p] + 0.1 * torch.randn(p, generator=g) for _ in range(3)]
+    head = w.flat.layout.tail(1)
+
+    def terms(k: int) -> list[Term]:  # several terms per fit, coefficients differ per client
+        return [
+            LinearTerm(0.01 * anchors[k]),
+            Proximal(anchors[k], 0.1 * (k + 1)),
+            ProximalStep(anchors[(k + 1) % 3], 0.5 * k),
+            Freeze(start[:p], head),
+        ]
+
+    expected = [_sequential(w, k, start, FitSpec(terms=terms(k), lr=0.05 * (k + 1)))[0] for k in range(3)]
+    requests = [FitRequest.of(w, k, start, 0, FitSpec(terms=terms(k), lr=0.05 * (k + 1))) for k in range(3)]
+    StackedTrainer(w).train(requests)
+    for k, r in enumerate(requests):
+        torch.testing.assert_close(r.out, expected[k], rtol=0, atol=1e-5)
+        assert torch.equal(r.out[:p][head], start[:p][head])  # frozen exactly
+
+
+def _stackable_terms(p: int, g: torch.Generator) -> dict[type, list[Term]]:
+    """Three terms of every class that has a stacked form, with per-client tensors and coefficients."""
+
+    def v() -> torch.Tensor:
+        return torch.randn(p, generator=g)
+
+    def alpha() -> torch.Tensor:
+        return torch.rand(4, generator=g)
+
+    return {
+        Proximal: [Proximal(v(), mu) for mu in (0.1, 0.2, 0.3)],
+        ProximalStep: [ProximalStep(v(), lam) for lam in (0.0, 0.5, 2.0)],
+        LinearTerm: [LinearTerm(v()) for _ in range(3)],
+        Freeze: [Freeze(v(), slice(2, 7)) for _ in range(3)],
+        DecoupledPull: [DecoupledPull(v(), lam) for lam in (0.1, 1.0, 3.0)],
+        AuxiliaryRisk: [AuxiliaryRisk(v(), alpha(), alpha(), 0.1 * k, gbar=v(), clip=True) for k in range(3)],
+    }
+
+
+def _subclasses(cls: type) -> set[type]:
+    return {c for s in cls.__subclasses__() for c in {s} | _subclasses(s)}
+
+
+def test_stacked_terms_equal_their_sequential_hooks_row_by_row():
+    p, g = 12, torch.Generator().manual_seed(2)
+    cases = _stackable_terms(p, g)
+    # Every class with a stacked form is checked here (a new one must be added above).
+    assert {c for c in _subclasses(Term) if "stack" in c.__dict__} == set(cases)
+    lrs = [0.1, 0.05, 0.2]
+    for cls, terms in cases.items():
+        params, grads = torch.randn(3, p, generator=g), torch.randn(3, p, generator=g)
+        rows_p, rows_g, seq_p, seq_g = params.clone(), grads.clone(), params.clone(), grads.clone()
+        before = [t.alpha.clone() if hasattr(t, "alpha") else None for t in terms]  # AuxiliaryRisk's state
+        stacked = stack_terms([[t] for t in terms])[0]
+        stacked.on_grad(rows_p, rows_g)
+        stacked.on_step(rows_p, torch.tensor([[lr] for lr in lrs], dtype=torch.float64))
+        if hasattr(stacked, "finish"):
+            stacked.finish()  # written back into each client's own tensor
+        for k, term in enumerate(terms):
+            if before[k] is not None:
+                after, term.alpha = term.alpha, before[k]
+            term.on_grad(seq_p[k], seq_g[k])
+            term.on_step(seq_p[k], lrs[k])
+            if before[k] is not None:
+                torch.testing.assert_close(after, term.alpha, rtol=0, atol=1e-6, msg=cls.__name__)
+        torch.testing.assert_close(rows_g, seq_g, rtol=0, atol=1e-6, msg=cls.__name__)
+        torch.testing.assert_close(rows_p, seq_p, rtol=0, atol=1e-6, msg=cls.__name__)
+
+
+def test_a_term_subclass_without_its_own_stacked_form_runs_one_client_at_a_time():
+    class Scaled(Proximal):
+        def on_grad(self, params, grads):
+            grads.add_(params - self.anchor, alpha=2 * self.mu)
+
+    anchor = torch.zeros(3)
+    assert stackable(Proximal(anchor, 1.0)) and not stackable(Scaled(anchor, 1.0))
+    assert "Scaled" in spec_problem(FitSpec(terms=[Scaled(anchor, 1.0)]))
+    assert "loss_fn" in spec_problem(FitSpec(loss_fn=lambda net, x, y: net(x).sum()))
+    assert spec_problem(FitSpec(terms=[Proximal(anchor, 1.0)])) is None
+
+
+def _lockstep():
+    loop = _worker()
+    return loop, Lockstep(loop.worker, StackedTrainer(loop.worker))
+
+
+def test_a_client_resumes_with_the_worker_as_its_sequential_fit_leaves_it():
+    loop, lockstep = _lockstep()
+    w, start = loop.worker, loop.init_state
+    seen = {}
+
+    def update(cid):
+        def run(worker):
+            worker.fit(cid, start, 0, FitSpec(purpose="p"))
+            seen[cid] = (worker.snapshot(), worker.momentum_buffer(), torch.rand(3), torch.is_grad_enabled())
+            return cid
+
+        return run
+
+    with torch.no_grad():  # the clients' threads see the caller's grad mode
+        assert lockstep.run([update(c) for c in (0, 1, 2)]) == [0, 1, 2]
+    assert lockstep.stacked_fits == 3 and lockstep.sequential_fits == 0
+    for cid, (state, momentum, draw, grad_mode) in seen.items():
+        w.fit(cid, start, 0, FitSpec(purpose="p"))
+        torch.testing.assert_close(state, w.snapshot(), rtol=0, atol=1e-5)
+        torch.testing.assert_close(momentum, w.momentum_buffer(), rtol=0, atol=1e-5)
+        assert torch.equal(draw, torch.rand(3))  # the global generator as the fit's key leaves it
+        assert grad_mode is False
+    seed_everything(0)
+
+
+def test_a_clients_exception_reaches_the_caller_and_no_thread_is_left():
+    loop, lockstep = _lockstep()
+    start = loop.init_state
+    reached = []
+
+    def failing(worker):
+        worker.fit(1, start, 0)
+        raise ValueError("client 1 failed after its fit")
+
+    def waiting(cid):
+        def run(worker):
+            worker.fit(cid, start, 0)
+            worker.fit(cid, start, 0, replace(FitSpec(), purpose="second"))
+            reached.append(cid)
+
+        return run
+
+    with pytest.raises(ValueError, match="client 1 failed") as info:
+        lockstep.run([waiting(0), failing, waiting(2)])
+    assert "failing" in "".join(traceback.format_tb(info.value.__traceback__))  # the client's own frame
+    assert reached == []  # the round stopped: no client went past the failure's stacked step
+    assert not [t for t in threading.enumerate() if t.name.startswith("pfl-lockstep")]
+    assert lockstep.run([waiting(0)]) == [None] and reached == [0]  # and the lockstep is usable again
+
+
+def test_stacked_sam_fits_equal_the_workers_sam_fits():
+    from pfl.engine.sam import SAMObjective, sam_context
+
+    loop = _worker()
+    w, start = loop.worker, loop.init_state
+    body = slice(0, w.flat.layout.tail(1).start)
+    contexts = [sam_context(0.05), sam_context(0.1, p=3.0, region=body), sam_context(0.0, region=body)]
+    specs = [FitSpec(objective=SAMObjective, context=c, lr=0.05 * (k + 1)) for k, c in enumerate(contexts)]
+    expected = [_sequential(w, k, start, spec)[0] for k, spec in enumerate(specs)]
+    requests = [FitRequest.of(w, k, start, 0, spec) for k, spec in enumerate(specs)]
+    assert all(spec_problem(spec) is None for spec in specs)
+    StackedTrainer(w).train(requests)
+    for k, r in enumerate(requests):
+        torch.testing.assert_close(r.out, expected[k], rtol=0, atol=1e-5)
+    assert not torch.allclose(expected[0], expected[2], atol=1e-3)  # SAM's pass changes the result
+
+
+def test_padding_every_step_to_the_batch_size_changes_no_result():
+    loop = make_loop(tiny_config("fedavg", client={"momentum": 0.9}))
+    w, start = loop.worker, loop.init_state
+    specs = [FitSpec(epochs=2, lr=0.05), FitSpec(momentum=0.0)]
+    results, widths = [], []
+    for static in (False, True):
+        trainer = StackedTrainer(w)
+        trainer.static_width = static  # what compile=True sets: one input width for every step
+        step = trainer.step
+        trainer.step = lambda p, x, y, m, step=step, s=static: widths.append((s, x.shape[1])) or step(p, x, y, m)
+        requests = [FitRequest.of(w, k, start, 0, spec) for k, spec in enumerate(specs)]
+        trainer.train(requests)
+        results.append(torch.stack([r.out for r in requests]))
+    torch.testing.assert_close(results[1], results[0], rtol=0, atol=1e-6)
+    bs = w.settings.batch_size
+    assert {width for static, width in widths if static} == {bs}
+    assert {width for static, width in widths if not static} > {bs}  # short last batches, unpadded
+
+
+def test_batchnorm_running_statistics_stack_per_client():
+    from pfl.engine.sam import SAMObjective, sam_context
+    from pfl.engine.stacked import model_problems
+    from pfl.engine.worker import TrainSettings
+
+    data = make_loop(tiny_config("fedavg")).worker.data
+    dim = data.x[0].numel()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(dim, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 10)
+    )
+    w = Worker(net, data, TrainSettings(batch_size=16, lr=0.1, momentum=0.5), seed=0)
+    assert model_problems(w) == [] and w.flat.num_buffers == 32
+    sizes = {cid: len(w.split(cid).train) % 16 for cid in range(6)}
+    cids = [c for c, rest in sizes.items() if rest != 1][:4]  # a batch of one has no batch statistics
+    assert len({sizes[c] for c in cids}) > 1  # short last batches of different widths: no padding
+    start = w.flat.snapshot()
+    start[w.flat.num_params :] = torch.rand(w.flat.num_buffers)  # running statistics that differ from the init
+    specs = [FitSpec(epochs=2), FitSpec(objective=SAMObjective, context=sam_context(0.05)), FitSpec(), FitSpec()]
+    expected = [_sequential(w, cid, start, spec)[0] for cid, spec in zip(cids, specs, strict=True)]
+    requests = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in zip(cids, specs, strict=True)]
+    trainer = StackedTrainer(w)
+    w.module.eval()  # as an evaluation leaves it: the stacked fit trains in train mode, as Worker.fit
+    trainer.train(requests[:1] + requests[2:])
+    trainer.train(requests[1:2])
+    for r, state in zip(requests, expected, strict=True):
+        torch.testing.assert_close(r.out, state, rtol=0, atol=1e-5)
+        assert not torch.equal(r.out[w.flat.num_params :], start[w.flat.num_params :])  # statistics moved
+    cumulative = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.BatchNorm1d(dim, momentum=None))
+    assert "BatchNorm1d" in model_problems(Worker(cumulative, data, TrainSettings(), seed=0))[0]
