@@ -37,6 +37,7 @@ from pfl.errors import ConfigError, require
 from pfl.methods.registry import method_class, method_names
 from pfl.models import ModelConfig
 from pfl.runner.class_paths import expand_arg, rewrite_arg, rewrite_config
+from pfl.runner.config_files import resolve_config
 from pfl.suggest import choice_fix, close_matches, offer
 
 DEFAULT_METHOD = "fedavg"
@@ -115,11 +116,20 @@ def method_from_argv(argv: list[str]) -> tuple[str, list[str]]:
         if arg.startswith(("--method=", "--method.name=")):
             name = arg.split("=", 1)[1]
             out.append(f"--method.name={name}")
-        elif arg in ("--config", "--resume") and value is not None:
-            path = Path(value) / "config.yaml" if arg == "--resume" else Path(value)
+        elif arg.startswith("--config="):  # read as --config VALUE
+            argv = [*argv[:i], "--config", arg.split("=", 1)[1], *argv[i + 1 :]]
+            continue
+        elif arg == "--resume" and value is not None:
+            name = _method_in_file(Path(value) / "config.yaml")[0] or name
+            out += [arg, value]
+            i += 2
+            continue
+        elif arg == "--config" and value is not None:
+            path = resolve_config(value)
             found, text = _method_in_file(path)
             name = found or name
-            out += [arg, value if text is None or arg == "--resume" else text]
+            given = value if Path(value).expanduser().exists() else str(path)  # a shipped config: its full path
+            out += [arg, given if text is None else text]
             i += 2
             continue
         else:
