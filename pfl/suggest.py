@@ -1,7 +1,8 @@
-""" "Did you mean ...?" for a mistyped option, method, model, data source or choice.
+"""Suggestions ("did you mean ...?") for a mistyped option, method, model, data source or choice.
 
-One rule for every unknown name: the closest known names (difflib, case-insensitive) when one is
-close; otherwise the options themselves, or where they are listed when there are too many for one line.
+One rule for every unknown name: the closest known name (difflib, case-insensitive) when one is
+close; otherwise the options themselves (option keys and methods, too many for one line, point to
+``--help`` and ``python -m pfl methods`` instead: ``pfl.runner.args``, ``pfl.methods.registry``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import difflib
 from collections.abc import Iterable
 
 CUTOFF = 0.6  # difflib's similarity ratio below which a name is not offered (its own default)
-MAX_LISTED = 12  # longer lists of options are pointed to (e.g. --help) instead of printed in the error
 
 
 def close_matches(word: str, options: Iterable[str], n: int = 1) -> list[str]:
@@ -32,13 +32,7 @@ def offer(found: list[str]) -> str:
     return f"did you mean {' or '.join(found)}?" if found else ""
 
 
-def choice_fix(word: str, options: Iterable[str], listing: str = "") -> str:
-    """The fix for an unknown ``word``: the close options, else every option when they fit on one line,
-    else ``listing`` (where they are listed, e.g. "python -m pfl methods lists them")."""
+def choice_fix(word: str, options: Iterable[str]) -> str:
+    """The fix for an unknown ``word`` among a few ``options``: the close one, else every option."""
     options = [str(o) for o in options]
-    close = did_you_mean(word, options)
-    if close:
-        return close
-    if listing and len(options) > MAX_LISTED:
-        return listing
-    return f"choose one of {', '.join(options)}"
+    return did_you_mean(word, options) or f"choose one of {', '.join(options)}"

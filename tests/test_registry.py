@@ -152,6 +152,7 @@ def write_module(folder: Path, name: str, body: str) -> None:
 
 
 def test_the_scan_reads_registered_classes_only_and_says_none_when_one_is_not_literal(tmp_path):
+    assert reg.scan_sources(tmp_path, "pkg") is None  # no sources (e.g. compiled files only): import to tell
     write_module(tmp_path, "b_two", '@register\nclass Two:\n    name = "two"\n    description = "second"\n')
     write_module(tmp_path, "a_one", '@register\nclass One:\n    name: str = "one"\n    description = "first"\n')
     write_module(tmp_path, "c_helper", 'class Helper:\n    name = "helper"\n    description = "not registered"\n')
@@ -180,3 +181,24 @@ def test_without_a_catalogue_a_name_is_found_by_importing_every_method(monkeypat
     monkeypatch.setattr(reg, "methods", import_all)
     assert method_class("fedprox") is FedProx and imported
     assert "fedprox" in reg.method_names()
+
+
+def test_the_catalogue_is_read_once_and_names_come_from_it_without_importing(monkeypatch):
+    assert reg.catalogue() is reg.catalogue()  # the sources are parsed once per process
+
+    def no_import():
+        raise AssertionError("imported every method")
+
+    monkeypatch.setattr(reg, "methods", no_import)
+    assert reg.method_names() == list(reg.catalogue())
+
+
+def test_a_built_in_name_imports_only_its_own_module(monkeypatch):
+    def no_import():
+        raise AssertionError("imported every method")
+
+    monkeypatch.setattr(reg, "methods", no_import)
+    monkeypatch.delitem(sys.modules, "pfl.methods.fedprox")  # restored afterwards, with the registry entry
+    monkeypatch.delitem(reg._REGISTRY, "fedprox")
+    cls = method_class("fedprox")
+    assert cls.name == "fedprox" and cls.__module__ == "pfl.methods.fedprox" and "pfl.methods.fedprox" in sys.modules

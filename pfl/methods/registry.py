@@ -53,7 +53,8 @@ def catalogue() -> dict[str, Listed] | None:
 
 def scan_sources(folder: Path, package: str) -> dict[str, Listed] | None:
     """The ``@register`` classes of the modules in ``folder`` by name, sorted, when every one declares its
-    ``name`` and ``description`` as string literals in its own body; None when one does not."""
+    ``name`` and ``description`` as string literals in its own body; None when one does not, or when
+    there is none."""
     found: dict[str, Listed] = {}
     for path in sorted(folder.glob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
@@ -64,7 +65,7 @@ def scan_sources(folder: Path, package: str) -> dict[str, Listed] | None:
             if "name" not in literals or "description" not in literals:
                 return None
             found[literals["name"]] = Listed(f"{package}.{path.stem}", literals["description"])
-    return dict(sorted(found.items()))
+    return dict(sorted(found.items())) or None  # none found: no sources to read (e.g. compiled files only)
 
 
 def _is_register(decorator: ast.expr) -> bool:

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_checkouts_conf_is_the_shipped_folder():
+    assert config_files.PACKAGE == ROOT / "pfl"
     assert conf_dir() == ROOT / "conf"
     assert {"default", "method/ditto", "data/digits_pat2"} <= set(shipped_configs())
     assert len(shipped_configs()) == len(list((ROOT / "conf").rglob("*.yaml")))
