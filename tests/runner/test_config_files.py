@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+import pfl
 from pfl.errors import ConfigError
 from pfl.runner import config_files
 from pfl.runner.args import parse_fit_args
@@ -61,3 +62,16 @@ def test_fit_reads_shipped_configs_by_name_from_another_folder(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     cfg, *_ = parse_fit_args(["--config", "default", "--config=method/ditto", "--tracking.wandb", "false"])
     assert cfg.method.name == "ditto" and cfg.data.source == "digits" and cfg.trainer.rounds == 100
+
+
+def test_the_python_api_fits_a_shipped_config_by_name_from_another_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = pfl.fit(
+        "default",
+        trainer={"rounds": 1, "progress": False},
+        data={"num_clients": 4},
+        model={"hidden": [16]},
+        tracking={"wandb": False, "root": str(tmp_path / "runs"), "name": "r"},
+    )
+    assert run.summary["rounds"] == 1 and run.summary["dataset"] == "digits"
+    assert (tmp_path / "runs" / "r" / "summary.json").is_file()
