@@ -1,6 +1,7 @@
 """Command line: ``python -m pfl fit|methods|sweep|reproduce|data|report``.
 
 Argument parsing for ``fit`` lives in ``pfl.runner.args``; this module only dispatches commands.
+Each command imports what it needs when it runs: ``methods`` and the usage need no torch.
 Exit codes: 0 success (also a resume with nothing left to do), 2 bad input or an unusable run
 folder (one line on stderr, nothing written), 3 training diverged (round and client named).
 """
@@ -12,20 +13,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lightning.fabric.utilities.rank_zero import rank_zero_only
-
 from pfl.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, ConfigError, TrainingDiverged
-from pfl.methods import methods
-from pfl.runner.args import build_fit_parser, method_from_argv
+from pfl.methods.registry import catalogue, methods
+from pfl.suggest import choice_fix
 
 
 def fit(argv: list[str]) -> dict[str, Any]:
-    from pfl.runner.experiment import run_argv
+    from pfl.runner.args import build_fit_parser, method_from_argv
 
     if "-h" in argv or "--help" in argv:
         name, _ = method_from_argv([a for a in argv if a not in ("-h", "--help")])
         build_fit_parser(name).print_help()
         return {}
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    from pfl.runner.experiment import run_argv
+
     summary = run_argv(argv)
     if rank_zero_only.rank != 0:  # the other ranks of a multi-process run stay quiet
         return summary
@@ -47,10 +50,13 @@ def list_methods(argv: list[str] | None = None) -> None:
         description="List every registered method with its one-line description "
         "(python -m pfl fit --method NAME --help: its options).",
     ).parse_args(argv or [])
-    registry = methods()
-    width = max(len(n) for n in registry)
-    for name, cls in registry.items():
-        print(f"{name:<{width}}  {cls.description}")
+    listed = catalogue()  # read from the sources: no torch import
+    described = {n: m.description for n, m in (listed or {}).items()} or {
+        n: c.description for n, c in methods().items()
+    }
+    width = max(len(n) for n in described)
+    for name, description in described.items():
+        print(f"{name:<{width}}  {description}")
 
 
 def sweep(argv: list[str]) -> None:
@@ -109,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return report_main(rest)
         else:
-            raise ConfigError("command", f"unknown command {command!r}", f"choose one of {', '.join(COMMANDS)}")
+            raise ConfigError("command", f"unknown command {command!r}", choice_fix(command, COMMANDS))
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -14,6 +14,7 @@ from pfl.data.config import validate_data_config
 from pfl.data.settings import DataConfig
 from pfl.errors import require
 from pfl.models import ModelConfig, check_model_config
+from pfl.suggest import choice_fix
 
 ACCELERATORS = ("cpu", "cuda", "gpu", "mps", "auto")
 PRECISIONS = get_args(_PRECISION_INPUT_STR) + get_args(_PRECISION_INPUT_STR_ALIAS)  # every Fabric precision
@@ -154,7 +155,7 @@ def validate_server(cfg: ServerConfig) -> None:
         cfg.optimizer in SERVER_OPTIMIZERS,
         "server.optimizer",
         f"unknown optimizer {cfg.optimizer!r}",
-        f"choose one of {', '.join(SERVER_OPTIMIZERS)}",
+        choice_fix(cfg.optimizer, SERVER_OPTIMIZERS),
     )
     require(cfg.lr > 0 and cfg.lr < float("inf"), "server.lr", f"must be a finite number > 0 (got {cfg.lr})")
     require(0 <= cfg.momentum < 1, "server.momentum", f"must be in [0, 1) (got {cfg.momentum})")
@@ -206,12 +207,12 @@ class AttackConfig:
 
 
 def validate_attack(a: AttackConfig) -> None:
-    require(a.kind in ATTACKS, "attack.kind", f"unknown attack {a.kind!r}", f"choose one of {', '.join(ATTACKS)}")
+    require(a.kind in ATTACKS, "attack.kind", f"unknown attack {a.kind!r}", choice_fix(a.kind, ATTACKS))
     require(
         a.space in ATTACK_SPACES,
         "attack.space",
         f"unknown space {a.space!r}",
-        f"choose one of {', '.join(ATTACK_SPACES)}",
+        choice_fix(a.space, ATTACK_SPACES),
     )
     require(0 <= a.fraction < 1, "attack.fraction", f"must be in [0, 1) (got {a.fraction})")
     if a.scale is not None:
@@ -306,13 +307,13 @@ def validate(cfg: RunConfig) -> None:
         t.accelerator in ACCELERATORS,
         "trainer.accelerator",
         f"unknown accelerator {t.accelerator!r}",
-        f"choose one of {', '.join(ACCELERATORS)}",
+        choice_fix(t.accelerator, ACCELERATORS),
     )
     require(
         t.precision in PRECISIONS,
         "trainer.precision",
         f"unknown precision {t.precision!r}",
-        f"choose one of {', '.join(PRECISIONS)}",
+        choice_fix(t.precision, PRECISIONS),
     )
     require(
         not t.precision.startswith("transformer-engine") or bool(_TRANSFORMER_ENGINE_AVAILABLE),
@@ -324,7 +325,7 @@ def validate(cfg: RunConfig) -> None:
         t.client_store in CLIENT_STORES,
         "trainer.client_store",
         f"unknown store {t.client_store!r}",
-        f"choose one of {', '.join(CLIENT_STORES)}",
+        choice_fix(t.client_store, CLIENT_STORES),
     )
     require(t.store_budget_mb >= 0, "trainer.store_budget_mb", f"must be >= 0 (got {t.store_budget_mb})")
     require(t.devices >= 1, "trainer.devices", f"must be >= 1 (got {t.devices})")
@@ -370,7 +371,7 @@ def validate_eval(e: EvalConfig) -> None:
         ("pm_source", e.pm_source, PM_SOURCES),
         ("s_test", e.s_test, S_TESTS),
     ):
-        require(value in choices, f"eval.{name}", f"unknown value {value!r}", f"choose one of {', '.join(choices)}")
+        require(value in choices, f"eval.{name}", f"unknown value {value!r}", choice_fix(value, choices))
     require(0 < e.s_acc_others <= 1, "eval.s_acc_others", f"must be in (0, 1] (got {e.s_acc_others})")
     unknown = [p for p in e.protocols if p not in PROTOCOLS]
     require(not unknown, "eval.protocols", f"unknown protocol(s) {unknown}", f"choose from {', '.join(PROTOCOLS)}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from pfl.config import validate
 from pfl.errors import ConfigError
 from pfl.federation.checkpoint import load_checkpoint
 from pfl.federation.distributed import Cohort, balance
+from tests.cli_runs import child_env
 from tests.conftest import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def _fit(root: Path, name: str, *extra: str) -> dict:
 
 def _fit_with_log(root: Path, name: str, *extra: str) -> tuple[dict, str]:
     cmd = [sys.executable, "-m", "pfl", "fit", *ARGS, "--tracking.root", str(root), "--tracking.name", name, *extra]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = child_env()
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     return json.loads((root / name / "summary.json").read_text()), out.stdout + out.stderr

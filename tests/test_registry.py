@@ -89,10 +89,17 @@ def test_methods_imports_the_modules_only_on_its_first_call(monkeypatch):
     assert imported == []
 
 
-def test_an_unknown_name_is_refused_with_the_choices():
+def test_an_unknown_name_is_refused_with_where_the_choices_are_listed():
     with pytest.raises(ConfigError, match="unknown method 'nosuch'") as err:
         method_class("nosuch")
-    assert err.value.field == "method.name" and "ditto" in err.value.fix and "import path" in err.value.fix
+    assert err.value.field == "method.name" and "python -m pfl methods" in err.value.fix
+    assert "Method subclass" in err.value.fix and "ditto" not in err.value.fix  # no list of every method
+
+
+def test_a_mistyped_name_is_answered_with_the_closest_method():
+    with pytest.raises(ConfigError) as err:
+        method_class("dito")
+    assert str(err.value) == "method.name: unknown method 'dito' (did you mean ditto?)"
 
 
 def test_an_import_path_names_a_user_class_and_a_registered_name_its_class():
@@ -128,3 +135,70 @@ def test_the_readmes_methods_table_names_every_registered_method():
     built_in = {name for name, cls in methods().items() if cls.__module__.startswith("pfl.methods.")}
     missing = built_in - set(re.findall(r"`([a-z_]+)`", section))
     assert not missing, f"add {sorted(missing)} to README.md's Methods table"
+
+
+# -- the catalogue: names and descriptions read from the sources, without importing them ----------
+def test_the_catalogue_read_from_the_sources_equals_the_imported_registry():
+    listed = reg.catalogue()
+    builtin = {n: c for n, c in methods().items() if c.__module__.startswith("pfl.methods.")}
+    assert listed is not None and list(listed) == list(builtin)  # the same names, sorted
+    for name, cls in builtin.items():
+        assert listed[name] == reg.Listed(cls.__module__, cls.description), name
+    assert reg.method_names() == list(listed)
+
+
+def write_module(folder: Path, name: str, body: str) -> None:
+    (folder / f"{name}.py").write_text(f"from pfl.methods.registry import register\n\n\n{body}")
+
+
+def test_the_scan_reads_registered_classes_only_and_says_none_when_one_is_not_literal(tmp_path):
+    assert reg.scan_sources(tmp_path, "pkg") is None  # no sources (e.g. compiled files only): import to tell
+    write_module(tmp_path, "b_two", '@register\nclass Two:\n    name = "two"\n    description = "second"\n')
+    write_module(tmp_path, "a_one", '@register\nclass One:\n    name: str = "one"\n    description = "first"\n')
+    write_module(tmp_path, "c_helper", 'class Helper:\n    name = "helper"\n    description = "not registered"\n')
+    assert reg.scan_sources(tmp_path, "pkg") == {
+        "one": reg.Listed("pkg.a_one", "first"),
+        "two": reg.Listed("pkg.b_two", "second"),
+    }
+    write_module(tmp_path, "d_inherits", '@register\nclass Three(Two):\n    name = "three"\n')  # description inherited
+    assert reg.scan_sources(tmp_path, "pkg") is None
+    write_module(tmp_path, "d_inherits", '@register\nclass Three:\n    name = NAME\n    description = "x"\n')
+    assert reg.scan_sources(tmp_path, "pkg") is None
+
+
+def test_without_a_catalogue_a_name_is_found_by_importing_every_method(monkeypatch):
+    from pfl.methods.fedprox import FedProx
+
+    imported = []
+
+    def import_all():
+        imported.append(True)
+        reg._REGISTRY.setdefault("fedprox", FedProx)  # what importing its module does
+        return dict(reg._REGISTRY)
+
+    monkeypatch.setattr(reg, "catalogue", lambda: None)
+    monkeypatch.delitem(reg._REGISTRY, "fedprox")
+    monkeypatch.setattr(reg, "methods", import_all)
+    assert method_class("fedprox") is FedProx and imported
+    assert "fedprox" in reg.method_names()
+
+
+def test_the_catalogue_is_read_once_and_names_come_from_it_without_importing(monkeypatch):
+    assert reg.catalogue() is reg.catalogue()  # the sources are parsed once per process
+
+    def no_import():
+        raise AssertionError("imported every method")
+
+    monkeypatch.setattr(reg, "methods", no_import)
+    assert reg.method_names() == list(reg.catalogue())
+
+
+def test_a_built_in_name_imports_only_its_own_module(monkeypatch):
+    def no_import():
+        raise AssertionError("imported every method")
+
+    monkeypatch.setattr(reg, "methods", no_import)
+    monkeypatch.delitem(sys.modules, "pfl.methods.fedprox")  # restored afterwards, with the registry entry
+    monkeypatch.delitem(reg._REGISTRY, "fedprox")
+    cls = method_class("fedprox")
+    assert cls.name == "fedprox" and cls.__module__ == "pfl.methods.fedprox" and "pfl.methods.fedprox" in sys.modules

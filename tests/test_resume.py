@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import torch
 
 from pfl.federation.checkpoint import CHECKPOINT, load_checkpoint
 from pfl.federation.loop import comparable_metrics
+from tests.cli_runs import child_env
 from tests.conftest import make_loop, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ ARGS = [
 
 def _fit(root: Path, name: str, *extra: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "pfl", "fit", *ARGS, "--tracking.root", str(root), "--tracking.name", name, *extra]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = child_env()
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
@@ -48,7 +48,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     assert 20 <= killed_at < 300
     resumed = subprocess.run(
         [sys.executable, "-m", "pfl", "fit", "--resume", str(tmp_path / "victim"), "--trainer.progress", "false"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},  # same threads: same sums
+        cwd=ROOT, env=child_env(),  # same threads: same sums
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr

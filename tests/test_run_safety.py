@@ -32,7 +32,7 @@ from pfl.runner.experiment import apply_threads
 from pfl.runner.outputs import RunFiles
 from pfl.runner.rundir import LOCK, REPLACED, RunClaim, RunLock, busy_owner
 from pfl.runner.sweep import run_parallel, run_status
-from tests.cli_runs import TINY, fit
+from tests.cli_runs import TINY, child_env, fit
 from tests.conftest import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,19 +124,22 @@ def test_the_lock_is_exclusive_and_names_its_owner(tmp_path):
 def test_a_second_process_on_the_same_run_is_refused_while_the_first_runs(tmp_path, capsys):
     # A long first run that writes nothing after its config.yaml (no evaluation, no checkpoint yet).
     forever = ["--trainer.rounds", "100000", "--trainer.eval_every", "100000", "--trainer.checkpoint_every", "100000"]
-    args = [*TINY, *forever, "--tracking.root", str(tmp_path), "--tracking.name", "r"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    first = subprocess.Popen(
-        [sys.executable, "-m", "pfl", "fit", *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    # On the CPU: the point is the lock, not the device (with accelerator auto the child would take a
+    # GPU beside this process's own CUDA context, which a busy or exclusive-process GPU refuses). The
+    # child keeps the caller's PYTHONPATH (child_env), and its stderr is kept to tell why it did not start.
+    args = [*TINY, *forever, "--trainer.accelerator", "cpu", "--tracking.root", str(tmp_path), "--tracking.name", "r"]
+    env = child_env(WANDB_MODE="disabled")
+    log = tmp_path / "first.stderr"  # outside the run folder, whose files the refusals must not change
+    with log.open("wb") as stderr:
+        first = subprocess.Popen(
+            [sys.executable, "-m", "pfl", "fit", *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr
+        )
     try:
         deadline = time.time() + 180
         while busy_owner(tmp_path / "r") is None or not (tmp_path / "r" / "config.yaml").exists():
-            assert first.poll() is None and time.time() < deadline, "the first run did not start"
+            code = first.poll()
+            assert code is None, f"the first run exited {code} before it started: {log.read_text()[-2000:]}"
+            assert time.time() < deadline, "the first run did not start within 180 s"
             time.sleep(0.1)
         first.send_signal(signal.SIGSTOP)  # holds its lock, writes nothing (no checkpoint) meanwhile
         for argv in ([*args, "--tracking.overwrite", "true"], ["--resume", str(tmp_path / "r")]):

@@ -6,7 +6,6 @@ segfault is a failed test with its exit status, not a dead test run."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import pytest
 from pickle_cases import FALSE, PAYLOADS, glob, num, tup
 
 from pfl.data.disk import load_standard
+from tests.cli_runs import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 FUZZ_CASES = 10_000
@@ -34,7 +34,7 @@ REFUSAL = {
 
 
 def child(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = child_env()
     script = str(Path(__file__).with_name("pickle_cases.py"))
     return subprocess.run(
         [sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout

@@ -4,7 +4,6 @@ evaluation, and vectorized client training."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from pfl.federation.loop import comparable_metrics
 from pfl.federation.store import DiskStore, MemoryStore, tree_bytes, tree_equal
 from pfl.methods import methods
 from pfl.metrics.evaluate import evaluate_federation, score_clients
+from tests.cli_runs import child_env
 from tests.conftest import make_loop, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -304,7 +304,7 @@ FIT = [
 
 
 def test_disk_store_run_killed_and_resumed_matches_uninterrupted_run(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = child_env()
 
     def fit(name, *extra):
         cmd = [sys.executable, "-m", "pfl", "fit", *FIT, "--tracking.root", str(tmp_path), "--tracking.name", name]

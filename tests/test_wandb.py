@@ -5,7 +5,6 @@ one W&B run with the whole history, and W&B's console output stays out of the pr
 from __future__ import annotations
 
 import json
-import os
 import struct
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pfl.runner import wandb_run
 from pfl.runner.args import parse_fit_args
 from pfl.runner.experiment import run_experiment
 from pfl.runner.sweep import RunProgress, command_argv, load_sweep, plan
+from tests.cli_runs import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -264,7 +264,7 @@ def test_killed_then_resumed_run_is_one_wandb_run_with_the_whole_history(offline
     script = offline / "killer.py"
     script.write_text(textwrap.dedent(KILLER.format(kill_at=kill_at, tests=str(ROOT / "tests"))))
     args = [*TINY, "--trainer.rounds", str(rounds), "--tracking.root", str(offline), "--tracking.name", "victim"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = child_env()
     env.pop("WANDB_SERVICE", None)  # its own W&B service, as a separate `pfl fit` has (not this process's)
     killed = subprocess.run([sys.executable, str(script), "fit", *args], cwd=ROOT, env=env, capture_output=True)
     assert killed.returncode == -9, killed.stderr.decode()[-2000:]

@@ -29,10 +29,11 @@ from pfl.data.settings import CLIENT_TESTS, PARTITIONS, SYNTHETIC_VARIANTS, Data
 from pfl.data.sources import NATURAL_SOURCES, ON_DISK, SOURCES, TEXT_SOURCES, Pool, load_pool
 from pfl.errors import ConfigError, require
 from pfl.seeding import numpy_rng
+from pfl.suggest import choice_fix
 
 
 def _choice(value: str, options: tuple[str, ...], name: str) -> None:
-    require(value in options, name, f"unknown value {value!r}", f"choose one of {', '.join(options)}")
+    require(value in options, name, f"unknown value {value!r}", choice_fix(value, options))
 
 
 def validate_data_config(cfg: DataConfig) -> None:
@@ -46,7 +47,7 @@ def validate_data_config(cfg: DataConfig) -> None:
         cfg.augment in AUGMENTATIONS,
         "data.augment",
         f"unknown augmentation {cfg.augment!r}",
-        f"choose one of {', '.join(AUGMENTATIONS)}",
+        choice_fix(cfg.augment, AUGMENTATIONS),
     )
     require(cfg.num_clients >= 1, "data.num_clients", f"must be >= 1 (got {cfg.num_clients})")
     require(cfg.alpha > 0, "data.alpha", f"Dirichlet concentration must be > 0 (got {cfg.alpha})")

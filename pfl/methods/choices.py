@@ -10,6 +10,7 @@ from types import NoneType, UnionType
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from pfl.errors import ConfigError
+from pfl.suggest import choice_fix
 
 
 def literal_values(hint: Any) -> tuple[Any, ...] | None:
@@ -61,5 +62,5 @@ def check_choices(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> N
     for name, options in allowed.items():
         if name in values and values[name] not in options:
             raise ConfigError(
-                f"method.{name}", f"unknown value {values[name]!r}", f"choose one of {', '.join(map(str, options))}"
+                f"method.{name}", f"unknown value {values[name]!r}", choice_fix(str(values[name]), map(str, options))
             )

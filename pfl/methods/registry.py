@@ -7,12 +7,15 @@ by its path (the run's ``config.yaml`` records that path, so ``--resume`` and sw
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
 import pkgutil
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from pfl.errors import ConfigError
+from pfl.suggest import did_you_mean
 
 if TYPE_CHECKING:
     from pfl.methods.base import Method
@@ -34,6 +37,57 @@ def register(cls: M) -> M:
     return cls
 
 
+class Listed(NamedTuple):
+    """A built-in method as its source declares it: the module that registers it and its description."""
+
+    module: str
+    description: str
+
+
+@functools.cache
+def catalogue() -> dict[str, Listed] | None:
+    """Every built-in method by name, sorted, read from the sources of ``pfl.methods`` without importing
+    them (torch and Lightning take seconds); None when only importing can tell (``scan_sources``)."""
+    return scan_sources(Path(__file__).parent, __package__)
+
+
+def scan_sources(folder: Path, package: str) -> dict[str, Listed] | None:
+    """The ``@register`` classes of the modules in ``folder`` by name, sorted, when every one declares its
+    ``name`` and ``description`` as string literals in its own body; None when one does not, or when
+    there is none."""
+    found: dict[str, Listed] = {}
+    for path in sorted(folder.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node in tree.body:
+            if not isinstance(node, ast.ClassDef) or not any(_is_register(d) for d in node.decorator_list):
+                continue
+            literals = _string_attributes(node)
+            if "name" not in literals or "description" not in literals:
+                return None
+            found[literals["name"]] = Listed(f"{package}.{path.stem}", literals["description"])
+    return dict(sorted(found.items())) or None  # none found: no sources to read (e.g. compiled files only)
+
+
+def _is_register(decorator: ast.expr) -> bool:
+    return isinstance(decorator, ast.Name) and decorator.id == register.__name__
+
+
+def _string_attributes(cls: ast.ClassDef) -> dict[str, str]:
+    out = {}
+    for stmt in cls.body:
+        if isinstance(stmt, ast.Assign | ast.AnnAssign) and isinstance(stmt.value, ast.Constant):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            if isinstance(stmt.value.value, str):
+                out.update({t.id: stmt.value.value for t in targets if isinstance(t, ast.Name)})
+    return out
+
+
+def method_names() -> list[str]:
+    """The built-in methods' names (from the catalogue when it can tell, without importing them)."""
+    listed = catalogue()
+    return list(listed) if listed is not None else list(methods())
+
+
 def methods() -> dict[str, type[Method]]:
     """Every built-in method (and any user method registered so far) by name, sorted."""
     global _LOADED
@@ -48,14 +102,21 @@ def method_class(name: str) -> type[Method]:
     """A registered name, or the import path of a Method subclass (``package.module.Class``)."""
     from pfl.methods.base import Method
 
-    registry = methods()
-    if name in registry:
-        return registry[name]
+    listed = catalogue()
+    if name not in _REGISTRY:
+        if listed is None:
+            methods()
+        elif name in listed:
+            importlib.import_module(listed[name].module)  # only its own module (and the ones it imports)
+    if name in _REGISTRY:
+        return _REGISTRY[name]
     if "." not in name:
+        known = sorted({*method_names(), *_REGISTRY})
         raise ConfigError(
             "method.name",
             f"unknown method {name!r}",
-            f"choose one of {', '.join(registry)}, or give the import path of your own Method subclass",
+            did_you_mean(name, known)
+            or "python -m pfl methods lists them; or give package.module.Class of your own Method subclass",
         )
     module_name, _, attr = name.rpartition(".")
     try:

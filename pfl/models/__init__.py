@@ -17,6 +17,7 @@ from pfl.models.registry import TIMM_OPTIONS, Builder, available_models, check_o
 from pfl.models.small import CharLSTM
 from pfl.models.timm_backbones import timm_model
 from pfl.models.user import import_model, is_import_path
+from pfl.suggest import did_you_mean
 
 TIMM_PREFIX = "timm:"
 
@@ -54,7 +55,8 @@ def check_model_config(cfg: ModelConfig) -> None:
         raise ConfigError(
             "model.name",
             f"unknown model {name!r}",
-            f"choose one of {', '.join(available_models())}, timm:<arch>, or an import path pkg.module:builder",
+            did_you_mean(name, available_models())
+            or f"choose one of {', '.join(available_models())}, timm:<arch>, or an import path pkg.module:builder",
         )
 
 

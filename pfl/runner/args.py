@@ -10,8 +10,10 @@ read as ``--key value``.
 from __future__ import annotations
 
 import argparse
+import ast
 import functools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +34,11 @@ from pfl.config import (
 )
 from pfl.data.settings import DataConfig
 from pfl.errors import ConfigError, require
-from pfl.methods import method_class, methods
+from pfl.methods.registry import method_class, method_names
 from pfl.models import ModelConfig
 from pfl.runner.class_paths import expand_arg, rewrite_arg, rewrite_config
+from pfl.runner.config_files import resolve_config
+from pfl.suggest import choice_fix, close_matches, offer
 
 DEFAULT_METHOD = "fedavg"
 GROUPS: dict[str, type] = {
@@ -64,7 +68,7 @@ def build_fit_parser(method_name: str) -> ArgumentParser:
         "--method.name",
         type=str,
         default=DEFAULT_METHOD,
-        help=f"one of: {', '.join(methods())}; or package.module.Class of your own Method subclass",
+        help=f"one of: {', '.join(method_names())}; or package.module.Class of your own Method subclass",
     )
     parser.add_class_arguments(cls, "method")
     for group, dc in GROUPS.items():
@@ -112,11 +116,20 @@ def method_from_argv(argv: list[str]) -> tuple[str, list[str]]:
         if arg.startswith(("--method=", "--method.name=")):
             name = arg.split("=", 1)[1]
             out.append(f"--method.name={name}")
-        elif arg in ("--config", "--resume") and value is not None:
-            path = Path(value) / "config.yaml" if arg == "--resume" else Path(value)
+        elif arg.startswith("--config="):  # read as --config VALUE
+            argv = [*argv[:i], "--config", arg.split("=", 1)[1], *argv[i + 1 :]]
+            continue
+        elif arg == "--resume" and value is not None:
+            name = _method_in_file(Path(value) / "config.yaml")[0] or name
+            out += [arg, value]
+            i += 2
+            continue
+        elif arg == "--config" and value is not None:
+            path = resolve_config(value)
             found, text = _method_in_file(path)
             name = found or name
-            out += [arg, value if text is None or arg == "--resume" else text]
+            given = value if Path(value).expanduser().exists() else str(path)  # a shipped config: its full path
+            out += [arg, given if text is None else text]
             i += 2
             continue
         else:
@@ -219,7 +232,8 @@ def _parse(parser: ArgumentParser, argv: list[str], field: str = "arguments") ->
     try:
         return parser.parse_args(argv)
     except argparse.ArgumentError as err:
-        raise ConfigError(field, " ".join(_explain(str(err), parser).split())) from None  # one line
+        explained = _explain(str(err), parser)
+        raise (explained if field == "arguments" else ConfigError(field, str(explained))) from None
     except OmegaConfBaseException as err:  # a config file's ${...} that does not resolve
         raise interpolation_error(err) from None
 
@@ -326,15 +340,66 @@ def check_resume_progress(run_dir: Path, rounds_done: int, rounds: int) -> bool:
     return isinstance(summary, dict) and summary.get("rounds") == rounds_done
 
 
-def _explain(message: str, parser: ArgumentParser) -> str:
-    if "unrecognized arguments" in message or "does not accept" in message or "No action for key" in message:
-        groups = {
-            g: sorted(k.split(".", 1)[1] for k in _keys(parser) if k.startswith(g + ".")) for g in ["method", *GROUPS]
-        }
-        listing = "; ".join(f"{g}: {', '.join(keys)}" for g, keys in groups.items())
-        return f"{message.strip()}. Valid keys - {listing}"
-    return message.strip()
+def _explain(message: str, parser: ArgumentParser) -> ConfigError:
+    """jsonargparse's refusal as one line naming the key: an unknown option or choice with the closest
+    known one (``pfl.suggest``); the full list of options is ``--help``'s."""
+    message = " ".join(message.split())
+    unknown = _unknown_keys(message)
+    if unknown:
+        keys = _keys(parser)
+        fixes = [_key_fix(key, keys) for key in unknown]
+        if len(unknown) == 1:
+            return ConfigError(unknown[0], "unrecognized option", fixes[0])
+        listing = ", ".join(f"{key} ({fix})" for key, fix in zip(unknown, fixes, strict=True))
+        return ConfigError("arguments", f"unrecognized options {listing}")
+    choice = _LITERAL.fullmatch(message)
+    if choice is not None:
+        key, options, value = choice.group("key", "options", "value")
+        allowed = [str(o) for o in ast.literal_eval(f"[{options}]")]
+        return ConfigError(key, f"unknown value {value!r}", choice_fix(value, allowed))
+    other = _OTHER_KEY.fullmatch(message)
+    if other is not None:  # e.g. a value of the wrong type
+        return ConfigError(other.group("key"), other.group("problem"))
+    return ConfigError("arguments", message)
+
+
+# jsonargparse's wording for an option no group has, and for a value outside a Literal's
+_UNRECOGNIZED = re.compile(r"unrecognized arguments: (?P<args>.*)")
+_NOT_ACCEPTED = re.compile(r"Group '(?P<group>[^']+)' does not accept option '(?P<key>[^']+)'|Option '(?P<full>[^']+)'")
+_LITERAL = re.compile(
+    r'Parser key "(?P<key>[^"]+)": Expected a typing\.Literal\[(?P<options>.*)\]\. Got value: (?P<value>.*)'
+)
+_OTHER_KEY = re.compile(r'Parser key "(?P<key>[^"]+)": (?P<problem>.*)')
+_SEE_HELP = "python -m pfl fit --help lists every option"
+
+
+def _unknown_keys(message: str) -> list[str]:
+    """The keys an "unknown option" refusal names, dotted as in a config (``trainer.roudns``)."""
+    found = _UNRECOGNIZED.search(message)
+    if found is not None:
+        args = found.group("args").split()
+        return [a.lstrip("-").split("=", 1)[0] for a in args if a.startswith("--")]
+    found = _NOT_ACCEPTED.search(message)
+    if found is not None:
+        return [found.group("full") or f"{found.group('group')}.{found.group('key')}"]
+    return []
+
+
+def _key_fix(key: str, keys: list[str]) -> str:
+    """The closest option of the key's own group (``trainer.roudns`` -> ``trainer.rounds``); else of any
+    group (``trainer.lr`` -> ``client.lr``); else where every option is listed."""
+    group, _, leaf = key.rpartition(".")
+    by_leaf: dict[str, list[str]] = {}
+    for known in keys:
+        by_leaf.setdefault(known.rpartition(".")[2], []).append(known)
+    own = [known.rpartition(".")[2] for known in keys if known.rpartition(".")[0] == group]
+    close = [f"{group}.{name}" if group else name for name in close_matches(leaf, own, n=1)]
+    if not close:
+        close = [known for name in close_matches(leaf, by_leaf, n=1) for known in by_leaf[name]]
+    return offer(close) or _SEE_HELP
 
 
 def _keys(parser: ArgumentParser) -> list[str]:
-    return [a.dest for a in parser._actions if a.dest not in ("help", "config", "print_config")]
+    """Every option's dotted key (the groups themselves, such as ``trainer``, are not options)."""
+    dests = [a.dest for a in parser._actions if a.dest not in ("help", "config", "print_config")]
+    return [d for d in dests if not any(other.startswith(f"{d}.") for other in dests)]

@@ -108,7 +108,12 @@ def test_a_users_own_method_class(tmp_path, monkeypatch):
         ("method:\n  class_path: pfl.methods.ditto.Ditto\n  name: ditto\n", [], "method.class_path", "one of them"),
         ("method:\n  class_path: pfl.methods.ditto.Ditto\n  init_args: 3\n", [], "method.init_args", "mapping"),
         ("method:\n  lam: 0.1\n  init_args:\n    lam: 0.3\n", [], "method.init_args.lam", "once"),
-        (None, ["--method.class_path", "pfl.methods.ditto.Ditto", "--method.init_args.mu", "1"], "arguments", "mu"),
+        (
+            None,
+            ["--method.class_path", "pfl.methods.ditto.Ditto", "--method.init_args.mu", "1"],
+            "method.mu",
+            "unrecognized",
+        ),
         ("model:\n  class_path: a.B\n  name: mlp\n", [], "model.class_path", "one of them"),
         ("model:\n  name: mlp\n  init_args:\n    width: 3\n", [], "model.init_args", "built-in"),
     ],

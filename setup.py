@@ -1,0 +1,12 @@
+"""Ships the checkout's ``conf/`` inside the package, as ``pfl/conf`` (``pfl.runner.config_files`` finds it
+there), so an installed pfl has its experiment configs. Everything else is in pyproject.toml."""
+
+from setuptools import find_namespace_packages, find_packages, setup
+
+CONF = ["pfl.conf", *(f"pfl.conf.{name}" for name in find_namespace_packages("conf"))]
+
+setup(
+    packages=[*find_packages(include=["pfl", "pfl.*"]), *CONF],
+    package_dir={"pfl.conf": "conf"},
+    package_data={"pfl": ["py.typed"], **{package: ["*.yaml"] for package in CONF}},
+)

@@ -1,0 +1,58 @@
+"""Start-up stays cheap: a command imports only what it uses (docs/performance.md, "Start-up", has the
+measured CPU seconds). Checked by what a fresh interpreter has imported, never by a timing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.cli_runs import child_env
+
+HEAVY = ("torch", "lightning", "torchvision", "torchmetrics", "jsonargparse", "wandb", "pandas", "matplotlib", "timm")
+PROBE = """
+import contextlib, io, json, sys
+from pfl.cli import main
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    try:
+        main(sys.argv[1:])
+    except SystemExit:
+        pass
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def imported_by(*argv: str) -> set[str]:
+    """The modules a fresh interpreter holds after ``python -m pfl ARGV`` (its output discarded)."""
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, *argv], env=child_env(), capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    return set(json.loads(out.stdout.splitlines()[-1]))
+
+
+@pytest.mark.parametrize("argv", [["methods"], [], ["--help"], ["mthods"]], ids=" ".join)
+def test_listing_methods_usage_and_a_mistyped_command_import_no_torch(argv):
+    loaded = imported_by(*argv)
+    assert "pfl.cli" in loaded
+    assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
+
+
+def test_fit_help_imports_only_the_chosen_method_and_no_tracking_or_tables():
+    loaded = imported_by("fit", "--method", "ditto", "--help")
+    assert {"pfl.methods.ditto", "pfl.methods.fedavg"} <= loaded  # ditto and the class it extends
+    assert not {"pfl.methods.fedprox", "pfl.methods.page", "pfl.methods.pfedhn"} & loaded
+    assert not {"wandb", "pandas", "timm"} & loaded
+
+
+def test_import_pfl_imports_no_torch():
+    out = subprocess.run(
+        [sys.executable, "-c", "import json, sys, pfl; print(json.dumps(sorted(sys.modules)))"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and not set(json.loads(out.stdout)) & set(HEAVY)
