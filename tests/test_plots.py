@@ -95,7 +95,7 @@ def test_histogram_bars_share_edges_count_every_client_and_show_means(tmp_path, 
     (fig,) = captured
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert labels == ["pm.l_acc (mean 0.750)", "gm.l_acc (mean 0.690)"]
+    assert labels == ["P-model accuracy, own test (mean 0.750)", "global model accuracy, own test (mean 0.690)"]
     bars = {
         container[0].get_label(): list(container) for container in ax.containers
     }  # a series' label is on its first bar
@@ -123,7 +123,7 @@ def test_scatter_marks_the_diagonal_and_reports_ptr_with_ties_passing(tmp_path, 
     assert out["gain.mean"] == pytest.approx(np.mean(np.subtract(own, ref)))
     ax = captured[0].axes[0]
     assert ax.get_title() == "ditto on digits\nPTR = 0.60 (3/5), mean gain -0.040"
-    assert ax.get_xlabel() == "LOCAL (ref.pm.l_acc)" and ax.get_ylabel() == "personalized (pm.l_acc)"
+    assert ax.get_xlabel() == "LOCAL accuracy, own test" and ax.get_ylabel() == "P-model accuracy, own test"
     diagonal = [line for line in ax.get_lines() if list(line.get_xdata()) == list(line.get_ydata())]
     assert len(diagonal) == 1
     passed, failed = ax.collections[1:]  # after the shaded pass region

@@ -16,10 +16,7 @@ from typing import Any
 from pfl.api.classes import class_form
 from pfl.errors import ConfigError
 from pfl.runner.options import option_args
-
-# The checkout's (or installed tree's) conf/ folder, where ``pfl.fit("default")`` and ``"method/ditto.yaml"``
-# find the shipped configs from any working directory.
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+from pfl.runner.shipped import shipped_config
 
 # Options of the command line that print instead of running a fit.
 NOT_FOR_FIT = ("help", "print_config")
@@ -45,10 +42,4 @@ def config_path(path: str | PathLike) -> Path:
     that name: ``conf/default.yaml``, ``default.yaml`` or ``default``, ``method/ditto``; else as given
     (the command line then says it is not found)."""
     given = Path(path)
-    if given.exists() or given.is_absolute():
-        return given
-    for candidate in (CONF_DIR.parent / given, CONF_DIR / given):
-        for file in (candidate, candidate.with_name(candidate.name + ".yaml")):
-            if file.is_file():
-                return file
-    return given
+    return given if given.exists() else shipped_config(given) or given

@@ -32,7 +32,8 @@ from pfl.config import (
 )
 from pfl.data.settings import DataConfig
 from pfl.errors import ConfigError, require
-from pfl.methods import Method, method_class, methods
+from pfl.methods import method_class, methods
+from pfl.methods.building import build_method
 from pfl.models import ModelConfig
 from pfl.runner.class_paths import expand_arg, rewrite_arg, rewrite_config
 
@@ -213,22 +214,6 @@ def parse_fit_args(argv: list[str]) -> tuple[RunConfig, Namespace, ArgumentParse
     cfg = RunConfig(method=method, seed=init.seed, **{g: init[g] for g in GROUPS})
     validate(cfg)
     return cfg, ns, parser, resume_dir
-
-
-def build_method(cls: type[Method], args: dict[str, Any]) -> Method:
-    """``cls(**args)``. A ValueError, TypeError or AssertionError from the constructor of a method of one's
-    own (how an ``__init__`` refuses its arguments) is a one-line ConfigError naming the class; the
-    original stays chained (``__cause__``) for the Python API's traceback. Anything else, and any error
-    of pfl's own methods (which refuse bad arguments with ConfigError), keeps its traceback: a bug."""
-    try:
-        return cls(**args)
-    except (ValueError, TypeError, AssertionError) as err:
-        if isinstance(err, ConfigError) or cls.__module__.split(".")[0] == "pfl":
-            raise
-        problem = (
-            f"{cls.__module__}.{cls.__qualname__}.__init__ raised {type(err).__name__}: {' '.join(str(err).split())}"
-        )
-        raise ConfigError("method", problem, "fix the method's arguments in the config, or its check") from err
 
 
 def _parse(parser: ArgumentParser, argv: list[str], field: str = "arguments") -> Namespace:
