@@ -187,7 +187,7 @@ def curve_figure(groups: list[PlotGroup], key: str | None = None, title: str | N
     name = metric_label(key)
     ax.set_ylabel(name)
     heading = _heading(title, groups)
-    ax.set_title(f"{heading + chr(10) if heading else ''}{name}: mean over seeds, {BAND}", fontsize="medium")
+    ax.set_title(f"{heading + chr(10) if heading else ''}mean over seeds, {BAND}", fontsize="medium")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return fig, key
@@ -212,6 +212,8 @@ def clients_figure(groups: list[PlotGroup], key: str | None = None, title: str |
             artist.set_gid(name)
     for i, box in enumerate(parts["boxes"]):
         box.set_color(group_color(i))
+    for median in parts["medians"]:
+        median.set_color("black")
     for i, values in enumerate(pooled, start=1):  # the clients themselves, spread inside their box
         spread = np.linspace(-BOX_WIDTH / 4, BOX_WIDTH / 4, len(values))
         ax.plot(i + spread, values, ".", color=group_color(i - 1), alpha=0.5, gid="clients")

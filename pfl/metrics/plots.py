@@ -351,7 +351,7 @@ def plot_heatmap(data: FederatedData, path: Path, setting: str = "") -> None:
     data's ``setting`` (``data_setting``), every client's row labelled (its id, or its name in a
     naturally federated source; ``new i`` for held-out clients) when they fit."""
     hist = label_histograms(data, [*data.clients, *data.new_clients])
-    fig, ax = new_figure((min(2 + 0.25 * data.num_classes, 20), min(2 + 0.15 * len(hist), 30)))
+    fig, ax = new_figure((min(max(5, 2 + 0.25 * data.num_classes), 20), min(2 + 0.15 * len(hist), 30)))
     image = ax.imshow(hist, aspect="auto", cmap="viridis", interpolation="nearest")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     rows = client_rows(data)
@@ -359,7 +359,7 @@ def plot_heatmap(data: FederatedData, path: Path, setting: str = "") -> None:
     ax.set_yticks(range(0, len(rows), step), rows[::step], fontsize="small" if len(rows) > 20 else None)
     ax.set_xlabel("class")
     ax.set_ylabel("client")
-    ax.set_title(f"{data.name}{', ' + setting if setting else ''}: samples per client and class")
+    ax.set_title(f"{data.name}{', ' + setting if setting else ''}\nsamples per client and class", fontsize="medium")
     if data.new_clients:
         ax.axhline(data.num_clients - 0.5, color="red", linewidth=1)
     fig.colorbar(image, ax=ax, label="samples")
