@@ -192,7 +192,6 @@ def test_importing_pfl_api_leaves_pythons_random_draws_alone(monkeypatch):
     assert random.random() == expected
 
 
-@pytest.mark.slow
 def test_the_first_access_of_pfl_fit_leaves_pythons_random_draws_alone():
     code = (
         "import random; random.seed(3); expected = random.random(); random.seed(3)\n"

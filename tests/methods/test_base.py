@@ -366,3 +366,29 @@ def test_the_base_method_is_not_vectorizable_and_says_why():
     # Method itself can be built (its hooks' defaults): its flag is False, as for any class not declaring it.
     assert Method.vectorizable is False
     assert Method().vectorize_problems()
+
+
+def test_a_method_without_a_name_is_named_after_its_class_and_register_still_asks_for_one():
+    class MyMethod(Method):
+        pass
+
+    class Refined(MyMethod):  # its parent's default is not its name
+        pass
+
+    class Named(Method):
+        name = "named_on_purpose"
+
+    class Child(Named):  # a name set on purpose is inherited
+        pass
+
+    class Blank(Named):
+        name = ""  # an empty name is no name
+
+    assert [c.name for c in (MyMethod, Refined, Named, Child, Blank)] == [
+        "mymethod", "refined", "named_on_purpose", "named_on_purpose", "blank"
+    ]  # fmt: skip
+    assert [c.name_from_class for c in (MyMethod, Refined, Named, Child, Blank)] == [True, True, False, False, True]
+    assert MyMethod().name == "mymethod" and Method.name == ""
+    for cls in (MyMethod, Refined, Blank):
+        with pytest.raises(ValueError, match=f"{cls.__qualname__} needs a class attribute `name`"):
+            register(cls)
