@@ -86,7 +86,7 @@ def test_config_paths_are_read_beside_the_sweep_file_and_set_fixes_an_option(tmp
     sweep = folder / "s.yaml"
     sweep.write_text(
         'method: grid\nparameters:\n  method.mu: {values: [0.1, 0.2]}\ncommand: ["${interpreter}", -m, pfl, fit, '
-        "--config, conf/default.yaml, --config=base.yaml, --method.name, fedprox, \"${args}\"]\n"
+        '--config, conf/default.yaml, --config=base.yaml, --method.name, fedprox, "${args}"]\n'
     )
     monkeypatch.chdir(tmp_path)  # neither conf/default.yaml nor base.yaml is here
     runs, root = plan(sweep, root=tmp_path / "runs", overrides=["trainer.rounds=5", "--client.lr=0.2"])
