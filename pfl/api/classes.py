@@ -30,12 +30,22 @@ def class_form(field: str, value: Any) -> Any:
             return {"class_path": import_path(field, value)}
         if isinstance(value, Method):
             return {"class_path": import_path(field, type(value)), "init_args": value.hparams()}
-    if field == "model":
-        if isinstance(value, type) and issubclass(value, nn.Module):
+    if field == "model" and isinstance(value, nn.Module | type) and _is_module(value):
+        cls = value if isinstance(value, type) else type(value)
+        if cls.__module__.split(".")[0] == "torch":
+            raise ConfigError(
+                field,
+                f"{cls.__qualname__} is torch's own layer, not a model built from (input_shape, num_classes)",
+                "pass your own nn.Module subclass, or a registered model: model={'name': 'mlp'}",
+            )
+        if isinstance(value, type):
             return {"class_path": import_path(field, value)}
-        if isinstance(value, nn.Module):
-            return {"class_path": import_path(field, type(value)), "init_args": _model_args(value)}
+        return {"class_path": import_path(field, cls), "init_args": _model_args(value)}
     return value
+
+
+def _is_module(value: Any) -> bool:
+    return isinstance(value, nn.Module) or (isinstance(value, type) and issubclass(value, nn.Module))
 
 
 def import_path(field: str, cls: type) -> str:

@@ -117,6 +117,9 @@ def test_method_and_model_classes_and_instances_become_the_config_form():
     ]  # fmt: skip
     with pytest.raises(ConfigError, match="model: the Unstored instance does not store its argument 'width'"):
         to_argv(None, {"model": Unstored((64,), 10)})
+    for torch_layer in (nn.Sequential, nn.Sequential(nn.Linear(64, 10))):
+        with pytest.raises(ConfigError, match="model: Sequential is torch's own layer"):
+            to_argv(None, {"model": torch_layer})
 
     class Local(Pull):
         pass
