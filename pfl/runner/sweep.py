@@ -178,8 +178,9 @@ def tracking_args(spec: dict[str, Any], argv: list[str], root: Path) -> list[str
 
 
 def config_paths(argv: list[str], folder: Path) -> list[str]:
-    """``argv`` with each ``--config`` path that does not name a file relative to ``folder`` (the sweep
-    file's) or a shipped config (``shipped_config``) left as given; the others made absolute."""
+    """``argv`` with each relative ``--config`` path that names a file beside the sweep file (in ``folder``),
+    else a shipped config (``shipped_config``), made absolute; any other left as given (the fit parser
+    then names it)."""
     out: list[str] = []
     for i, arg in enumerate(argv):
         if arg.startswith("--config="):
