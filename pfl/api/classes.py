@@ -30,7 +30,7 @@ def class_form(field: str, value: Any) -> Any:
             return {"class_path": import_path(field, value)}
         if isinstance(value, Method):
             return {"class_path": import_path(field, type(value)), "init_args": value.hparams()}
-    if field == "model" and isinstance(value, nn.Module | type) and _is_module(value):
+    if field == "model" and _is_module(value):
         cls = value if isinstance(value, type) else type(value)
         if cls.__module__.split(".")[0] == "torch":
             raise ConfigError(

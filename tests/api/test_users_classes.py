@@ -115,6 +115,8 @@ def test_method_and_model_classes_and_instances_become_the_config_form():
     assert to_argv(None, {"method": Pull, "model": MyNet}) == [
         "--method.class_path", f"{HERE}.Pull", "--model.class_path", f"{HERE}.MyNet"
     ]  # fmt: skip
+    given = {"method": "ditto", "model": {"name": "cnn"}, "seed": 1}  # names and groups pass as they are
+    assert to_argv(None, given) == ["--method", "ditto", "--model.name", "cnn", "--seed", "1"]
     with pytest.raises(ConfigError, match="model: the Unstored instance does not store its argument 'width'"):
         to_argv(None, {"model": Unstored((64,), 10)})
     for torch_layer in (nn.Sequential, nn.Sequential(nn.Linear(64, 10))):
