@@ -51,15 +51,7 @@ def _is_module(value: Any) -> bool:
 def import_path(field: str, cls: type) -> str:
     """``module.Class`` that imports ``cls`` itself; a ConfigError naming ``field`` when it does not."""
     path = f"{cls.__module__}.{cls.__qualname__}"
-    found: Any = None
-    if "<locals>" not in cls.__qualname__:
-        try:
-            found = importlib.import_module(cls.__module__)
-            for part in cls.__qualname__.split("."):
-                found = getattr(found, part)
-        except (ImportError, AttributeError):
-            found = None
-    if found is not cls:
+    if "<locals>" in cls.__qualname__ or _imported(cls.__module__, cls.__qualname__) is not cls:
         raise ConfigError(
             field,
             f"{cls.__qualname__} cannot be imported as {path} (a run's config names it by its import path)",
@@ -68,13 +60,21 @@ def import_path(field: str, cls: type) -> str:
     return path
 
 
+def _imported(module: str, qualname: str) -> Any:
+    """What ``from module import qualname`` gives (None: nothing)."""
+    try:
+        found: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError):
+        return None
+    return found
+
+
 def _model_args(net: nn.Module) -> dict[str, Any]:
     """The constructor arguments of ``net``'s class beyond (input_shape, num_classes), from its attributes."""
     cls = type(net)
-    try:
-        params = list(inspect.signature(cls).parameters.values())
-    except (TypeError, ValueError):
-        params = []
+    params = list(inspect.signature(cls).parameters.values())  # a Python class: nn.Module's __init__ at least
     args: dict[str, Any] = {}
     for p in params[MODEL_POSITIONAL:]:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):

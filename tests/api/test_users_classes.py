@@ -77,6 +77,11 @@ class MyNet(nn.Sequential):
         self.width = width
 
 
+class Flexible(nn.Sequential):
+    def __init__(self, input_shape, num_classes, *layers, **options):
+        super().__init__(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
+
+
 class Unstored(nn.Sequential):
     def __init__(self, input_shape, num_classes, width: int = 6):
         super().__init__(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
@@ -122,6 +127,13 @@ def test_method_and_model_classes_and_instances_become_the_config_form():
     for torch_layer in (nn.Sequential, nn.Sequential(nn.Linear(64, 10))):
         with pytest.raises(ConfigError, match="model: Sequential is torch's own layer"):
             to_argv(None, {"model": torch_layer})
+
+    assert to_argv(None, {"model": Flexible((64,), 10)})[-1] == "{}"  # *args, **kwargs: nothing to read back
+    with pytest.raises(ConfigError, match="model: .* is no config value"):
+        to_argv(None, {"model": Pull})  # a class, but no nn.Module
+    Moved = type("Moved", (Pull,), {"__module__": "no_such_module"})
+    with pytest.raises(ConfigError, match="method: Moved cannot be imported as no_such_module.Moved"):
+        to_argv(None, {"method": Moved})
 
     class Local(Pull):
         pass
