@@ -78,8 +78,9 @@ class MyNet(nn.Sequential):
 
 
 class Flexible(nn.Sequential):
-    def __init__(self, input_shape, num_classes, *layers, **options):
+    def __init__(self, input_shape, num_classes, *layers, depth: int = 1, **options):
         super().__init__(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
+        self.depth = depth
 
 
 class Unstored(nn.Sequential):
@@ -128,7 +129,7 @@ def test_method_and_model_classes_and_instances_become_the_config_form():
         with pytest.raises(ConfigError, match="model: Sequential is torch's own layer"):
             to_argv(None, {"model": torch_layer})
 
-    assert to_argv(None, {"model": Flexible((64,), 10)})[-1] == "{}"  # *args, **kwargs: nothing to read back
+    assert to_argv(None, {"model": Flexible((64,), 10, depth=3)})[-1] == '{"depth": 3}'  # past *layers, not **options
     with pytest.raises(ConfigError, match="model: .* is no config value"):
         to_argv(None, {"model": Pull})  # a class, but no nn.Module
     Moved = type("Moved", (Pull,), {"__module__": "no_such_module"})
@@ -182,8 +183,11 @@ def test_fedrod_on_a_users_sequential_subclass_and_its_trained_models_read_back(
     personal = run.personal_model(cid)
     assert accuracy(personal, data.clients[cid].test) == pytest.approx(row["pm.l_acc"], abs=1e-6)
     assert not torch.equal(personal[3].bias, net[3].bias)  # FedRoD's P-model adds the client's own head
-    with pytest.raises(ConfigError, match="cid: must be a client id in"):
-        run.personal_model(data.num_clients)
+    n = data.num_clients
+    for wrong in (n, -1, "0"):
+        with pytest.raises(ConfigError, match=rf"cid: must be a client id in \[0, {n - 1}\], got {wrong!r}"):
+            run.personal_model(wrong)
+    assert type(run.personal_model(0)) is MyNet  # the first client is one
 
 
 class _DrawsOnImport(importlib.abc.MetaPathFinder):
