@@ -88,6 +88,12 @@ def test_compare_is_the_reports_table(tmp_path):
     assert list(per_run["run"]) == ["d0", "d1", "f0"]
     assert per_run["pm.l_acc.mean"].tolist() == pytest.approx([0.6, 0.8, 0.5])
     assert per_run["pm.l_acc.mean_client_std"].notna().all()  # asked as .mean: still the report's metric
+    assert [c for c in per_run.columns if c in ("gm.acc", "pm.l_acc.mean")] == ["gm.acc", "pm.l_acc.mean"]  # as asked
+    assert "pm.l_acc.mean" not in pfl.compare(runs, metrics=["gm.acc"])
+    best = write_run(tmp_path / "b0", 0, "local", 0.4)
+    summary = json.loads((best / "summary.json").read_text())
+    (best / "summary.json").write_text(json.dumps({**summary, "select": "best_test"}))
+    assert list(pfl.compare([best, runs[2]])["run"]) == ["b0 [best_test]", "f0"]  # the report's mark kept
     with pytest.raises(ConfigError, match="runs: is empty"):
         pfl.compare([])
     lr = pfl.compare([runs[0], write_run(tmp_path / "d2", 2, "ditto", 0.9, lr=0.01)])
