@@ -62,9 +62,9 @@ def personal_model(run_dir: Path, cid: int) -> nn.Module:
     cfg, loop = restored_loop(run_dir)
     n = loop.server.num_clients
     try:
-        index = operator.index(cid)
-    except TypeError:
-        index = -1
-    if not 0 <= index < n:
+        index: int | None = operator.index(cid)
+    except TypeError:  # not an integer
+        index = None
+    if index is None or not 0 <= index < n:
         raise ConfigError("cid", f"must be a client id in [0, {n - 1}], got {cid!r}", "clients are numbered from 0")
     return as_module(cfg, loop, loop.method.personal_state(loop.server, loop.peek_client(index)))
