@@ -51,9 +51,10 @@ def shared_setting(groups: list[PlotGroup]) -> str:
     (the labels then tell the runs apart)."""
     settings = set()
     for d in (d for g in groups for d in g.run_dirs):
-        data = (load_config(d) or {}).get("data") or {}
+        given = (load_config(d) or {}).get("data")
+        data = given if isinstance(given, dict) else {}  # none: a folder without config.yaml
         dataset = load_summary(d).get("dataset") or data.get("source", "")
-        partition = data_setting(data) if isinstance(data, dict) and data else ""
+        partition = data_setting(data) if data else ""
         settings.add(", ".join(p for p in (str(dataset), partition) if p))
     return settings.pop() if len(settings) == 1 else ""
 

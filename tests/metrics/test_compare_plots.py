@@ -178,3 +178,17 @@ def test_a_claim_report_draws_its_labels_over_their_seeds_with_the_same_figures(
     lines = comparison_plots("c", jobs, tmp_path, "t")
     assert lines[0].startswith("No curves plot: none of pm.l_acc.mean") and "missing in b0" in lines[0]
     assert list(figures) == ["c_clients.png"] and lines[2] == "![c clients](c_clients.png)"
+
+
+def test_rounds_are_ticked_where_any_group_evaluated_and_colours_cycle(tmp_path):
+    from pfl.metrics.compare_plots import group_color, shared_setting
+
+    a = write_run(tmp_path, "a", 0, 0.1, {"pm.l_acc.mean": [0.1, 0.2, 0.3]}, [0.5])
+    b = write_run(tmp_path, "b", 0, 0.05, {"pm.l_acc.mean": [0.1]}, [0.5])  # evaluated in round 1 only
+    fig, _ = curve_figure(plot_groups([a, b]))
+    assert list(fig.axes[0].get_xticks()) == [1, 2, 3]
+    assert [group_color(i) for i in (0, 9, 10)] == ["C0", "C9", "C0"]  # matplotlib's ten colours, again
+    (b / "config.yaml").unlink()  # described by its summary alone: no partition to name
+    assert shared_setting(plot_groups([b])) == ""
+    (a / "config.yaml").write_text("data: a text, not a group\n")
+    assert shared_setting(plot_groups([a])) == ""
