@@ -67,10 +67,11 @@ def sweep(argv: list[str]) -> None:
     parser.add_argument("--count", type=int, default=None, help="runs to draw (random) or keep (grid)")
     parser.add_argument("--workers", type=int, default=1, help="runs in parallel")
     parser.add_argument("--root", type=Path, default=None, help="directory for the runs")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an option of every run")
     args = parser.parse_args(argv)
     from pfl.metrics.report import report
 
-    dirs = run_sweep(args.file, args.count, args.workers, args.root)
+    dirs = run_sweep(args.file, args.count, args.workers, args.root, args.set)
     print(report(dirs), end="")
 
 

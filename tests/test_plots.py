@@ -95,7 +95,7 @@ def test_histogram_bars_share_edges_count_every_client_and_show_means(tmp_path, 
     (fig,) = captured
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert labels == ["pm.l_acc (mean 0.750)", "gm.l_acc (mean 0.690)"]
+    assert labels == ["P-model accuracy, own test (mean 0.750)", "global model accuracy, own test (mean 0.690)"]
     bars = {
         container[0].get_label(): list(container) for container in ax.containers
     }  # a series' label is on its first bar
@@ -123,7 +123,7 @@ def test_scatter_marks_the_diagonal_and_reports_ptr_with_ties_passing(tmp_path, 
     assert out["gain.mean"] == pytest.approx(np.mean(np.subtract(own, ref)))
     ax = captured[0].axes[0]
     assert ax.get_title() == "ditto on digits\nPTR = 0.60 (3/5), mean gain -0.040"
-    assert ax.get_xlabel() == "LOCAL (ref.pm.l_acc)" and ax.get_ylabel() == "personalized (pm.l_acc)"
+    assert ax.get_xlabel() == "LOCAL accuracy, own test" and ax.get_ylabel() == "P-model accuracy, own test"
     diagonal = [line for line in ax.get_lines() if list(line.get_xdata()) == list(line.get_ydata())]
     assert len(diagonal) == 1
     passed, failed = ax.collections[1:]  # after the shaded pass region
@@ -149,3 +149,50 @@ def test_scatter_png_is_written(tmp_path):
     path = tmp_path / "clients_vs_local.png"
     plots.plot_client_scatter(ROWS, path, title="ditto on digits")
     assert_png_is_a_picture(path)
+
+
+def test_a_series_keeps_its_colour_in_every_panel_and_rounds_are_ticked_where_evaluated(tmp_path, captured):
+    rows = [{**row, "round": 2 * row["round"]} for row in history()]  # evaluated every 2 rounds
+    plots.plot_curves(rows, tmp_path / "curves.png")
+    accuracy, loss, local = [ax for ax in captured[0].axes if ax.get_visible()]
+    colour = {
+        ax.get_title(): {line.get_label(): line.get_color() for line in ax.get_lines()} for ax in captured[0].axes
+    }
+    assert colour["accuracy"]["P-models, own test (L-acc)"] == colour["loss"]["P-models, own test"] == "C0"
+    assert colour["accuracy"]["global model, global test"] == colour["loss"]["global model, global test"] == "C1"
+    assert len({*colour["loss"].values()}) == 3  # the panel's own series told apart
+    for ax in (accuracy, loss, local):
+        assert list(ax.get_xticks()) == [2, 4, 6, 8, 10]
+    many = [{"round": 5 * r, "gm.acc": 0.5} for r in range(1, 32)]  # 31 evaluations
+    plots.plot_curves(many, tmp_path / "many.png")
+    ticks = list(captured[1].axes[0].get_xticks())
+    assert len(ticks) <= plots.MAX_ROUND_TICKS and ticks[-1] == 155  # the reported round is ticked
+    assert all(t % 5 == 0 for t in ticks) and len(set(np.diff(ticks))) == 1  # evaluated rounds, evenly
+
+
+def test_a_run_title_names_the_partition_from_the_config(tmp_path, captured):
+    (tmp_path / "summary.json").write_text(json.dumps({"method": "ditto", "dataset": "digits", "seed": 3}))
+    (tmp_path / "config.yaml").write_text(
+        "data:\n  source: digits\n  partition: pathological\n  classes_per_client: 2\n"
+    )
+    plots.plot_curves(history(), tmp_path / "curves.png")
+    assert captured[0]._suptitle.get_text() == "ditto on digits, pathological, 2 classes per client (seed 3)"
+    assert plots.data_setting({"partition": "dirichlet", "alpha": 0.3}) == "Dirichlet α=0.3"
+    assert plots.data_setting({"partition": "iid"}) == "IID"
+    assert plots.data_setting({"source": "shakespeare", "partition": "dirichlet"}) == ""  # its own clients
+
+
+def test_the_data_heatmap_names_its_partition_and_labels_every_client(tmp_path, captured):
+    from types import SimpleNamespace
+
+    from pfl.data import DataConfig, build_data
+
+    data = build_data(DataConfig(source="digits", num_clients=6, partition="pathological", min_samples=5), 0)
+    plots.plot_heatmap(data, tmp_path / "h.png", "pathological, 2 classes per client")
+    ax = captured[0].axes[0]
+    assert ax.get_title() == "digits, pathological, 2 classes per client\nsamples per client and class"
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["0", "1", "2", "3", "4", "5"]
+    held = SimpleNamespace(num_clients=2, new_clients=[object()], client_names=["ROMEO", "JULIET", "NURSE"])
+    assert plots.client_rows(held) == ["0 ROMEO", "1 JULIET", "new 0 NURSE"]
+    many = SimpleNamespace(num_clients=130, new_clients=[], client_names=[])
+    assert plots.client_rows(many)[:2] == ["0", "1"] and len(plots.client_rows(many)) == 130

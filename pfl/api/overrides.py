@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from os import PathLike
+from pathlib import Path
 from typing import Any
 
+from pfl.api.classes import class_form
 from pfl.errors import ConfigError
 from pfl.runner.options import option_args
+from pfl.runner.shipped import shipped_config
 
 # Options of the command line that print instead of running a fit.
 NOT_FOR_FIT = ("help", "print_config")
@@ -27,8 +30,16 @@ def to_argv(config: str | PathLike | Sequence[str | PathLike] | None, overrides:
     for path in files:
         if not isinstance(path, (str, PathLike)):
             raise ConfigError("config", f"expected a path to a YAML file, got {path!r}", 'e.g. "conf/default.yaml"')
-        argv += ["--config", str(path)]
+        argv += ["--config", str(config_path(path))]
     for key in overrides:
         if key in NOT_FOR_FIT:
             raise ConfigError(key, "is not an option of pfl.fit", f"use the command line: python -m pfl fit --{key}")
-    return argv + option_args(overrides)
+    return argv + option_args({key: class_form(key, value) for key, value in overrides.items()})
+
+
+def config_path(path: str | PathLike) -> Path:
+    """A config file as given when it exists (relative to the working directory), else the shipped one of
+    that name: ``conf/default.yaml``, ``default.yaml`` or ``default``, ``method/ditto``; else as given
+    (the command line then says it is not found)."""
+    given = Path(path)
+    return given if given.exists() else shipped_config(given) or given

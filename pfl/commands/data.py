@@ -19,7 +19,7 @@ from pfl.data import build_data
 from pfl.data.npz import export_npz
 from pfl.data.stats import federation_stats, format_stats
 from pfl.errors import ConfigError
-from pfl.metrics.plots import plot_heatmap
+from pfl.metrics.plots import data_setting, plot_heatmap
 from pfl.runner.args import parse_fit_args
 
 EXPORT_USAGE = (
@@ -116,7 +116,7 @@ def stats(argv: list[str]) -> dict:
     data = build_data(cfg.data, cfg.seed)
     report = federation_stats(data)
     if plot:
-        plot_heatmap(data, Path(plot))
+        plot_heatmap(data, Path(plot), data_setting(asdict(cfg.data)))
         report["plot"] = plot
     print(json.dumps(report) if as_json else format_stats(report), end="\n" if as_json else "")
     return report

@@ -103,7 +103,8 @@ class Aggregator:
                 "server.aggregator",
                 f"{out.kind} cannot apply to method {method.name!r}: its server does not take a weighted mean of "
                 "uploaded models",
-                f"use server.aggregator mean, or one of the methods {able}",
+                f"use server.aggregator mean, or one of the methods {able}; a method of your own whose "
+                "aggregate takes that mean says so with the class attribute averages_uploads = True",
             )
         n, f = clients_per_round, out.krum_f
         if out.kind in ("krum", "multi_krum"):

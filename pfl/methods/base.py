@@ -272,7 +272,11 @@ class Method:
     the hooks they change. Their hyper-parameters are the ``__init__`` arguments, stored as
     attributes of the same name (that is what ``hparams`` reports and configs set)."""
 
+    # How runs, reports and W&B tags name the method (and its ``--method NAME`` once registered). A class
+    # that sets none (itself or through a parent that sets one) is named after itself, lowercased
+    # (``MyMethod`` -> ``mymethod``); ``@register`` still asks for a name given on purpose.
     name: ClassVar[str] = ""
+    name_from_class: ClassVar[bool] = False
     description: ClassVar[str] = ""
     has_global_model: ClassVar[bool] = True
     # False for methods whose only model is the global one (FedAvg, FedProx, ...): FedPG's
@@ -303,6 +307,10 @@ class Method:
         super().__init_subclass__(**kwargs)
         if "aggregate" in cls.__dict__:
             cls.averages_uploads = bool(cls.__dict__.get("averages_uploads", False))
+        # A parent's default name is not the subclass's: each unnamed class is named after itself.
+        cls.name_from_class = not cls.__dict__.get("name") and (not cls.name or cls.name_from_class)
+        if cls.name_from_class:
+            cls.name = cls.__name__.lower()
 
     def vectorize_problems(self) -> list[str]:
         """Why ``trainer.vectorize`` cannot train this method's clients together with its current

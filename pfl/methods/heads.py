@@ -5,6 +5,7 @@ a module with a ``features(x)`` method and a linear ``head`` registered last, wh
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 
 from torch import Tensor, nn
@@ -15,7 +16,10 @@ from pfl.errors import ConfigError
 def split_head(net: nn.Module) -> tuple[Callable[[Tensor], Tensor], nn.Linear]:
     """(features, head) of a network whose output is ``head(features(x))`` with a linear head."""
     if isinstance(net, nn.Sequential) and isinstance(net[-1], nn.Linear):
-        return net[:-1], net[-1]
+        # A plain Sequential of the same children: slicing (``net[:-1]``) would call the class's own
+        # constructor, which a user's subclass (``MyNet(input_shape, num_classes)``) does not take empty.
+        body = list(net.named_children())[:-1]
+        return nn.Sequential(OrderedDict(body)), net[-1]
     head, features = getattr(net, "head", None), getattr(net, "features", None)
     if isinstance(head, nn.Linear) and callable(features):
         # The layout's head slice is the last parametrised layer: the head must be it.

@@ -28,7 +28,7 @@ _LOADED = False
 
 def register(cls: M) -> M:
     """Class decorator: make ``cls`` available as ``--method <cls.name>``."""
-    if not cls.name:
+    if not cls.name or cls.name_from_class:
         raise ValueError(f"{cls.__qualname__} needs a class attribute `name` to be registered")
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
         other = _REGISTRY[cls.name].__qualname__

@@ -22,10 +22,9 @@ import numpy as np
 from matplotlib import rcParams
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
 from pfl.errors import ConfigError
-from pfl.metrics.plots import LABELS, new_figure
+from pfl.metrics.plots import client_label, data_setting, metric_label, new_figure, set_round_ticks
 from pfl.metrics.report import Defaults, group_runs, load_config, load_summary, setting_text, swept_settings, table_runs
 
 HISTORY_FILE = "metrics.csv"  # one row per evaluated round (pfl.runner.outputs)
@@ -45,6 +44,29 @@ class PlotGroup:
 
     label: str
     run_dirs: list[Path]
+
+
+def shared_setting(groups: list[PlotGroup]) -> str:
+    """The dataset and partition every drawn run shares ("digits, Dirichlet α=0.5"); "" where they differ
+    (the labels then tell the runs apart)."""
+    settings = set()
+    for d in (d for g in groups for d in g.run_dirs):
+        given = (load_config(d) or {}).get("data")
+        data = given if isinstance(given, dict) else {}  # none: a folder without config.yaml
+        dataset = load_summary(d).get("dataset") or data.get("source", "")
+        partition = data_setting(data) if data else ""
+        settings.add(", ".join(p for p in (str(dataset), partition) if p))
+    return settings.pop() if len(settings) == 1 else ""
+
+
+def _heading(title: str | None, groups: list[PlotGroup]) -> str:
+    """The caller's title, else the setting the runs share."""
+    return title if title is not None else shared_setting(groups)
+
+
+def _seeds(group: PlotGroup) -> str:
+    n = len(group.run_dirs)
+    return f"{n} seed{'s' * (n > 1)}"
 
 
 def plot_groups(
@@ -154,22 +176,27 @@ def curve_figure(groups: list[PlotGroup], key: str | None = None, title: str | N
     histories = {d: read_rows(d / HISTORY_FILE) for g in groups for d in g.run_dirs}
     key = pick_key(histories, key, CURVE_KEYS, "--plot-metric", HISTORY_FILE)
     fig, ax = new_figure(tuple(rcParams["figure.figsize"]))
-    for g in groups:
+    rounds: list[float] = []
+    for i, g in enumerate(groups):
         x, mean, low, high = curve_points([histories[d] for d in g.run_dirs], key)
-        (line,) = ax.plot(x, mean, marker=".", gid="mean", label=f"{g.label} ({_runs(g)})")
+        ax.plot(x, mean, marker=".", color=group_color(i), gid="mean", label=f"{g.label} ({_seeds(g)})")
         if len(g.run_dirs) > 1:
-            ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2, gid="band")
+            ax.fill_between(x, low, high, color=group_color(i), alpha=0.2, gid="band")
+        rounds += list(x)
     ax.set_xlabel("round")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel(f"{LABELS[key]} ({key})" if key in LABELS else key)
-    ax.set_title(f"{title + chr(10) if title else ''}{key}: mean over seeds, {BAND}", fontsize="medium")
+    set_round_ticks(ax, rounds)
+    name = metric_label(key)
+    ax.set_ylabel(name)
+    heading = _heading(title, groups)
+    ax.set_title(f"{heading + chr(10) if heading else ''}mean over seeds, {BAND}", fontsize="medium")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return fig, key
 
 
-def _runs(group: PlotGroup) -> str:
-    return f"{len(group.run_dirs)} run{'s' * (len(group.run_dirs) > 1)}"
+def group_color(i: int) -> str:
+    """Group ``i``'s colour, the same in the curve and the client figure."""
+    return f"C{i % 10}"
 
 
 def clients_figure(groups: list[PlotGroup], key: str | None = None, title: str | None = None) -> tuple[Figure, str]:
@@ -184,13 +211,29 @@ def clients_figure(groups: list[PlotGroup], key: str | None = None, title: str |
     for name in ("boxes", "medians", "whiskers", "means"):
         for artist in parts[name]:
             artist.set_gid(name)
+    for i, box in enumerate(parts["boxes"]):
+        box.set_color(group_color(i))
+    for median in parts["medians"]:
+        median.set_color("black")
     for i, values in enumerate(pooled, start=1):  # the clients themselves, spread inside their box
         spread = np.linspace(-BOX_WIDTH / 4, BOX_WIDTH / 4, len(values))
-        ax.plot(i + spread, values, ".", color="black", alpha=0.4, gid="clients")
-    ticks = [f"{g.label}\n{len(v)} clients, {_runs(g)}" for g, v in zip(groups, pooled, strict=True)]
+        ax.plot(i + spread, values, ".", color=group_color(i - 1), alpha=0.5, gid="clients")
+    ticks = [f"{g.label}\n{_clients(g, tables, key)}" for g in groups]
     ax.set_xticks(range(1, len(groups) + 1), ticks, fontsize="small")
-    ax.set_ylabel(f"{key} per client")
-    heading = f"{key} per client of the reported round, seeds pooled\nbox: quartiles, whiskers: min–max, ▲ mean"
-    ax.set_title(f"{title}\n{heading}" if title else heading, fontsize="medium")
+    ax.set_ylabel(f"{client_label(key)}, per client")
+    heading = f"{client_label(key)} per client of the reported round, seeds pooled\n"
+    heading += "box: quartiles, whiskers: min–max, ▲ mean"
+    setting = _heading(title, groups)
+    ax.set_title(f"{setting}\n{heading}" if setting else heading, fontsize="medium")
     ax.grid(axis="y", alpha=0.3)
     return fig, key
+
+
+def _clients(group: PlotGroup, tables: dict[Path, list[dict[str, float]]], key: str) -> str:
+    """ "20 clients × 2 seeds" (each run's clients, then the runs); "20 + 18 clients" where runs differ."""
+    counts = [sum(key in row for row in tables[d]) for d in group.run_dirs]
+    if len(counts) == 1:
+        return f"{counts[0]} clients"
+    if len(set(counts)) == 1:
+        return f"{counts[0]} clients × {_seeds(group)}"
+    return f"{' + '.join(map(str, counts))} clients, {_seeds(group)}"

@@ -1,8 +1,10 @@
 """PNG figures in the run directory: per-round curves, the per-client score histogram and the
 per-client scatter of personalized against LOCAL accuracy.
 
-A figure without an explicit ``title`` takes one from the ``summary.json`` next to it when there is
-one (``fit`` writes the summary before its figures): "method on dataset (seed, clients)".
+A figure without an explicit ``title`` takes one from the ``summary.json`` (and ``config.yaml``) next to it
+when there is one (``fit`` writes the summary before its figures): "method on dataset, partition (seed,
+clients)". Axes and legends name metrics in words (``LABELS``, ``CLIENT_LABELS``), a series keeps one colour
+in every panel (``series_color``), and round axes are ticked at evaluated rounds (``set_round_ticks``).
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from pfl.data.federated import FederatedData
+from pfl.data.sources import NATURAL_SOURCES
 from pfl.data.stats import label_histograms
 from pfl.safe_files import write_atomic
 
@@ -62,6 +66,76 @@ LABELS = {
     "gain_mae.mean": "MAE gain over LOCAL",
 }
 BANDS = ("pm.l_acc.mean", "pm.mae.mean")  # the headline curve gets its spread over clients
+# Per-client scores (clients.csv), in words; ``ref.KEY`` is the LOCAL reference's score.
+CLIENT_LABELS = {
+    "pm.l_acc": "P-model accuracy, own test",
+    "pm.mae": "P-model MAE, own test",
+    "gm.l_acc": "global model accuracy, own test",
+    "gm.l_mae": "global model MAE, own test",
+    "pm.s_acc": "P-model accuracy, S-test",
+    "pm.g_acc": "P-model accuracy, G-test",
+}
+# One colour per series (which model, scored on which data) in every panel: the P-models' own-test accuracy
+# and loss are one colour, the global model's another.
+SERIES_COLORS = {
+    ("pm.l_acc.mean", "pm.mae.mean", "pm.l_loss.mean"): "C0",
+    ("gm.acc", "gm.mae", "gm.loss"): "C1",
+    ("gm.l_acc.mean", "gm.l_mae.mean", "gm.l_loss.mean"): "C2",
+    ("pm.val_acc.mean", "pm.val_mae.mean", "pm.val_loss.mean"): "C3",
+    ("pm.s_acc.mean", "pm.s_mae.mean"): "C4",
+    ("pm.g_acc.mean", "pm.g_mae.mean"): "C5",
+    ("train.loss",): "C7",
+    ("r_acc.mean", "r_mae.mean"): "C6",
+    ("ptr", "ptr_mae"): "C8",
+    ("gain.mean", "gain_mae.mean"): "C9",
+}
+MAX_ROUND_TICKS = 10
+MAX_CLIENT_ROWS = 60  # labelled rows of the data heatmap (every k-th beyond)
+
+
+def series_color(key: str) -> str | None:
+    """The colour of ``key``'s series (None: a key without one, e.g. a newly logged loss)."""
+    return next((color for keys, color in SERIES_COLORS.items() if key in keys), None)
+
+
+def metric_label(key: str) -> str:
+    """A per-round metric in words, with what it measures: "accuracy: P-models, own test (L-acc)",
+    "loss: global model, global test"; a key without words stays as it is."""
+    if key not in LABELS:
+        return key
+    family = next(ylabel for name, ylabel, keys in FAMILIES if key in keys)
+    return LABELS[key] if family == "score" else f"{family}: {LABELS[key]}"
+
+
+def client_label(key: str) -> str:
+    """A per-client score in words: ``pm.l_acc`` -> "P-model accuracy, own test" (``ref.``: LOCAL's)."""
+    if key.startswith("ref."):
+        return "LOCAL " + client_label(key[len("ref.") :]).replace("P-model ", "")
+    return CLIENT_LABELS.get(key, key)
+
+
+def set_round_ticks(ax: Any, rounds: Any) -> None:
+    """Ticks at evaluated rounds only (every k-th when there are more than ``MAX_ROUND_TICKS``, counted
+    back from the last, the reported one), never between two evaluations."""
+    evaluated = sorted({int(r) for r in rounds})
+    if not evaluated:
+        return
+    step = math.ceil(len(evaluated) / MAX_ROUND_TICKS)
+    ax.set_xticks(evaluated[::-1][::step][::-1])
+
+
+def data_setting(data: dict[str, Any]) -> str:
+    """How a run's ``data:`` group splits the clients, in words: "Dirichlet α=0.5", "pathological, 2 classes
+    per client", "IID", or nothing for a naturally federated source (its own clients)."""
+    if data.get("source") in NATURAL_SOURCES:
+        return ""
+    partition = data.get("partition", "dirichlet")
+    if partition == "dirichlet":
+        return f"Dirichlet α={data.get('alpha', 0.5)}"
+    if partition == "pathological":
+        k = data.get("classes_per_client", 2)
+        return f"pathological, {k} class{'es' * (k != 1)} per client"
+    return "IID" if partition == "iid" else str(partition)
 
 
 def new_figure(figsize: tuple[float, float], rows: int = 1, cols: int = 1, squeeze: bool = True) -> tuple[Figure, Any]:
@@ -80,7 +154,8 @@ def save_figure(fig: Figure, path: Path, dpi: int = 100) -> None:
 
 
 def run_title(run_dir: Path) -> str | None:
-    """ "method on dataset (seed s, n clients)" from ``run_dir/summary.json``; None without one."""
+    """ "method on dataset, partition (seed s, n clients)" from ``run_dir/summary.json`` (the partition from
+    ``config.yaml``, where there is one); None without a summary."""
     path = Path(run_dir) / "summary.json"
     if not path.exists():
         return None
@@ -88,12 +163,29 @@ def run_title(run_dir: Path) -> str | None:
         summary = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return summary_title(summary, _config_data(Path(run_dir)))
+
+
+def summary_title(summary: dict[str, Any], data: dict[str, Any] | None = None) -> str:
+    """A run's figure title from its summary and its config's ``data:`` group."""
     title = str(summary.get("method", "run"))
     if summary.get("dataset"):
         title += f" on {summary['dataset']}"
+    setting = data_setting(data) if data else ""
+    title += f", {setting}" if setting else ""
     details = [f"{k} {summary[k]}" for k in ("seed",) if k in summary]
     details += [f"{summary['num_clients']} clients"] if "num_clients" in summary else []
     return title + (f" ({', '.join(details)})" if details else "")
+
+
+def _config_data(run_dir: Path) -> dict[str, Any] | None:
+    """The ``data:`` group of ``run_dir/config.yaml`` (None: no readable one)."""
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    data = config.get("data") if isinstance(config, dict) else None
+    return data if isinstance(data, dict) else None
 
 
 def _title(title: str | None, path: Path) -> str | None:
@@ -136,7 +228,8 @@ def plot_curves(history: list[dict[str, Any]], path: Path, title: str | None = N
             points = [(row["round"], row[key]) for row in history if row.get(key) is not None]
             x = np.array([p[0] for p in points], dtype=float)
             y = np.array([p[1] for p in points], dtype=float)
-            (line,) = ax.plot(x, y, markersize=3, label=f"{LABELS.get(key, key)}", **_style(key))
+            color = {"color": series_color(key)} if series_color(key) else {}
+            (line,) = ax.plot(x, y, markersize=3, label=f"{LABELS.get(key, key)}", **color, **_style(key))
             std_key = key.replace(".mean", ".std")
             if key in BANDS and all(std_key in row for row in history if row.get(key) is not None):
                 sd = np.array([row[std_key] for row in history if row.get(key) is not None], dtype=float)
@@ -145,7 +238,7 @@ def plot_curves(history: list[dict[str, Any]], path: Path, title: str | None = N
         ax.set_title(name)
         ax.set_xlabel("round")
         ax.set_ylabel(ylabel)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        set_round_ticks(ax, [row["round"] for row in history if any(row.get(k) is not None for k in keys)])
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(families) :]:
@@ -185,7 +278,7 @@ def plot_client_histogram(
     fig, ax = new_figure((6.4, 4))
     if present:
         edges = np.histogram_bin_edges(np.concatenate([series[k] for k in present]), bins=min(20, max(5, len(rows))))
-        labels = [f"{k} (mean {series[k].mean():.3f})" for k in present]
+        labels = [f"{client_label(k)} (mean {series[k].mean():.3f})" for k in present]
         _, _, patches = ax.hist([series[k] for k in present], bins=edges, label=labels, alpha=0.85, rwidth=0.9)
         for k, bars in zip(present, patches if len(present) > 1 else [patches], strict=True):
             color = bars[0].get_facecolor()
@@ -240,8 +333,8 @@ def plot_client_scatter(
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_aspect("equal")
-    ax.set_xlabel(f"LOCAL ({ref_key})")
-    ax.set_ylabel(f"personalized ({own_key})")
+    ax.set_xlabel(client_label(ref_key))
+    ax.set_ylabel(client_label(own_key))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best", framealpha=0.9)
     name = "PTR" if higher else "PTR (MAE)"
@@ -253,17 +346,29 @@ def plot_client_scatter(
     return {"ptr": comp["ptr"], "gain.mean": comp["gain.mean"], "clients": float(len(own))}
 
 
-def plot_heatmap(data: FederatedData, path: Path) -> None:
-    """A clients x classes heatmap of sample counts (training clients, then new clients)."""
+def plot_heatmap(data: FederatedData, path: Path, setting: str = "") -> None:
+    """A clients x classes heatmap of sample counts (training clients, then new clients), titled with the
+    data's ``setting`` (``data_setting``), every client's row labelled (its id, or its name in a
+    naturally federated source; ``new i`` for held-out clients) when they fit."""
     hist = label_histograms(data, [*data.clients, *data.new_clients])
-    fig, ax = new_figure((min(2 + 0.25 * data.num_classes, 20), min(2 + 0.15 * len(hist), 30)))
+    fig, ax = new_figure((min(max(5, 2 + 0.25 * data.num_classes), 20), min(2 + 0.15 * len(hist), 30)))
     image = ax.imshow(hist, aspect="auto", cmap="viridis", interpolation="nearest")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    rows = client_rows(data)
+    step = math.ceil(len(rows) / MAX_CLIENT_ROWS)
+    ax.set_yticks(range(0, len(rows), step), rows[::step], fontsize="small" if len(rows) > 20 else None)
     ax.set_xlabel("class")
     ax.set_ylabel("client")
-    ax.set_title(f"{data.name}: samples per client and class")
+    ax.set_title(f"{data.name}{', ' + setting if setting else ''}\nsamples per client and class", fontsize="medium")
     if data.new_clients:
         ax.axhline(data.num_clients - 0.5, color="red", linewidth=1)
     fig.colorbar(image, ax=ax, label="samples")
     save_figure(fig, path)
+
+
+def client_rows(data: FederatedData) -> list[str]:
+    """The heatmap's row labels: each training client's id (or name), then ``new i`` per held-out client."""
+    labels = [str(i) for i in range(data.num_clients)] + [f"new {i}" for i in range(len(data.new_clients))]
+    if len(data.client_names) == len(labels):
+        labels = [f"{label} {name}" for label, name in zip(labels, data.client_names, strict=True)]
+    return labels

@@ -34,6 +34,7 @@ from pfl.config import (
 )
 from pfl.data.settings import DataConfig
 from pfl.errors import ConfigError, require
+from pfl.methods.building import build_method
 from pfl.methods.registry import method_class, method_names
 from pfl.models import ModelConfig
 from pfl.runner.class_paths import expand_arg, rewrite_arg, rewrite_config
@@ -219,7 +220,7 @@ def parse_fit_args(argv: list[str]) -> tuple[RunConfig, Namespace, ArgumentParse
         check_resume_overrides(resume_dir, ns)
     method_args = ns.method.clone().as_dict()
     method_args.pop("name", None)
-    method = method_class(name)(**method_args)
+    method = build_method(method_class(name), method_args)
     rest = ns.clone()
     del rest["method"]
     init = parser.instantiate(rest)

@@ -14,7 +14,7 @@ from typing import Any
 
 from pfl.errors import ConfigError
 from pfl.federation.loop import Callback, FederatedLoop
-from pfl.metrics.plots import plot_client_histogram, plot_client_scatter, plot_curves
+from pfl.metrics.plots import plot_client_histogram, plot_client_scatter, plot_curves, run_title
 from pfl.runner.rundir import REPLACED
 from pfl.safe_files import write_atomic
 
@@ -99,9 +99,7 @@ class FileOutputs(Callback):
     def on_fit_end(self, loop: FederatedLoop, summary: dict[str, Any]) -> None:
         self.files.write_clients(loop.selected_rows)
         self.files.write_summary(summary)
-        title = (
-            f"{summary['method']} on {summary['dataset']} (seed {summary['seed']}, {summary['num_clients']} clients)"
-        )
+        title = run_title(self.files.dir)  # from the summary just written and config.yaml (the partition)
         plot_curves(loop.history, self.files.dir / "curves.png", title=title)
         keys = (loop.own_key, "gm.l_acc", "gm.l_mae")
         plot_client_histogram(loop.selected_rows, self.files.dir / "clients_hist.png", keys, title=title)

@@ -10,6 +10,11 @@ as ``--key=value``) are filled in; ``${env}``, ``${interpreter}`` and ``${progra
 the local runner starts ``sys.executable -m pfl`` itself (no activated venv needed). The file's
 ``project:`` becomes ``--tracking.project``, so local runs and ``wandb agent`` runs share a project;
 each run is grouped under the sweep (``--tracking.group``, ``--tracking.job_type sweep``).
+
+A ``--config`` path in the command is read relative to the sweep file's own folder, else as a config that
+ships with pfl (``conf/default.yaml``), so a sweep file runs from any working directory. ``--set KEY=VALUE``
+fixes an option in every run. Each run is named after the values it sweeps (``lr0.01-mu0.1``), and the
+result table is saved beside the runs (``results.md``, ``results.csv``).
 """
 
 from __future__ import annotations
@@ -34,13 +39,18 @@ import yaml
 from tqdm.auto import tqdm
 
 from pfl.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, ConfigError, require
+from pfl.metrics.report import report
 from pfl.runner.args import parse_fit_args
+from pfl.runner.shipped import shipped_config
 
 SEARCH_METHODS = ("grid", "random", "bayes")
 DISTRIBUTIONS = ("uniform", "log_uniform_values", "int_uniform", "normal", "categorical")
 ARG_MACROS = ("${args}", "${args_no_hyphens}")
 DROPPED_MACROS = ("${env}", "${interpreter}", "${program}")  # the local runner starts python -m pfl itself
 UNSUPPORTED_MACROS = ("${args_no_boolean_flags}", "${args_json}", "${args_json_file}")
+# Set by the sweep runner itself for every run (``--root`` chooses the folder).
+RUNNER_KEYS = ("tracking.root", "tracking.name")
+RESULTS = {"results.md": "markdown", "results.csv": "csv"}  # the sweep's table, beside its runs
 
 
 @dataclass
@@ -48,6 +58,7 @@ class SweepRun:
     index: int
     params: dict[str, Any]
     argv: list[str]  # arguments after `python -m pfl`
+    name: str = ""  # the run folder's name, from the swept values
 
 
 def load_sweep(path: str | Path) -> dict[str, Any]:
@@ -166,18 +177,86 @@ def tracking_args(spec: dict[str, Any], argv: list[str], root: Path) -> list[str
     return out
 
 
-def plan(path: str | Path, count: int | None = None, root: Path | None = None) -> tuple[list[SweepRun], Path]:
+def config_paths(argv: list[str], folder: Path) -> list[str]:
+    """``argv`` with each relative ``--config`` path that names a file beside the sweep file (in ``folder``),
+    else a shipped config (``shipped_config``), made absolute; any other left as given (the fit parser
+    then names it)."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            out.append("--config=" + _config_file(arg[len("--config=") :], folder))
+        elif i > 0 and argv[i - 1] == "--config":
+            out.append(_config_file(arg, folder))
+        else:
+            out.append(arg)
+    return out
 
+
+def _config_file(path: str, folder: Path) -> str:
+    given = Path(path)
+    if given.is_absolute():
+        return path
+    beside = folder / given
+    found = beside if beside.is_file() else shipped_config(given)
+    return str(found.resolve()) if found is not None else path
+
+
+def set_args(overrides: list[str], params: dict[str, Any]) -> list[str]:
+    """``--set KEY=VALUE`` as ``--KEY=VALUE``; a key the file sweeps, or one the runner sets, is a ConfigError."""
+    out = []
+    for item in overrides:
+        key, eq, value = item.partition("=")
+        key = key.strip().removeprefix("--")
+        require(bool(eq) and bool(key), "--set", f"expected KEY=VALUE, got {item!r}", "e.g. --set trainer.rounds=5")
+        require(key not in params, "--set", f"{key} is swept by the file", "remove it from --set or from parameters")
+        require(key not in RUNNER_KEYS, "--set", f"{key} is set by the sweep runner", "choose the folder with --root")
+        out.append(f"--{key}={value}")
+    return out
+
+
+def run_names(runs: list[dict[str, Any]]) -> list[str]:
+    """A folder name per run from the values it sweeps: ``lr0.01-mu0.1`` (a key by its last part, unless
+    two swept keys share it); only the keys whose values differ between runs. Repeated names get the
+    run's index (``lr0.01-003``); a sweep of one run is ``run000``."""
+    keys = [k for k in dict.fromkeys(k for params in runs for k in params) if len({_text(p.get(k)) for p in runs}) > 1]
+    short = [k.rsplit(".", 1)[-1] for k in keys]
+    labels = [s if short.count(s) == 1 else k for k, s in zip(keys, short, strict=True)]
+    names = [
+        "-".join(f"{label}{_text(params.get(k))}" for k, label in zip(keys, labels, strict=True)) for params in runs
+    ]
+    names = [_safe(n) or f"run{i:03d}" for i, n in enumerate(names)]
+    return [f"{n}-{i:03d}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return _format(value)
+
+
+def _safe(name: str) -> str:
+    """Letters, digits and ``.+-_`` only: a folder name on every system, never read as an option."""
+    return "".join(c if c.isalnum() or c in ".+-_" else "_" for c in name).lstrip("-")
+
+
+def plan(
+    path: str | Path, count: int | None = None, root: Path | None = None, overrides: list[str] | None = None
+) -> tuple[list[SweepRun], Path]:
+    """The sweep's runs (each parsed by the ``fit`` parser: a bad key or value fails here, before anything
+    runs) and their folder ``root`` (default ``runs/sweeps/<file>-<time>``)."""
     spec = load_sweep(path)
     root = root or Path("runs") / "sweeps" / f"{Path(path).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder = Path(path).resolve().parent
+    drawn = expand(spec, count)
     runs = []
-    for i, params in enumerate(expand(spec, count)):
-        argv = command_argv(spec, params)
+    for i, (params, name) in enumerate(zip(drawn, run_names(drawn), strict=True)):
+        argv = config_paths(command_argv(spec, params), folder)
         require(argv[:1] == ["fit"], "sweep.command", "must call `pfl fit`")
+        argv += set_args(overrides or [], params)
         argv += tracking_args(spec, argv, root)
-        argv += ["--tracking.root", str(root), "--tracking.name", f"run{i:03d}", "--trainer.progress", "false"]
+        argv += ["--tracking.root", str(root), "--tracking.name", name, "--trainer.progress", "false"]
         parse_fit_args(argv[1:])  # raises ConfigError on any bad key or value, before anything runs
-        runs.append(SweepRun(i, params, argv))
+        runs.append(SweepRun(i, params, argv, name))
     return runs, root
 
 
@@ -321,10 +400,25 @@ def run_status(code: int) -> str:
     return f"FAILED (exit {code}: {EXIT_MEANINGS.get(code, 'killed' if code < 0 else 'error')})"
 
 
-def run_sweep(path: str | Path, count: int | None = None, workers: int = 1, root: Path | None = None) -> list[Path]:
-    """Run every expanded run in ``workers`` processes; returns their run directories."""
-    runs, root = plan(path, count, root)
+def run_sweep(
+    path: str | Path,
+    count: int | None = None,
+    workers: int = 1,
+    root: Path | None = None,
+    overrides: list[str] | None = None,
+) -> list[Path]:
+    """Run every expanded run in ``workers`` processes, then save the table of their results beside them
+    (``RESULTS``); returns their run directories."""
+    runs, root = plan(path, count, root, overrides)
     root.mkdir(parents=True, exist_ok=True)
-    names = [f"run{r.index:03d} " + ", ".join(f"{k}={v}" for k, v in r.params.items()) for r in runs]
-    run_parallel({name: r.argv for name, r in zip(names, runs, strict=True)}, workers)
-    return [root / f"run{r.index:03d}" for r in runs]
+    labels = [r.name + " " + ", ".join(f"{k}={v}" for k, v in r.params.items()) for r in runs]
+    run_parallel({label: r.argv for label, r in zip(labels, runs, strict=True)}, workers)
+    dirs = [root / r.name for r in runs]
+    save_results(root, dirs)
+    return dirs
+
+
+def save_results(root: Path, dirs: list[Path]) -> None:
+    """The report's table of ``dirs`` as ``root/results.md`` and ``root/results.csv``."""
+    for name, fmt in RESULTS.items():
+        (root / name).write_text(report(dirs, fmt=fmt))

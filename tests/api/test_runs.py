@@ -77,11 +77,23 @@ def test_compare_is_the_reports_table(tmp_path):
     ]
     table = pfl.compare(runs)
     assert list(table["method"]) == ["ditto", "fedavg"] and list(table["n"]) == [2, 1]
-    assert table["pm.l_acc"].tolist() == pytest.approx([0.7, 0.5])
-    assert table["pm.l_acc_std"][0] == pytest.approx(np.std([0.6, 0.8], ddof=1))
-    assert table["pm.l_acc_best"].tolist() == [1, 0] and table["gm.acc"].tolist() == pytest.approx([0.35, 0.25])
-    per_run = pfl.compare(runs, metrics=["gm.acc"], per_run=True)
+    assert list(table["run"]) == ["d0, d1", "f0"]  # every run of a row by its folder's name
+    # A per-client metric is named as in summary.json and metrics.csv, its columns too.
+    assert table["pm.l_acc.mean"].tolist() == pytest.approx([0.7, 0.5]) and "pm.l_acc" not in table
+    assert table["pm.l_acc.mean_std"][0] == pytest.approx(np.std([0.6, 0.8], ddof=1))
+    assert table["pm.l_acc.mean_best"].tolist() == [1, 0] and table["gm.acc"].tolist() == pytest.approx([0.35, 0.25])
+    assert "pm.l_acc.mean_client_std" in table and "gm.acc_client_std" not in table
+    per_run = pfl.compare(runs, metrics=["gm.acc", "pm.l_acc.mean"], per_run=True)
     assert len(per_run) == 3 and per_run["seed"].tolist() == [0, 1, 0] and "pm.l_acc" not in per_run
+    assert list(per_run["run"]) == ["d0", "d1", "f0"]
+    assert per_run["pm.l_acc.mean"].tolist() == pytest.approx([0.6, 0.8, 0.5])
+    assert per_run["pm.l_acc.mean_client_std"].notna().all()  # asked as .mean: still the report's metric
+    assert [c for c in per_run.columns if c in ("gm.acc", "pm.l_acc.mean")] == ["gm.acc", "pm.l_acc.mean"]  # as asked
+    assert "pm.l_acc.mean" not in pfl.compare(runs, metrics=["gm.acc"])
+    best = write_run(tmp_path / "b0", 0, "local", 0.4)
+    summary = json.loads((best / "summary.json").read_text())
+    (best / "summary.json").write_text(json.dumps({**summary, "select": "best_test"}))
+    assert list(pfl.compare([best, runs[2]])["run"]) == ["b0 [best_test]", "f0"]  # the report's mark kept
     with pytest.raises(ConfigError, match="runs: is empty"):
         pfl.compare([])
     lr = pfl.compare([runs[0], write_run(tmp_path / "d2", 2, "ditto", 0.9, lr=0.01)])

@@ -370,3 +370,29 @@ def test_the_base_method_is_vectorizable_and_a_method_names_what_it_gains_nothin
     method.name = "m"
     line = "m's x: its clients train one at a time, so trainer.vectorize gains nothing"
     assert method.runs_one_at_a_time("x") == [line]
+
+
+def test_a_method_without_a_name_is_named_after_its_class_and_register_still_asks_for_one():
+    class MyMethod(Method):
+        pass
+
+    class Refined(MyMethod):  # its parent's default is not its name
+        pass
+
+    class Named(Method):
+        name = "named_on_purpose"
+
+    class Child(Named):  # a name set on purpose is inherited
+        pass
+
+    class Blank(Named):
+        name = ""  # an empty name is no name
+
+    assert [c.name for c in (MyMethod, Refined, Named, Child, Blank)] == [
+        "mymethod", "refined", "named_on_purpose", "named_on_purpose", "blank"
+    ]  # fmt: skip
+    assert [c.name_from_class for c in (MyMethod, Refined, Named, Child, Blank)] == [True, True, False, False, True]
+    assert MyMethod().name == "mymethod" and Method.name == ""
+    for cls in (MyMethod, Refined, Blank):
+        with pytest.raises(ValueError, match=f"{cls.__qualname__} needs a class attribute `name`"):
+            register(cls)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from torch import nn
 
 from pfl.errors import ConfigError
@@ -42,3 +43,19 @@ def test_split_head_refuses_a_model_it_cannot_split_with_the_field_named():
     for net in (_HeadFirst(), _HeadOnly(), nn.Sequential(nn.Linear(5, 4), nn.ReLU()), ends_in_relu, nn.LSTM(3, 4)):
         with pytest.raises(ConfigError, match="model.name"):
             split_head(net)
+
+
+class _UsersNet(nn.Sequential):
+    """docs/models.md's shape of a user's model: an nn.Sequential subclass whose constructor needs arguments."""
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__(nn.Flatten(), nn.Linear(input_shape[0], 6), nn.ReLU(), nn.Linear(6, num_classes))
+
+
+def test_split_head_of_a_sequential_subclass_keeps_its_layers_without_calling_its_constructor():
+    net = _UsersNet((5,), 3)
+    body, head = split_head(net)
+    assert head is net[3]
+    assert list(body) == [net[0], net[1], net[2]]  # the same modules: trained in place
+    x = torch.randn(4, 5)
+    torch.testing.assert_close(head(body(x)), net(x))

@@ -32,13 +32,14 @@ def test_a_group_is_drawn_as_the_mean_of_its_seeds_with_their_min_max_band(runs)
     assert tuple(band.get_facecolor()[0][:3]) == pytest.approx(colors.to_rgb(means[0].get_color()))
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
-        "fedavg, client.lr=0.1 (2 runs)",
-        "fedavg, client.lr=0.05 (1 run)",
+        "fedavg, client.lr=0.1 (2 seeds)",
+        "fedavg, client.lr=0.05 (1 seed)",
     ]
     assert "band: min–max over seeds" in ax.get_title() and "mean over seeds" in ax.get_title()
-    assert ax.get_xlabel() == "round" and ax.get_ylabel() == "P-models, own test (L-acc) (pm.l_acc.mean)"
-    fig.canvas.draw()
-    assert all(float(t).is_integer() for t in ax.get_xticks())  # rounds are whole numbers
+    assert ax.get_xlabel() == "round" and ax.get_ylabel() == "accuracy: P-models, own test (L-acc)"
+    assert ax.get_title().startswith("digits, Dirichlet α=0.5\n")  # the setting every run shares
+    assert list(ax.get_xticks()) == [1, 2, 3]  # the evaluated rounds
+    assert means[0].get_color() == "C0" and means[1].get_color() == "C1"
 
 
 def test_plot_metric_chooses_the_curve_and_a_name_without_mean_reads_its_mean(runs, tmp_path):
@@ -51,7 +52,7 @@ def test_plot_metric_chooses_the_curve_and_a_name_without_mean_reads_its_mean(ru
     )
     fig, key = curve_figure(plot_groups(runs[:1]), "pm.l_loss")
     assert key == "pm.l_loss.mean" and list(drawn(fig, "mean")[0].get_ydata()) == [2.0, 1.0]
-    assert fig.axes[0].get_ylabel() == "P-models, own test (pm.l_loss.mean)"
+    assert fig.axes[0].get_ylabel() == "loss: P-models, own test"
     fig, key = curve_figure(plot_groups(runs[:1]), "comm.up_bytes.total")
     assert list(drawn(fig, "mean")[0].get_xdata()) == [1] and fig.axes[0].get_ylabel() == "comm.up_bytes.total"
 
@@ -95,7 +96,12 @@ def test_clients_are_one_box_per_group_with_the_clients_of_its_seeds_pooled(runs
     assert fig.get_figwidth() == rcParams["figure.figsize"][0]  # two groups fit the default width
     ax = fig.axes[0]
     ticks = [t.get_text() for t in ax.get_xticklabels()]
-    assert ticks == ["fedavg, client.lr=0.1\n6 clients, 2 runs", "fedavg, client.lr=0.05\n3 clients, 1 run"]
+    assert ticks == ["fedavg, client.lr=0.1\n3 clients × 2 seeds", "fedavg, client.lr=0.05\n3 clients"]
+    assert ax.get_ylabel() == "P-model accuracy, own test, per client"
+    assert ax.get_title().startswith("digits, Dirichlet α=0.5\nP-model accuracy, own test per client")
+    # each group in its own colour, the one its curve has in the curve figure
+    assert [b.get_color() for b in drawn(fig, "boxes")] == ["C0", "C1"]
+    assert [d.get_color() for d in dots] == ["C0", "C1"]
     assert "seeds pooled" in ax.get_title() and "whiskers: min–max" in ax.get_title()
 
 
@@ -161,7 +167,7 @@ def test_a_claim_report_draws_its_labels_over_their_seeds_with_the_same_figures(
     ]
     curves, clients = figures["c_curves.png"], figures["c_clients.png"]
     legend = [t.get_text() for t in curves.axes[0].get_legend().get_texts()]
-    assert legend == ["plain (2 runs)", "slow (1 run)"]  # labelled as the claim's table rows
+    assert legend == ["plain (2 seeds)", "slow (1 seed)"]  # labelled as the claim's table rows
     assert curves.axes[0].get_title().startswith("Paper: c (held)\n")
     assert [sorted(d.get_ydata()) for d in drawn(clients, "clients")] == [
         sorted(CLIENTS["a0"] + CLIENTS["a1"]),
@@ -172,3 +178,17 @@ def test_a_claim_report_draws_its_labels_over_their_seeds_with_the_same_figures(
     lines = comparison_plots("c", jobs, tmp_path, "t")
     assert lines[0].startswith("No curves plot: none of pm.l_acc.mean") and "missing in b0" in lines[0]
     assert list(figures) == ["c_clients.png"] and lines[2] == "![c clients](c_clients.png)"
+
+
+def test_rounds_are_ticked_where_any_group_evaluated_and_colours_cycle(tmp_path):
+    from pfl.metrics.compare_plots import group_color, shared_setting
+
+    a = write_run(tmp_path, "a", 0, 0.1, {"pm.l_acc.mean": [0.1, 0.2, 0.3]}, [0.5])
+    b = write_run(tmp_path, "b", 0, 0.05, {"pm.l_acc.mean": [0.1]}, [0.5])  # evaluated in round 1 only
+    fig, _ = curve_figure(plot_groups([a, b]))
+    assert list(fig.axes[0].get_xticks()) == [1, 2, 3]
+    assert [group_color(i) for i in (0, 9, 10)] == ["C0", "C9", "C0"]  # matplotlib's ten colours, again
+    (b / "config.yaml").unlink()  # described by its summary alone: no partition to name
+    assert shared_setting(plot_groups([b])) == ""
+    (a / "config.yaml").write_text("data: a text, not a group\n")
+    assert shared_setting(plot_groups([a])) == ""

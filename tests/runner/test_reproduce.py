@@ -452,7 +452,7 @@ def test_the_plots_are_titled_with_the_claim_and_its_verdict_and_name_the_runs_b
     assert curves.get_title().startswith("Paper: tiny (held)\n") and clients.get_title().startswith(
         "Paper: tiny (held)\n"
     )
-    assert [t.get_text() for t in curves.get_legend().get_texts()] == ["mine (2 runs)", "local (2 runs)"]
+    assert [t.get_text() for t in curves.get_legend().get_texts()] == ["mine (2 seeds)", "local (2 seeds)"]
     assert [t.get_text().split("\n")[0] for t in clients.get_xticklabels()] == ["mine", "local"]
 
 
