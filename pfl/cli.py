@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pfl.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, ConfigError, TrainingDiverged
-from pfl.methods.registry import catalogue, methods
+from pfl.methods.registry import registered_descriptions
 from pfl.suggest import choice_fix
 
 
@@ -50,10 +50,7 @@ def list_methods(argv: list[str] | None = None) -> None:
         description="List every registered method with its one-line description "
         "(python -m pfl fit --method NAME --help: its options).",
     ).parse_args(argv or [])
-    listed = catalogue()  # read from the sources: no torch import
-    described = {n: m.description for n, m in (listed or {}).items()} or {
-        n: c.description for n, c in methods().items()
-    }
+    described = registered_descriptions()  # the built-ins read from the sources: no torch import
     width = max(len(n) for n in described)
     for name, description in described.items():
         print(f"{name:<{width}}  {description}")

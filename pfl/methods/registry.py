@@ -88,6 +88,16 @@ def method_names() -> list[str]:
     return list(listed) if listed is not None else list(methods())
 
 
+def registered_descriptions() -> dict[str, str]:
+    """Every method's description by name, sorted: the built-ins from the catalogue (no import when it can
+    tell) and any method registered in this process (a user's, through ``register``)."""
+    listed = catalogue()
+    if listed is None:
+        return {n: c.description or "" for n, c in methods().items()}
+    own = {n: c.description or "" for n, c in _REGISTRY.items()}
+    return dict(sorted({**{n: m.description for n, m in listed.items()}, **own}.items()))
+
+
 def methods() -> dict[str, type[Method]]:
     """Every built-in method (and any user method registered so far) by name, sorted."""
     global _LOADED
