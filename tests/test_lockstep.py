@@ -334,3 +334,70 @@ def test_batchnorm_running_statistics_stack_per_client():
         assert not torch.equal(r.out[w.flat.num_params :], start[w.flat.num_params :])  # statistics moved
     cumulative = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.BatchNorm1d(dim, momentum=None))
     assert "BatchNorm1d" in model_problems(Worker(cumulative, data, TrainSettings(), seed=0))[0]
+
+
+def _lwsam_spec(w: Worker, start, rho: float, lr: float, momentum: float, scale=None) -> FitSpec:
+    """PLGU-LF's fit (``PLGULF.local_update``) from ``start``, with a personal model θ of its own."""
+    from pfl.engine.sam import sam_context
+    from pfl.methods.plgu import PLGULFObjective
+
+    p = w.flat.num_params
+    theta = start.clone()
+    theta[:p] += 0.05 * torch.randn(p, generator=torch.Generator().manual_seed(int(rho * 1000 + lr * 100)))
+    leaf = theta[:p].detach().requires_grad_(True)  # shares theta's storage, as client.params(theta)
+    optimizer = torch.optim.SGD([leaf], lr=lr, momentum=momentum, weight_decay=w.settings.weight_decay)
+    context = sam_context(
+        rho, 2.0, scale, theta=theta, theta_params=leaf, theta_optimizer=optimizer, ascent="personal", perturb=rho > 0
+    )
+    return FitSpec(objective=PLGULFObjective, context=context, lr=lr, momentum=momentum)
+
+
+def _assert_lwsam_stacks(w: Worker, cids: list[int], start, settings: list[tuple]) -> None:
+    specs = [_lwsam_spec(w, start, *s) for s in settings]
+    expected = []
+    for cid, spec in zip(cids, specs, strict=True):
+        theta = spec.context["theta"].clone()
+        state, _, stats = _sequential(w, cid, start, spec)
+        expected.append((state, spec.context["theta"].clone(), stats.loss))
+        spec.context["theta"].copy_(theta)  # the stacked fit starts from the same θ
+    assert all(spec_problem(spec) is None for spec in specs)
+    requests = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in zip(cids, specs, strict=True)]
+    StackedTrainer(w).train(requests)
+    for r, spec, (state, theta, loss) in zip(requests, specs, expected, strict=True):
+        torch.testing.assert_close(r.out, state, rtol=0, atol=1e-5)
+        torch.testing.assert_close(spec.context["theta"], theta, rtol=0, atol=1e-5)  # θ written back in place
+        assert r.stats.loss == pytest.approx(loss, abs=1e-5)  # θ's batch loss, as the sequential fit reports
+    assert not torch.allclose(expected[0][0], expected[0][1], atol=1e-3)  # w and θ train apart
+
+
+def test_stacked_lwsam_fits_equal_the_workers_plgu_lf_fits():
+    loop = _worker()
+    w, start = loop.worker, loop.init_state
+    p = w.flat.num_params
+    scale = torch.rand(p, generator=torch.Generator().manual_seed(1))
+    scale[w.flat.layout.tail(1)] = 0  # a personal layer: no ε there
+    # per-client ρ, lr, θ momentum and Λ; ρ = 0 (ε ≡ 0) in the same stack
+    settings = [(0.05, 0.05, 0.9, scale), (0.2, 0.1, 0.0, None), (0.0, 0.02, 0.5, None)]
+    _assert_lwsam_stacks(w, [0, 1, 2], start, settings)
+    # ε changes the result: the same fit without it is another one
+    with_eps = _sequential(w, 1, start, _lwsam_spec(w, start, 0.2, 0.1, 0.0))[0]
+    without = _sequential(w, 1, start, _lwsam_spec(w, start, 0.0, 0.1, 0.0))[0]
+    assert not torch.allclose(with_eps, without, atol=1e-4)
+    global_ascent = _lwsam_spec(w, start, 0.05, 0.05, 0.0)
+    global_ascent.context["ascent"] = "global"
+    assert spec_problem(global_ascent) == "a custom objective (PLGULFObjective)"
+
+
+def test_stacked_lwsam_fits_keep_each_models_running_statistics():
+    from pfl.engine.worker import TrainSettings
+
+    data = make_loop(tiny_config("fedavg")).worker.data
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(data.x[0].numel(), 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+        torch.nn.Linear(16, 10),
+    )  # fmt: skip
+    w = Worker(net, data, TrainSettings(batch_size=16, lr=0.1, momentum=0.5, weight_decay=1e-3), seed=0)
+    cids = [c for c in range(data.num_clients) if len(w.split(c).train) % 16 != 1][:2]  # no batch of one
+    start = w.flat.snapshot()
+    _assert_lwsam_stacks(w, cids, start, [(0.05, 0.1, 0.5), (0.1, 0.05, 0.0)])
