@@ -401,3 +401,86 @@ def test_stacked_lwsam_fits_keep_each_models_running_statistics():
     cids = [c for c in range(data.num_clients) if len(w.split(c).train) % 16 != 1][:2]  # no batch of one
     start = w.flat.snapshot()
     _assert_lwsam_stacks(w, cids, start, [(0.05, 0.1, 0.5), (0.1, 0.05, 0.0)])
+
+
+# bf16 keeps 8 significant bits (relative step 2^-8 ≈ 4e-3): a stacked (vmapped) matmul and the
+# sequential one may round a product to neighbouring bf16 values, so the paths agree to bf16's
+# rounding, not to float32's 1e-5, and those roundings compound over a fit's steps. Measured on this
+# test's fits (6 to 24 steps, parameters moving by 0.04 to 1.0): the largest difference is ≤ 1.1 % of
+# how far the fit moved under bf16-mixed (float32 parameters, bf16 forward) and ≤ 2.4 % under
+# bf16-true (bf16 parameters: a rounding step is 2^-7 at magnitude 1), the losses within 0.3 %. The
+# bounds: 5 % of the movement, 2 % of the loss. Two whole rounds compound these (momentum buffers
+# included) and an accuracy can flip one held-out sample: 5e-2 absolute there.
+BF16_OF_MOVEMENT = 0.05
+BF16_LOSS_REL = 0.02
+BF16_ROUNDS_ATOL = 5e-2
+
+
+def _bf16_linear_calls(monkeypatch) -> list[torch.dtype]:
+    """The output dtypes of every ``F.linear`` call from now on (bf16: autocast or a bf16 model ran)."""
+    seen: list[torch.dtype] = []
+    linear = torch.nn.functional.linear
+
+    def recording(*args, **kwargs):
+        out = linear(*args, **kwargs)
+        seen.append(out.dtype)
+        return out
+
+    monkeypatch.setattr(torch.nn.functional, "linear", recording)
+    return seen
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
+def test_bf16_stacked_fits_equal_the_workers_fits(precision, monkeypatch):
+    import lightning as L
+
+    cfg = tiny_config("fedavg", trainer={"precision": precision}, client={"momentum": 0.9, "weight_decay": 1e-3})
+    w = make_loop(cfg, fabric=L.Fabric(accelerator="cpu", precision=precision)).worker
+    start = w.flat.snapshot()
+    assert start.dtype == (torch.bfloat16 if precision == "bf16-true" else torch.float32)  # *-true: stored in bf16
+    specs = [FitSpec(epochs=2, lr=0.05), FitSpec(), FitSpec(lr=0.02, momentum=0.0)]
+    expected = [_sequential(w, k, start, spec) for k, spec in enumerate(specs)]
+    requests = [FitRequest.of(w, k, start, 0, spec) for k, spec in enumerate(specs)]
+    dtypes = _bf16_linear_calls(monkeypatch)
+    StackedTrainer(w).train(requests)
+    assert dtypes and set(dtypes) == {torch.bfloat16}  # the stacked forward ran in bf16
+    for r, (state, _, stats) in zip(requests, expected, strict=True):
+        assert r.out.dtype == start.dtype and r.stats.steps == stats.steps
+        moved = (state.float() - start.float()).abs().max()
+        assert (r.out.float() - state.float()).abs().max() <= BF16_OF_MOVEMENT * moved, r.cid
+        assert r.stats.loss == pytest.approx(stats.loss, rel=BF16_LOSS_REL)
+
+
+@pytest.mark.parametrize(("name", "precision"), [("plgu_lf", "bf16-mixed"), ("fedsam", "bf16-true")])
+def test_bf16_rounds_train_stacked_as_sequentially(name, precision, monkeypatch):
+    import lightning as L
+
+    def loop(vectorize: bool):
+        cfg = tiny_config(name, trainer={"rounds": 2, "eval_every": 2, "precision": precision}, client=CLIENT)
+        out = make_loop(cfg, fabric=L.Fabric(accelerator="cpu", precision=precision))
+        if vectorize:
+            out.dispatcher = VectorizedDispatcher(out.worker, out.clients, out.init_state, out.evals.trained, False)
+        return out
+
+    seq, vec = loop(False), loop(True)
+    seq.fit()
+    dtypes = _bf16_linear_calls(monkeypatch)
+    vec.fit()
+    lockstep = vec.dispatcher.lockstep
+    assert lockstep.stacked_fits > 0 and lockstep.sequential_fits == 0
+    assert set(dtypes) == {torch.bfloat16}
+    _assert_close(vec.server.state, seq.server.state, "server", BF16_ROUNDS_ATOL)
+    _assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients", BF16_ROUNDS_ATOL)
+    for key, value in seq.history[-1].items():
+        if isinstance(value, float) and not key.startswith(("time", "throughput")) and value == value:
+            assert vec.history[-1][key] == pytest.approx(value, abs=BF16_ROUNDS_ATOL), key
+
+
+def test_a_gradient_scaler_stays_refused_in_one_line():
+    from pfl.engine.stacked import model_problems
+
+    w = _worker().worker
+    assert model_problems(w, "bf16-mixed") == model_problems(w, "bf16-true") == []
+    for precision in ("16-mixed", "16"):
+        (line,) = model_problems(w, precision)
+        assert line == f"precision {precision} uses a gradient scaler; use bf16-mixed or a *-true precision"

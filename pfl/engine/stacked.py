@@ -16,10 +16,11 @@ The step is the engine's: the terms' ``on_grad``, SGD with weight decay and per-
 (a zero buffer where a client has none: 0·m + g is torch's first-step buffer g), the terms'
 ``on_step``; with SAM's objective (``pfl.engine.sam``: FedSAM, PLGU-GRep's body steps) the gradient is
 the second pass's, at w + ε with each client's ε; with PLGU-LF's (``PersonalRow``) ε comes from a
-personal model's gradient, that model trained by its own SGD step in the same loop. A learning rate or coefficient shared by the group is
-applied with torch's own scalar arithmetic (as the sequential step), per-client ones as columns. What a
+personal model's gradient, that model trained by its own SGD step in the same loop. A learning rate
+or coefficient shared by the group is applied with torch's own scalar arithmetic (as the sequential
+step), per-client ones as columns. What a
 fit needs that this cannot do exactly (a custom loss or another objective, a term without a stacked
-form: ``spec_problem``; a model with float buffers or active dropout, autocast or a gradient scaler:
+form: ``spec_problem``; a model with float buffers or active dropout, a gradient scaler:
 ``model_problems``) is left to the lockstep dispatcher (``pfl.engine.lockstep``), which trains such
 fits on the worker.
 """
@@ -28,9 +29,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import torch
+from lightning.fabric.plugins.precision import MixedPrecision
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
@@ -50,9 +53,26 @@ def model_problems(worker: Worker, precision: str = "32-true") -> list[str]:
         )
     if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in worker.module.net.modules()):
         reasons.append("the model has dropout")
-    if "mixed" in precision or worker.scaler is not None:
-        reasons.append(f"precision {precision} uses autocast/a gradient scaler; use a *-true precision")
+    if precision in ("16-mixed", "16") or worker.scaler is not None:
+        reasons.append(f"precision {precision} uses a gradient scaler; use bf16-mixed or a *-true precision")
+    elif precision.startswith("transformer-engine"):
+        reasons.append(f"precision {precision} has no stacked form; use bf16-mixed or a *-true precision")
     return reasons
+
+
+def precision_name(worker: Worker) -> str:
+    """The worker's Fabric precision (``32-true`` without Fabric), as ``model_problems`` reads it."""
+    return str(getattr(worker.precision, "precision", "32-true"))
+
+
+def forward_context(worker: Worker) -> Callable[[], AbstractContextManager]:
+    """The stacked forward's context, as the sequential worker's ``autocast()``: bf16 autocast under
+    ``bf16-mixed`` (``torch.autocast`` itself, which ``torch.compile`` traces), Fabric's own forward
+    context under a *-true precision (none for 32-true; the default dtype for 16/bf16-true)."""
+    if isinstance(worker.precision, MixedPrecision):
+        device = worker.device.type
+        return lambda: torch.autocast(device_type=device, dtype=torch.bfloat16)
+    return worker.autocast
 
 
 @dataclass(frozen=True)
@@ -175,14 +195,16 @@ class StackedTrainer:
         slices, shapes = flat.param_slices, flat.param_shapes
         task_loss = worker.module.loss
         regression = worker.task == "regression"
+        context = forward_context(worker)  # the forward and loss in it, the backward outside, as Worker.fit
 
         def loss(p: Tensor, x: Tensor, y: Tensor, mask: Tensor) -> Tensor:
             params = {name: p[sl].view(shapes[name]) for name, sl in slices.items()}
-            out = functional_call(net, params, (x,))
-            if regression:
-                out = out.squeeze(-1)
-            per_sample = task_loss(out, y, reduction="none")
-            return (per_sample * mask).sum() / mask.sum().clamp_min(1)
+            with context():
+                out = functional_call(net, params, (x,))
+                if regression:
+                    out = out.squeeze(-1)
+                per_sample = task_loss(out, y, reduction="none")
+            return (per_sample.to(mask.dtype) * mask).sum() / mask.sum().clamp_min(1)
 
         step: Callable[..., tuple[Tensor, Tensor]] = vmap(grad_and_value(loss))
         self.step = torch.compile(step, dynamic=True) if compile else step
@@ -195,8 +217,9 @@ class StackedTrainer:
 
         def unpadded_loss(p: Tensor, buffers: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
             tensors = {name: p[sl].view(shapes[name]) for name, sl in slices.items()}
-            out = functional_call(net, {**tensors, **buffers}, (x,))
-            return task_loss(out.squeeze(-1) if regression else out, y)
+            with context():
+                out = functional_call(net, {**tensors, **buffers}, (x,))
+                return task_loss(out.squeeze(-1) if regression else out, y)
 
         self._others = others
         self.unpadded_step = vmap(grad_and_value(unpadded_loss))
@@ -436,4 +459,4 @@ def _buffer_after(r: FitRequest, trained: Tensor | None, steps: int) -> Tensor |
     return trained.clone()
 
 
-__all__ = ["FitRequest", "StackedTrainer", "model_problems", "spec_problem"]
+__all__ = ["FitRequest", "StackedTrainer", "forward_context", "model_problems", "precision_name", "spec_problem"]
