@@ -207,7 +207,7 @@ class StackedTrainer:
             return (per_sample.to(mask.dtype) * mask).sum() / mask.sum().clamp_min(1)
 
         step: Callable[..., tuple[Tensor, Tensor]] = vmap(grad_and_value(loss))
-        self.step = torch.compile(step, dynamic=True) if compile else step
+        self.step = worker.compile_clock.first_call(torch.compile(step, dynamic=True)) if compile else step
         # BatchNorm: each client's running statistics are a row of a (clients × buffers) matrix passed
         # through functional_call, which BatchNorm updates in place, row by row under vmap; its other
         # buffers (num_batches_tracked) are passed as throwaway copies. Batches are never padded
