@@ -41,7 +41,8 @@ class TrainerConfig:
             states; pfl.engine.vectorized lists the methods, models and settings it supports):
             auto (together on CUDA when the method, model and settings allow it, else one at a
             time), true (together, or a refusal naming why not) or false (one at a time).
-        compile: wrap the model's forward in torch.compile (and the vectorized step, when on).
+        compile: wrap the model's forward in torch.compile (and the vectorized step, when on); the log
+            says once how long the first compiled calls (where compiling happens) took.
         accelerator: auto (a GPU when there is one), cpu, cuda/gpu or mps (Lightning Fabric).
         devices: number of devices per node.
         processes_per_device: processes sharing each device (each trains its share of the sampled

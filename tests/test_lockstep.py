@@ -334,3 +334,153 @@ def test_batchnorm_running_statistics_stack_per_client():
         assert not torch.equal(r.out[w.flat.num_params :], start[w.flat.num_params :])  # statistics moved
     cumulative = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.BatchNorm1d(dim, momentum=None))
     assert "BatchNorm1d" in model_problems(Worker(cumulative, data, TrainSettings(), seed=0))[0]
+
+
+def _lwsam_spec(w: Worker, start, rho: float, lr: float, momentum: float, scale=None) -> FitSpec:
+    """PLGU-LF's fit (``PLGULF.local_update``) from ``start``, with a personal model θ of its own."""
+    from pfl.engine.sam import sam_context
+    from pfl.methods.plgu import PLGULFObjective
+
+    p = w.flat.num_params
+    theta = start.clone()
+    theta[:p] += 0.05 * torch.randn(p, generator=torch.Generator().manual_seed(int(rho * 1000 + lr * 100)))
+    leaf = theta[:p].detach().requires_grad_(True)  # shares theta's storage, as client.params(theta)
+    optimizer = torch.optim.SGD([leaf], lr=lr, momentum=momentum, weight_decay=w.settings.weight_decay)
+    context = sam_context(
+        rho, 2.0, scale, theta=theta, theta_params=leaf, theta_optimizer=optimizer, ascent="personal", perturb=rho > 0
+    )
+    return FitSpec(objective=PLGULFObjective, context=context, lr=lr, momentum=momentum)
+
+
+def _assert_lwsam_stacks(w: Worker, cids: list[int], start, settings: list[tuple]) -> None:
+    specs = [_lwsam_spec(w, start, *s) for s in settings]
+    expected = []
+    for cid, spec in zip(cids, specs, strict=True):
+        theta = spec.context["theta"].clone()
+        state, _, stats = _sequential(w, cid, start, spec)
+        expected.append((state, spec.context["theta"].clone(), stats.loss))
+        spec.context["theta"].copy_(theta)  # the stacked fit starts from the same θ
+    assert all(spec_problem(spec) is None for spec in specs)
+    requests = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in zip(cids, specs, strict=True)]
+    StackedTrainer(w).train(requests)
+    for r, spec, (state, theta, loss) in zip(requests, specs, expected, strict=True):
+        torch.testing.assert_close(r.out, state, rtol=0, atol=1e-5)
+        torch.testing.assert_close(spec.context["theta"], theta, rtol=0, atol=1e-5)  # θ written back in place
+        assert r.stats.loss == pytest.approx(loss, abs=1e-5)  # θ's batch loss, as the sequential fit reports
+    assert not torch.allclose(expected[0][0], expected[0][1], atol=1e-3)  # w and θ train apart
+
+
+def test_stacked_lwsam_fits_equal_the_workers_plgu_lf_fits():
+    loop = _worker()
+    w, start = loop.worker, loop.init_state
+    p = w.flat.num_params
+    scale = torch.rand(p, generator=torch.Generator().manual_seed(1))
+    scale[w.flat.layout.tail(1)] = 0  # a personal layer: no ε there
+    # per-client ρ, lr, θ momentum and Λ; ρ = 0 (ε ≡ 0) in the same stack
+    settings = [(0.05, 0.05, 0.9, scale), (0.2, 0.1, 0.0, None), (0.0, 0.02, 0.5, None)]
+    _assert_lwsam_stacks(w, [0, 1, 2], start, settings)
+    # ε changes the result: the same fit without it is another one
+    with_eps = _sequential(w, 1, start, _lwsam_spec(w, start, 0.2, 0.1, 0.0))[0]
+    without = _sequential(w, 1, start, _lwsam_spec(w, start, 0.0, 0.1, 0.0))[0]
+    assert not torch.allclose(with_eps, without, atol=1e-4)
+    global_ascent = _lwsam_spec(w, start, 0.05, 0.05, 0.0)
+    global_ascent.context["ascent"] = "global"
+    assert spec_problem(global_ascent) == "a custom objective (PLGULFObjective)"
+
+
+def test_stacked_lwsam_fits_keep_each_models_running_statistics():
+    from pfl.engine.worker import TrainSettings
+
+    data = make_loop(tiny_config("fedavg")).worker.data
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(data.x[0].numel(), 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+        torch.nn.Linear(16, 10),
+    )  # fmt: skip
+    w = Worker(net, data, TrainSettings(batch_size=16, lr=0.1, momentum=0.5, weight_decay=1e-3), seed=0)
+    cids = [c for c in range(data.num_clients) if len(w.split(c).train) % 16 != 1][:2]  # no batch of one
+    start = w.flat.snapshot()
+    _assert_lwsam_stacks(w, cids, start, [(0.05, 0.1, 0.5), (0.1, 0.05, 0.0)])
+
+
+# bf16 keeps 8 significant bits (relative step 2^-8 ≈ 4e-3): a stacked (vmapped) matmul and the
+# sequential one may round a product to neighbouring bf16 values, so the paths agree to bf16's
+# rounding, not to float32's 1e-5, and those roundings compound over a fit's steps. Measured on this
+# test's fits (6 to 24 steps, parameters moving by 0.04 to 1.0): the largest difference is ≤ 1.1 % of
+# how far the fit moved under bf16-mixed (float32 parameters, bf16 forward) and ≤ 2.4 % under
+# bf16-true (bf16 parameters: a rounding step is 2^-7 at magnitude 1), the losses within 0.3 %. The
+# bounds: 5 % of the movement, 2 % of the loss. Two whole rounds compound these (momentum buffers
+# included) and an accuracy can flip one held-out sample: 5e-2 absolute there.
+BF16_OF_MOVEMENT = 0.05
+BF16_LOSS_REL = 0.02
+BF16_ROUNDS_ATOL = 5e-2
+
+
+def _bf16_linear_calls(monkeypatch) -> list[torch.dtype]:
+    """The output dtypes of every ``F.linear`` call from now on (bf16: autocast or a bf16 model ran)."""
+    seen: list[torch.dtype] = []
+    linear = torch.nn.functional.linear
+
+    def recording(*args, **kwargs):
+        out = linear(*args, **kwargs)
+        seen.append(out.dtype)
+        return out
+
+    monkeypatch.setattr(torch.nn.functional, "linear", recording)
+    return seen
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
+def test_bf16_stacked_fits_equal_the_workers_fits(precision, monkeypatch):
+    import lightning as L
+
+    cfg = tiny_config("fedavg", trainer={"precision": precision}, client={"momentum": 0.9, "weight_decay": 1e-3})
+    w = make_loop(cfg, fabric=L.Fabric(accelerator="cpu", precision=precision)).worker
+    start = w.flat.snapshot()
+    assert start.dtype == (torch.bfloat16 if precision == "bf16-true" else torch.float32)  # *-true: stored in bf16
+    specs = [FitSpec(epochs=2, lr=0.05), FitSpec(), FitSpec(lr=0.02, momentum=0.0)]
+    expected = [_sequential(w, k, start, spec) for k, spec in enumerate(specs)]
+    requests = [FitRequest.of(w, k, start, 0, spec) for k, spec in enumerate(specs)]
+    dtypes = _bf16_linear_calls(monkeypatch)
+    StackedTrainer(w).train(requests)
+    assert dtypes and set(dtypes) == {torch.bfloat16}  # the stacked forward ran in bf16
+    for r, (state, _, stats) in zip(requests, expected, strict=True):
+        assert r.out.dtype == start.dtype and r.stats.steps == stats.steps
+        moved = (state.float() - start.float()).abs().max()
+        assert (r.out.float() - state.float()).abs().max() <= BF16_OF_MOVEMENT * moved, r.cid
+        assert r.stats.loss == pytest.approx(stats.loss, rel=BF16_LOSS_REL)
+
+
+@pytest.mark.parametrize(("name", "precision"), [("plgu_lf", "bf16-mixed"), ("fedsam", "bf16-true")])
+def test_bf16_rounds_train_stacked_as_sequentially(name, precision, monkeypatch):
+    import lightning as L
+
+    def loop(vectorize: bool):
+        cfg = tiny_config(name, trainer={"rounds": 2, "eval_every": 2, "precision": precision}, client=CLIENT)
+        out = make_loop(cfg, fabric=L.Fabric(accelerator="cpu", precision=precision))
+        if vectorize:
+            out.dispatcher = VectorizedDispatcher(out.worker, out.clients, out.init_state, out.evals.trained, False)
+        return out
+
+    seq, vec = loop(False), loop(True)
+    seq.fit()
+    dtypes = _bf16_linear_calls(monkeypatch)
+    vec.fit()
+    lockstep = vec.dispatcher.lockstep
+    assert lockstep.stacked_fits > 0 and lockstep.sequential_fits == 0
+    assert set(dtypes) == {torch.bfloat16}
+    _assert_close(vec.server.state, seq.server.state, "server", BF16_ROUNDS_ATOL)
+    _assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients", BF16_ROUNDS_ATOL)
+    for key, value in seq.history[-1].items():
+        if isinstance(value, float) and not key.startswith(("time", "throughput")) and value == value:
+            assert vec.history[-1][key] == pytest.approx(value, abs=BF16_ROUNDS_ATOL), key
+
+
+def test_a_gradient_scaler_stays_refused_in_one_line():
+    from pfl.engine.stacked import model_problems
+
+    w = _worker().worker
+    assert model_problems(w, "bf16-mixed") == model_problems(w, "bf16-true") == []
+    for precision in ("16-mixed", "16"):
+        (line,) = model_problems(w, precision)
+        assert line == f"precision {precision} uses a gradient scaler; use bf16-mixed or a *-true precision"

@@ -437,7 +437,7 @@ def test_vectorize_refuses_what_it_cannot_do_exactly():
 
     cases = [
         tiny_config("ditto", {"prox": "autograd"}, trainer={"vectorize": True}),
-        tiny_config("fedavg", trainer={"vectorize": True, "precision": "bf16-mixed"}),
+        tiny_config("fedavg", trainer={"vectorize": True, "precision": "16-mixed"}),
     ]
     for cfg in cases:
         with pytest.raises(ConfigError, match="trainer.vectorize"):

@@ -25,10 +25,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch
-from lightning.fabric.plugins.precision import MixedPrecision
 from torch import Tensor
 
-from pfl.engine.stacked import FitRequest, StackedTrainer, model_problems, spec_problem
+from pfl.engine.stacked import FitRequest, StackedTrainer, model_problems, precision_name, spec_problem
 from pfl.engine.worker import DEFAULT_FIT, FitSpec, FitStats, Worker
 from pfl.seeding import seed_everything
 
@@ -73,8 +72,7 @@ class Lockstep:
 
     def __init__(self, worker: Worker, trainer: StackedTrainer):
         self.worker, self.trainer = worker, trainer
-        mixed = isinstance(worker.precision, MixedPrecision)
-        self.model_ok = not model_problems(worker, "mixed" if mixed else "32-true")
+        self.model_ok = not model_problems(worker, precision_name(worker))
         self.stacked_fits = self.sequential_fits = 0  # counts, for tests and logs
         self._cond = threading.Condition()
         self._turn: int | None = None

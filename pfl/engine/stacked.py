@@ -15,10 +15,12 @@ float summation order. The cost of a step is that of the largest batch times the
 The step is the engine's: the terms' ``on_grad``, SGD with weight decay and per-client momentum
 (a zero buffer where a client has none: 0·m + g is torch's first-step buffer g), the terms'
 ``on_step``; with SAM's objective (``pfl.engine.sam``: FedSAM, PLGU-GRep's body steps) the gradient is
-the second pass's, at w + ε with each client's ε. A learning rate or coefficient shared by the group is
-applied with torch's own scalar arithmetic (as the sequential step), per-client ones as columns. What a
+the second pass's, at w + ε with each client's ε; with PLGU-LF's (``PersonalRow``) ε comes from a
+personal model's gradient, that model trained by its own SGD step in the same loop. A learning rate
+or coefficient shared by the group is applied with torch's own scalar arithmetic (as the sequential
+step), per-client ones as columns. What a
 fit needs that this cannot do exactly (a custom loss or another objective, a term without a stacked
-form: ``spec_problem``; a model with float buffers or active dropout, autocast or a gradient scaler:
+form: ``spec_problem``; a model with float buffers or active dropout, a gradient scaler:
 ``model_problems``) is left to the lockstep dispatcher (``pfl.engine.lockstep``), which trains such
 fits on the worker.
 """
@@ -27,9 +29,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import torch
+from lightning.fabric.plugins.precision import MixedPrecision
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
@@ -49,9 +53,39 @@ def model_problems(worker: Worker, precision: str = "32-true") -> list[str]:
         )
     if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in worker.module.net.modules()):
         reasons.append("the model has dropout")
-    if "mixed" in precision or worker.scaler is not None:
-        reasons.append(f"precision {precision} uses autocast/a gradient scaler; use a *-true precision")
+    if precision in ("16-mixed", "16") or worker.scaler is not None:
+        reasons.append(f"precision {precision} uses a gradient scaler; use bf16-mixed or a *-true precision")
+    elif precision.startswith("transformer-engine"):
+        reasons.append(f"precision {precision} has no stacked form; use bf16-mixed or a *-true precision")
     return reasons
+
+
+def precision_name(worker: Worker) -> str:
+    """The worker's Fabric precision (``32-true`` without Fabric), as ``model_problems`` reads it."""
+    return str(getattr(worker.precision, "precision", "32-true"))
+
+
+def forward_context(worker: Worker) -> Callable[[], AbstractContextManager]:
+    """The stacked forward's context, as the sequential worker's ``autocast()``: bf16 autocast under
+    ``bf16-mixed`` (``torch.autocast`` itself, which ``torch.compile`` traces), Fabric's own forward
+    context under a *-true precision (none for 32-true; the default dtype for 16/bf16-true)."""
+    if isinstance(worker.precision, MixedPrecision):
+        device = worker.device.type
+        return lambda: torch.autocast(device_type=device, dtype=torch.bfloat16)
+    return worker.autocast
+
+
+@dataclass(frozen=True)
+class PersonalRow:
+    """A personal model trained beside the fit (PLGU-LF's θ_i): each step first takes one SGD step of
+    it on the batch (its lr, momentum from a zero buffer, weight decay), whose gradient at the step's
+    start is SAM's ascent gradient; its batch loss is the fit's reported loss. ``state`` (its full
+    state vector, running statistics included) is overwritten in place with the trained one."""
+
+    state: Tensor
+    lr: float
+    momentum: float
+    weight_decay: float
 
 
 @dataclass(frozen=True)
@@ -62,11 +96,14 @@ class SAMRow:
     p: float
     scale: Tensor | None
     region: slice
+    personal: PersonalRow | None = None  # ε from a personal model's gradient (``stacked_personal``)
 
 
 def sam_row(spec: FitSpec) -> SAMRow | None:
     """The SAM settings of a fit whose objective is SAM's plain step: ``SAMObjective`` itself, or a
-    subclass whose own ``stacks_as_sam(context)`` says its step is that one with this context."""
+    subclass whose own ``stacks_as_sam(context)`` says its step is that one with this context. A
+    subclass whose ε comes from a personal model trained beside the fit also defines
+    ``stacked_personal(context) -> PersonalRow`` (PLGU-LF)."""
     cls = spec.objective
     if cls is None or not issubclass(cls, SAMObjective):
         return None
@@ -74,7 +111,9 @@ def sam_row(spec: FitSpec) -> SAMRow | None:
     own = cls.__dict__.get("stacks_as_sam")
     if cls is not SAMObjective and (own is None or not own.__func__(ctx)):
         return None
-    return SAMRow(ctx["rho"], ctx.get("p", 2.0), ctx.get("scale"), ctx.get("region") or slice(0, None))
+    hook = cls.__dict__.get("stacked_personal")
+    personal = None if hook is None else hook.__func__(ctx)
+    return SAMRow(ctx["rho"], ctx.get("p", 2.0), ctx.get("scale"), ctx.get("region") or slice(0, None), personal)
 
 
 def _buffer_modules(net: nn.Module) -> list[nn.Module]:
@@ -143,7 +182,7 @@ class FitRequest:
         )
 
     def group(self) -> tuple:
-        sam = None if self.sam is None else (self.sam.region.start, self.sam.region.stop)
+        sam = None if self.sam is None else (self.sam.region.start, self.sam.region.stop, self.sam.personal is None)
         return (sam, *(t.stack_key() for t in self.terms))
 
 
@@ -156,17 +195,19 @@ class StackedTrainer:
         slices, shapes = flat.param_slices, flat.param_shapes
         task_loss = worker.module.loss
         regression = worker.task == "regression"
+        context = forward_context(worker)  # the forward and loss in it, the backward outside, as Worker.fit
 
         def loss(p: Tensor, x: Tensor, y: Tensor, mask: Tensor) -> Tensor:
             params = {name: p[sl].view(shapes[name]) for name, sl in slices.items()}
-            out = functional_call(net, params, (x,))
-            if regression:
-                out = out.squeeze(-1)
-            per_sample = task_loss(out, y, reduction="none")
-            return (per_sample * mask).sum() / mask.sum().clamp_min(1)
+            with context():
+                out = functional_call(net, params, (x,))
+                if regression:
+                    out = out.squeeze(-1)
+                per_sample = task_loss(out, y, reduction="none")
+            return (per_sample.to(mask.dtype) * mask).sum() / mask.sum().clamp_min(1)
 
         step: Callable[..., tuple[Tensor, Tensor]] = vmap(grad_and_value(loss))
-        self.step = torch.compile(step, dynamic=True) if compile else step
+        self.step = worker.compile_clock.first_call(torch.compile(step, dynamic=True)) if compile else step
         # BatchNorm: each client's running statistics are a row of a (clients × buffers) matrix passed
         # through functional_call, which BatchNorm updates in place, row by row under vmap; its other
         # buffers (num_batches_tracked) are passed as throwaway copies. Batches are never padded
@@ -176,8 +217,9 @@ class StackedTrainer:
 
         def unpadded_loss(p: Tensor, buffers: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
             tensors = {name: p[sl].view(shapes[name]) for name, sl in slices.items()}
-            out = functional_call(net, {**tensors, **buffers}, (x,))
-            return task_loss(out.squeeze(-1) if regression else out, y)
+            with context():
+                out = functional_call(net, {**tensors, **buffers}, (x,))
+                return task_loss(out.squeeze(-1) if regression else out, y)
 
         self._others = others
         self.unpadded_step = vmap(grad_and_value(unpadded_loss))
@@ -218,6 +260,7 @@ class StackedTrainer:
         # others: the same number of steps, and each epoch's batches stacked together); with unequal
         # epochs each client goes through all of its batches at its own pace.
         aligned = len({r.epochs for r in reqs}) == 1
+        personal = _PersonalStack(reqs, params, bufs) if reqs[0].sam and reqs[0].sam.personal else None
         upcoming = [next(s, None) for s in streams]
         while any(d is not None for d in upcoming):
             epoch = min(d[0] for d in upcoming if d is not None)
@@ -227,19 +270,27 @@ class StackedTrainer:
             active = torch.tensor([b is not None for b in batches], device=params.device).unsqueeze(1)
             inputs = self._inputs(batches, augment)
             if self.buffer_views:
-                grads, loss = self._unpadded(params, bufs, inputs)
 
-                def gradient_at(q: Tensor, inputs: list = inputs) -> Tensor:  # leaves no statistics behind
-                    return self._unpadded(q, bufs.clone(), inputs)[0]
+                def pass_at(q: Tensor, stats: Tensor, inputs: list = inputs) -> tuple[Tensor, Tensor]:
+                    return self._unpadded(q, stats, inputs)  # updates the rows of ``stats``
             else:
                 x, y, mask = self._pad(inputs, dtype)
-                grads, loss = self.step(params, x, y, mask)
 
-                def gradient_at(q: Tensor, x: Tensor = x, y: Tensor = y, mask: Tensor = mask) -> Tensor:
-                    return self.step(q, x, y, mask)[0]
+                def pass_at(
+                    q: Tensor, stats: Tensor, x: Tensor = x, y: Tensor = y, mask: Tensor = mask
+                ) -> tuple[Tensor, Tensor]:
+                    return self.step(q, x, y, mask)
 
-            if reqs[0].sam is not None:
-                grads = self._sam_gradient(reqs, params, grads, gradient_at)
+            if personal is not None:
+                # PLGU-LF: θ's pass and SGD step, then w's only pass at w + ε(θ's gradient), its
+                # running statistics kept (``SAMObjective.perturbed_gradient`` with ``ascent_grad``).
+                ascent, loss = pass_at(personal.params, personal.bufs)
+                personal.step(ascent, active)
+                grads = pass_at(self._perturbed(reqs, params, ascent), bufs)[0]
+            else:
+                grads, loss = pass_at(params, bufs)
+                if reqs[0].sam is not None:  # the second pass leaves no statistics behind
+                    grads = pass_at(self._perturbed(reqs, params, grads), bufs.clone())[0]
             for term in terms:
                 if hasattr(term, "active"):  # a stateful stacked term updates the active rows only
                     term.active = active  # type: ignore[attr-defined]
@@ -263,6 +314,8 @@ class StackedTrainer:
             finish = getattr(term, "finish", None)
             if finish is not None:
                 finish()
+        if personal is not None:
+            personal.write_back()
         seconds = (time.perf_counter() - started) / k
         for j, r in enumerate(reqs):
             r.out[:p].copy_(params[j])
@@ -271,11 +324,9 @@ class StackedTrainer:
             r.stats._loss = losses[j]  # averaged when read, as Worker.fit's
             r.buffer_out = _buffer_after(r, None if buf is None else buf[j], steps[j])
 
-    def _sam_gradient(
-        self, reqs: list[FitRequest], params: Tensor, grads: Tensor, gradient_at: Callable[[Tensor], Tensor]
-    ) -> Tensor:
-        """SAM's second pass for every client (``SharpnessStep.two_pass``): the gradient at w + ε,
-        ε = ``perturbation`` of the client's own gradient over its region, with its ρ, p and Λ."""
+    def _perturbed(self, reqs: list[FitRequest], params: Tensor, grads: Tensor) -> Tensor:
+        """SAM's perturbed point for every client (``SharpnessStep.two_pass``): w + ε, ε =
+        ``perturbation`` of the client's own ascent gradient over its region, with its ρ, p and Λ."""
         region = reqs[0].sam.region  # type: ignore[union-attr] # one region per group
         eps = []
         for r, g in zip(reqs, grads, strict=True):
@@ -285,7 +336,7 @@ class StackedTrainer:
             eps.append(perturbation(g[region], sam.rho, sam.p, scale) if sam.rho else torch.zeros_like(g[region]))
         perturbed = params.clone()
         perturbed[:, region] += torch.stack(eps)
-        return gradient_at(perturbed)
+        return perturbed
 
     def _stream(self, r: FitRequest) -> Iterator[tuple[int, Tensor]]:
         w = self.worker
@@ -354,6 +405,41 @@ class StackedTrainer:
         return grads, loss
 
 
+class _PersonalStack:
+    """The personal models of a PLGU-LF group (``PersonalRow``): their parameters and running
+    statistics as rows, trained by torch's SGD step row by row."""
+
+    def __init__(self, reqs: list[FitRequest], params: Tensor, bufs: Tensor):
+        self.rows = [r.sam.personal for r in reqs]  # type: ignore[union-attr]
+        p = params.shape[1]
+        self.params = torch.stack([row.state[:p] for row in self.rows]).to(params).clone()
+        self.bufs = torch.stack([row.state[p:] for row in self.rows]).to(bufs).clone()
+        self.lr = coefficient([row.lr for row in self.rows], params)
+        self.wd = coefficient([row.weight_decay for row in self.rows], params)
+        moms = [float(row.momentum) for row in self.rows]
+        self.mom = torch.tensor(moms, dtype=params.dtype, device=params.device).unsqueeze(1)
+        self.buf = torch.zeros_like(params) if any(moms) else None  # fresh momentum: 0·m + g is torch's g
+
+    def step(self, grads: Tensor, active: Tensor) -> None:
+        """One SGD step (weight decay, momentum, lr) of the active rows."""
+        if isinstance(self.wd, float):
+            if self.wd:
+                grads = grads.add(self.params, alpha=self.wd)
+        else:
+            grads = grads + self.params * self.wd.to(grads.dtype)
+        if self.buf is not None:
+            self.buf = torch.where(active, self.buf * self.mom + grads, self.buf)
+            grads = self.buf
+        self.params = torch.where(active, add_scaled_(self.params.clone(), grads, -self.lr), self.params)
+
+    def write_back(self) -> None:
+        """Each trained personal model into its state vector, in place."""
+        p = self.params.shape[1]
+        for j, row in enumerate(self.rows):
+            row.state[:p].copy_(self.params[j])
+            row.state[p:].copy_(self.bufs[j])
+
+
 def _buffer_views(net: nn.Module) -> list[tuple[str, slice, torch.Size]]:
     """(name, slice of the flat buffers, shape) of each float buffer, in ``FlatModule``'s order."""
     views, offset = [], 0
@@ -373,4 +459,4 @@ def _buffer_after(r: FitRequest, trained: Tensor | None, steps: int) -> Tensor |
     return trained.clone()
 
 
-__all__ = ["FitRequest", "StackedTrainer", "model_problems", "spec_problem"]
+__all__ = ["FitRequest", "StackedTrainer", "forward_context", "model_problems", "precision_name", "spec_problem"]

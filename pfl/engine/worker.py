@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from pfl.data.augment import from_config as augment_from_config
 from pfl.data.federated import ClientSplit, FederatedData
+from pfl.engine.compile_clock import CompileClock
 from pfl.engine.flat import FlatModule
 from pfl.engine.terms import Term
 from pfl.seeding import seed_everything, torch_generator
@@ -235,6 +236,7 @@ class Worker:
         self.device = fabric.device if fabric is not None else torch.device("cpu")
         self.precision = fabric.strategy.precision if fabric is not None else None
         self.scaler: Any = getattr(self.precision, "scaler", None)  # 16-mixed's gradient scaler, else None
+        self.compile_clock = CompileClock(self.device)  # trainer.compile: seconds its first compiled calls took
         # Fabric's backward and forward context are exactly loss.backward() and no context when the
         # plugin and strategy keep the base hooks (32-true, 64-true, ... on one device): call those
         # directly then, since the layers cost about a tenth of a small model's step.

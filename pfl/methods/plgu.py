@@ -21,6 +21,7 @@ from torch.func import functional_call
 
 from pfl.engine.flat import FlatModule
 from pfl.engine.sam import SAMObjective, sam_context
+from pfl.engine.stacked import PersonalRow
 from pfl.engine.terms import Freeze
 from pfl.errors import require
 from pfl.methods.base import ClientContext, ServerContext, State, Upload
@@ -81,7 +82,22 @@ class PLGULFObjective(SAMObjective):
        plain gradient at w_i.
 
     Returns θ_i's batch loss (the training loss FitStats reports).
+
+    With ``ascent="personal"`` clients' fits stack (``pfl.engine.stacked``: θ rows trained beside the w
+    rows, ε from each client's own θ gradient); ``ascent="global"``'s third pass has no stacked form.
     """
+
+    @staticmethod
+    def stacks_as_sam(context: dict[str, Any]) -> bool:
+        """The personal ascent's step is SAM's step with ε from θ_i's gradient (``stacked_personal``)."""
+        return context["ascent"] == "personal"
+
+    @staticmethod
+    def stacked_personal(context: dict[str, Any]) -> PersonalRow:
+        """θ_i and its SGD settings, for the stacked form of this step."""
+        group = context["theta_optimizer"].param_groups[0]
+        assert not group["nesterov"] and not group["dampening"], "the stacked θ step is plain (heavy-ball) SGD"
+        return PersonalRow(context["theta"], group["lr"], group["momentum"], group["weight_decay"])
 
     def personal_step(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         ctx = self.fit_context
@@ -163,7 +179,9 @@ class PLGULF(FedAvg):
     has_personal_model = True
 
     def vectorize_problems(self) -> list[str]:
-        return self.runs_one_at_a_time("LWSAM steps are a custom objective (PLGULFObjective)")
+        if self.ascent == "global":
+            return self.runs_one_at_a_time("ascent='global' LWSAM steps (a third pass, from w_i's gradient)")
+        return super().vectorize_problems()
 
     def __init__(
         self,
@@ -224,7 +242,7 @@ class PLGULF(FedAvg):
         )  # fresh momentum each round, as the fit's optimizer for w_i
         perturb = self.rho > 0 and len(universal) > 0
         context: dict[str, Any] = sam_context(
-            self.rho,
+            self.rho if perturb else 0.0,  # ε ≡ 0 (read by the stacked form; the step checks ``perturb``)
             self.p,
             self.perturbation_scale(xi, universal, client) if perturb else None,
             theta=theta,

@@ -23,6 +23,7 @@ from pfl.federation.store import make_store
 from pfl.methods.base import ServerContext, train_settings
 from pfl.metrics.session import EvalSession
 from pfl.models import build_model
+from pfl.runner.compile_report import CompileReport
 from pfl.runner.training_path import announce, choose_path
 from pfl.seeding import seed_everything
 
@@ -83,6 +84,9 @@ def build_loop(
         evals.malicious = attack.malicious  # honest.* metrics leave these clients out
     if t.compile:  # the forward of every fit and evaluation; the vectorized step as well
         worker.module.net = torch.compile(worker.module.net, dynamic=True)
+        worker.compile_clock.first_forward(worker.module.net)
+        if announce_path and cohort.is_zero:
+            callbacks = [*callbacks, CompileReport()]
     problems = [] if t.vectorize is False else vectorize_problems(method, worker, t.precision)
     path = choose_path(t.vectorize, problems, worker.device.type, method.name)
     if announce_path and cohort.is_zero:

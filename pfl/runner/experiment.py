@@ -124,7 +124,7 @@ def _run(cfg: RunConfig, config_text: str | None, resume_dir: Path | None, run_d
             loop.evals.reference = ensure_local_reference(cfg, data, fabric)
         if fabric.is_global_zero:
             loop.run_dir = run_dir
-            loop.callbacks = _outputs(cfg, run_dir, config_text, resume)
+            loop.callbacks = [*loop.callbacks, *_outputs(cfg, run_dir, config_text, resume)]
         summary = loop.fit()
     except BaseException:
         if fabric.is_global_zero:

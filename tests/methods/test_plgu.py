@@ -416,3 +416,30 @@ def test_plgu_lf_personal_step_trains_a_regressor_with_b_outputs_like_the_global
     upload = loop.method.local_update(ctx, {"global": w})
     assert not torch.equal(upload.state, w)
     torch.testing.assert_close(ctx.state["personal"], upload.state, rtol=0, atol=1e-6)
+
+
+def test_plgu_lf_fits_describe_their_stacked_form():
+    """What ``pfl.engine.stacked`` reads from a PLGU-LF fit: the personal ascent's settings and θ_i
+    (the state the fit trains in place), ε ≡ 0 as ρ = 0, and why the global ascent runs alone."""
+    from pfl.engine.stacked import sam_row, spec_problem
+
+    for layers, perturbs in ((0, True), (99, False)):
+        loop = make_loop(tiny_config("plgu_lf", {"personal_layers": layers}, client={"momentum": 0.5, "lr": 0.03}))
+        specs = []
+        fit = loop.worker.fit
+        loop.worker.fit = lambda cid, start, round_idx, spec, fit=fit, seen=specs: (
+            seen.append(spec) or fit(cid, start, round_idx, spec)
+        )
+        loop.run_round()
+        assert specs and loop.method.vectorize_problems() == []
+        for spec in specs:
+            row, ctx = sam_row(spec), spec.context
+            assert spec_problem(spec) is None and row is not None and row.personal is not None
+            assert row.personal.state is ctx["theta"]  # written back in place, where local_update reads it
+            assert (row.personal.lr, row.personal.momentum) == (0.03, 0.5)
+            assert row.personal.weight_decay == loop.worker.settings.weight_decay
+            assert row.rho == (loop.method.rho if perturbs else 0.0) and (row.scale is not None) == perturbs
+            ctx["ascent"] = "global"
+            assert sam_row(spec) is None and spec_problem(spec) == "a custom objective (PLGULFObjective)"
+    (line,) = PLGULF(ascent="global").vectorize_problems()
+    assert line.startswith("plgu_lf's ascent='global' LWSAM steps") and "one at a time" in line

@@ -67,3 +67,54 @@ def test_auto_on_a_cuda_device_vectorizes_what_it_can(monkeypatch, capsys):
         "pfl: clients trained together (vectorized): cuda, method fedavg allows it",
         "pfl: clients trained one at a time: " + REASONS[0],
     ]  # one line per run
+
+
+COMPILE_SLEEP_S = 0.2  # what the stand-in compiler spends on a compiled step's first call
+
+
+def _stand_in_compile(monkeypatch) -> list:
+    """torch.compile replaced by an identity whose compiled functions sleep on their first call (as a
+    real compile traces there); a module comes back as it is. Returns what was compiled."""
+    import time
+
+    import torch
+
+    compiled: list = []
+
+    def compile(fn, **kwargs):
+        compiled.append(fn)
+        if isinstance(fn, torch.nn.Module):
+            return fn
+        first = [True]
+
+        def call(*args, **kw):
+            if first[0]:
+                time.sleep(COMPILE_SLEEP_S)
+                first[0] = False
+            return fn(*args, **kw)
+
+        return call
+
+    monkeypatch.setattr(torch, "compile", compile)
+    return compiled
+
+
+@pytest.mark.parametrize("vectorize", [True, False])
+def test_compile_says_once_how_long_compiling_took(vectorize, monkeypatch, capsys):
+    compiled = _stand_in_compile(monkeypatch)
+    trainer = {"rounds": 3, "eval_every": 1, "compile": True, "vectorize": vectorize}
+    loop = make_loop(tiny_config("fedavg", trainer=trainer))
+    loop.fit()
+    lines = [line for line in capsys.readouterr().err.splitlines() if "compiling took" in line]
+    assert len(lines) == 1, lines  # once, though three rounds were evaluated
+    seconds = float(lines[0].removeprefix("pfl: compiling took ").removesuffix(" s (first compiled step)"))
+    assert seconds == pytest.approx(loop.worker.compile_clock.seconds, abs=0.05)
+    assert len(compiled) == (2 if vectorize else 1)  # the model's forward, and the vectorized step
+    if vectorize:  # the step's first call (where compiling happens) was timed, its later ones not
+        assert COMPILE_SLEEP_S <= seconds < 2 * COMPILE_SLEEP_S
+
+
+def test_no_compile_line_without_compile(capsys):
+    loop = make_loop(tiny_config("fedavg", trainer={"rounds": 1}))
+    loop.fit()
+    assert "compiling took" not in capsys.readouterr().err and loop.worker.compile_clock.seconds is None
