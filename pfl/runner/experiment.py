@@ -152,15 +152,18 @@ def _run(cfg: RunConfig, config_text: str | None, resume_dir: Path | None, run_d
 
 
 def _outputs(cfg: RunConfig, run_dir: Path, config_text: str | None, resumed: bool) -> list[Callback]:
-    """Rank 0's output callbacks; writes config.yaml (only when it changes, atomically)."""
+    """Rank 0's output callbacks; writes config.yaml (only when it changes, atomically). W&B is
+    started first: when it cannot start, nothing has been written and the new folder is removed."""
     files = RunFiles(run_dir)
+    callbacks: list[Callback] = [FileOutputs(files)]
+    if cfg.tracking.wandb:
+        tracker = wandb_callback(cfg, run_dir, flat_config(cfg), resume=resumed)
+        tracker.start()
+        callbacks.append(tracker)
     if config_text is not None:
         path = run_dir / "config.yaml"
         if not path.exists() or path.read_text() != config_text:
             files.write_config(config_text)
-    callbacks: list[Callback] = [FileOutputs(files)]
-    if cfg.tracking.wandb:
-        callbacks.append(wandb_callback(cfg, run_dir, flat_config(cfg), resume=resumed))
     return callbacks
 
 
