@@ -81,8 +81,9 @@ def run_experiment(
 
     Order (docs/runs.md): validate and build everything (data, devices, model, the resumed state)
     while writing nothing; then claim the run folder (created, locked, an old one moved aside when
-    overwriting); then build the LOCAL reference, write config.yaml and train. A resume of a run that
-    has already finished its rounds returns its summary with ``already_finished`` and touches nothing.
+    overwriting); then build the LOCAL reference, start W&B, write config.yaml and train. A resume of a
+    run that has already finished its rounds returns its summary with ``already_finished`` and touches
+    nothing.
     """
     previous_threads = apply_threads(cfg.trainer.threads)
     callers_group = _group_initialized()  # a group the caller made before the run is theirs to keep
