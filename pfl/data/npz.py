@@ -34,6 +34,7 @@ from pfl.memory import available_memory, gigabytes
 LAYOUT = "DIR/train/<id>.npz and DIR/test/<id>.npz (ids 0..N-1), each np.savez(f, data={'x': ..., 'y': ...})"
 FIELD = "data.root"
 MEMORY_SHARE = 3  # the data read may take a third of the memory available: it is copied when pooled
+MAX_CLASSES = 2**31 - 1  # a class id must fit torch's int32 indexing
 MAX_INFERRED_CLASSES = 100_000  # without num_classes in config.json, a larger label is refused, not allocated for
 
 
@@ -198,6 +199,10 @@ def _read_config(root: Path, num_clients: int) -> dict[str, Any]:
     classes = config.get("num_classes")
     if classes is not None and (not isinstance(classes, int) or isinstance(classes, bool) or classes < 1):
         raise ConfigError(FIELD, f"{path}: num_classes = {classes!r} is not a positive integer")
+    if classes is not None and classes > MAX_CLASSES:  # below it, the model's size check refuses what cannot fit
+        raise ConfigError(
+            FIELD, f"{path}: num_classes = {classes} is more than {MAX_CLASSES}", "set the number of classes used"
+        )
     new = config.get("new_clients", [])
     ok = isinstance(new, list) and all(
         isinstance(i, int) and not isinstance(i, bool) and 0 <= i < num_clients for i in new
