@@ -6,9 +6,11 @@ data is built or run folder written."""
 from __future__ import annotations
 
 import pytest
+import yaml
 from lightning.fabric.plugins.precision.transformer_engine import _TRANSFORMER_ENGINE_AVAILABLE
 
 from pfl.cli import main
+from pfl.runner.args import default_config, parse_fit_args
 
 QUIET = ["--tracking.wandb", "false", "--trainer.progress", "false", "--trainer.rounds", "1"]
 
@@ -66,3 +68,31 @@ def test_transformer_engine_without_the_package_is_one_line(tmp_path, capsys, pr
     err = one_line_error(capsys, ["--trainer.precision", precision], tmp_path)
     assert err.startswith(f"error: trainer.precision: {precision} needs NVIDIA's transformer_engine package")
     assert "bf16-mixed" in err
+
+
+@pytest.mark.parametrize("text", ["", "# every setting commented out\n", "{}\n"])
+def test_a_config_file_without_settings_is_one_line_naming_it(tmp_path, capsys, text):
+    """It used to be "error: arguments: Unexpected config:", naming neither the file nor the fix."""
+    path = tmp_path / "empty.yaml"
+    path.write_text(text)
+    err = one_line_error(capsys, ["--config", str(path)], tmp_path)
+    fix = "(add some, e.g. trainer: {rounds: 5})"
+    assert err == f"error: --config: {path} holds no settings (it is empty or only comments) {fix}"
+
+
+def test_a_resume_that_changes_the_method_says_so(tmp_path, capsys):
+    """It used to say that ditto "does not accept option finetune_epochs", an option never given."""
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump(default_config("fedavg")))  # what a fedavg fit records
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    capsys.readouterr()
+    assert main(["fit", "--resume", str(run), "--method.name", "ditto", "--trainer.rounds", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: --resume: {run} was recorded with method fedavg; a resume may not change the method (got ditto) "
+        "(resume without --method.name, or start a new run (another --tracking.name) to train ditto)\n"
+    )
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    cfg, *_ = parse_fit_args(["--resume", str(run), "--method.name", "fedavg", "--trainer.rounds", "2"])
+    assert cfg.method.name == "fedavg"  # naming the recorded method is no change

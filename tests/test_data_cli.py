@@ -102,6 +102,48 @@ def test_a_failed_overwrite_leaves_the_old_partition(tmp_path, monkeypatch):
     assert _clients(tmp_path) == ["fed"]
 
 
+def _tree(folder: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in folder.rglob("*")}
+
+
+def _refused_overwrite(tmp_path: Path, capsys, folder: Path, expected: str) -> None:
+    """``--overwrite`` onto ``folder`` exits 2 with one line holding ``expected``; nothing in or
+    beside ``folder`` changes."""
+    before, beside = _tree(folder), _clients(tmp_path)
+    capsys.readouterr()
+    assert main(["data", "export", str(folder), "--overwrite", "--data.num_clients", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: DIR: ") and expected in err and len(err.strip().splitlines()) == 1, err
+    assert _tree(folder) == before and _clients(tmp_path) == beside
+
+
+def test_overwrite_refuses_a_folder_that_no_export_wrote(tmp_path, capsys):
+    """A thesis folder passed by mistake used to be emptied and replaced with rc 0."""
+    thesis = tmp_path / "thesis"
+    (thesis / "src").mkdir(parents=True)
+    (thesis / "thesis.tex").write_text("\\documentclass{article}")
+    (thesis / "src" / "main.py").write_text("print('results')")
+    _refused_overwrite(tmp_path, capsys, thesis, f"{thesis} has none, so it is left as it is")
+    pfllib = tmp_path / "pfllib"  # the npz layout, but written by another tool: not ours to delete
+    assert main(["data", "export", str(pfllib), "--data.num_clients", "3"]) == 0
+    (pfllib / data_command.MARKER).unlink()
+    _refused_overwrite(tmp_path, capsys, pfllib, f"(it holds {data_command.MARKER})")
+
+
+@pytest.mark.parametrize("extra", ["notes.txt", "train/notes.txt", "train/5.npz/", "test/link.npz", "src/"])
+def test_overwrite_refuses_an_export_that_holds_other_files(tmp_path, capsys, extra):
+    out = tmp_path / "fed"
+    assert main(["data", "export", str(out), "--data.num_clients", "4"]) == 0
+    path = out / extra.rstrip("/")
+    if extra.endswith("/"):
+        path.mkdir()
+    elif "link" in extra:
+        path.symlink_to(tmp_path / "elsewhere.npz")
+    else:
+        path.write_text("mine")
+    _refused_overwrite(tmp_path, capsys, out, f"files an export does not write ({extra})")
+
+
 @pytest.mark.parametrize("command", ["export", "stats"])
 def test_data_commands_print_their_own_usage(command, capsys):
     assert main(["data", command, "--help"]) == 0

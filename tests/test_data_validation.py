@@ -127,6 +127,10 @@ NPZ_CASES = {
     "config_not_json": (_config("{num_classes: 10"), ["config.json is not readable JSON"]),
     "config_new_client_out_of_range": (_config('{"new_clients": [7]}'), ["config.json", "new_clients = [7]"]),
     "config_bad_num_classes": (_config('{"num_classes": "ten"}'), ["config.json", "num_classes = 'ten'"]),
+    "config_num_classes_past_int32": (
+        _config('{"num_classes": 9223372036854775814}'),  # used to end in a TypeError in the model's head
+        ["config.json", "num_classes = 9223372036854775814 is more than 2147483647"],
+    ),
 }
 
 

@@ -101,6 +101,16 @@ def test_s_test_small_other_test_draws_with_replacement_and_single_client_is_own
         assert np.array_equal(idx, own) and len(chosen) == 0
 
 
+@pytest.mark.parametrize(("mode", "other_sizes"), [("paper", [7, 7]), ("mixed", [7])])
+def test_a_share_equal_to_the_other_test_draws_each_of_its_samples_once(mode, other_sizes):
+    """Own test of 7, each chosen other test of 7 (paper: 2 others, 7 each; mixed: 1 other, all 7): drawn
+    without replacement, the share is that whole test, no sample twice."""
+    own, others = np.arange(7), _others(other_sizes)
+    idx, chosen = s_test_indices(own, others, 1.0, np.random.default_rng(5), mode)
+    assert len(chosen) == len(others)
+    assert np.array_equal(np.sort(idx[7:]), np.concatenate(others))
+
+
 @pytest.mark.parametrize(
     ("m", "c", "k"),
     [(20, 0.5, 10), (10, 0.5, 5), (100, 0.1, 10), (5, 1.0, 4), (4, 0.5, 2), (11, 0.25, 3)],  # (m-1)c half up

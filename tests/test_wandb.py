@@ -353,3 +353,38 @@ def test_run_progress_lines_and_bar_carry_elapsed_and_eta(monkeypatch, capsys):
     ]
     shown = terminal.text.split("\r")[-1].strip() or terminal.text.split("\r")[-2].strip()
     assert shown.startswith("sweep: 100%") and shown.endswith("4/4 [00:23, ETA 00:00]"), shown
+
+
+# -- a W&B that cannot start leaves nothing that blocks a rerun -------------------------------------------
+def _fit_cli(capsys, root: Path, name: str, *extra: str) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main(["fit", *TINY, "--trainer.rounds", "1", "--tracking.root", str(root), "--tracking.name", name, *extra])
+    return code, capsys.readouterr().err
+
+
+def test_a_wandb_start_that_fails_is_one_line_and_leaves_no_folder(offline, capsys):
+    """An empty tag (as a user's Method class without a name gave) used to end in pydantic's traceback
+    and leave config.yaml and wandb/ behind, so a rerun under the same name was refused."""
+    code, err = _fit_cli(capsys, offline, "w", "--tracking.wandb", "true", "--tracking.tags", '[""]')
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: tracking.wandb: W&B could not start run w-") and "Tag at index 2 is empty" in err
+    assert not (offline / "w").exists()
+    assert _fit_cli(capsys, offline, "w", "--tracking.wandb", "false")[0] == 0  # the same name runs at once
+
+
+def test_a_resumed_run_keeps_its_wandb_folder_when_wandb_cannot_start(offline, capsys, monkeypatch):
+    assert _fit_cli(capsys, offline, "r", "--tracking.wandb", "false")[0] == 0
+    (offline / "r" / "wandb").mkdir()
+    (offline / "r" / "wandb" / "earlier.txt").write_text("an earlier W&B run's files")
+    before = sorted(p.name for p in (offline / "r").iterdir())
+
+    def no_network(self, mode):
+        raise ConnectionError("wandb.ai is unreachable\nretry later")
+
+    monkeypatch.setattr(wandb_run.WandbRun, "_init", no_network)
+    capsys.readouterr()
+    code = main(["fit", "--resume", str(offline / "r"), "--trainer.rounds", "2", "--tracking.wandb", "true"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "(ConnectionError: wandb.ai is unreachable retry later)" in err
+    assert sorted(p.name for p in (offline / "r").iterdir()) == before
+    assert (offline / "r" / "wandb" / "earlier.txt").read_text() == "an earlier W&B run's files"

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from pfl.data import build_data
+from pfl.data import FederatedData, build_data
 from pfl.data.npz import export_npz
 from pfl.data.stats import federation_stats, format_stats
 from pfl.errors import ConfigError
@@ -29,11 +29,15 @@ STATS_USAGE = (
     "python -m pfl data stats [--json] [--plot FILE.png] [--config FILE ...] [--data.KEY VALUE ...] [--seed N]"
 )
 NOTES = (
-    "  export: DIR must be new or empty; --overwrite replaces a non-empty DIR whole (never a mix of two partitions)\n"
+    "  export: DIR must be new or empty; --overwrite replaces an earlier export whole (never a mix of two\n"
+    "    partitions) and refuses a folder that no export wrote or that holds other files\n"
     "  --config FILE and --data.KEY VALUE: as for `python -m pfl fit` (see `python -m pfl fit --help`)"
 )
 USAGE = f"usage: python -m pfl data {{export,stats}} [options]\n  {EXPORT_USAGE}\n  {STATS_USAGE}\n{NOTES}\n"
 FORMATS = ("npz",)
+MARKER = ".pfl-export"  # every export holds it: --overwrite replaces only a folder that does
+EXPORT_FILES = ("config.json", "global_test.npz", MARKER)
+SPLIT_DIRS = ("train", "test", "val")  # each holds <id>.npz files only
 
 
 def _take(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
@@ -50,17 +54,57 @@ def _take(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
 
 def _target(out_dir: Path, overwrite: bool) -> Path:
     """Where the export goes: ``out_dir`` (through a link, its target), refused if it already holds
-    anything and ``--overwrite`` is not given."""
+    anything, unless ``--overwrite`` is given and it holds an earlier export and nothing else."""
     out_dir = Path(os.path.realpath(out_dir))
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError("DIR", f"{out_dir} is not a folder", "choose a folder for the export")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return out_dir
+    if not overwrite:
         raise ConfigError(
             "DIR",
             f"{out_dir} is not empty (it may hold another partition, and a mix of two trains silently)",
             "pass --overwrite to replace it whole, or export to a new folder",
         )
+    if not (out_dir / MARKER).is_file():
+        raise ConfigError(
+            "DIR",
+            f"--overwrite replaces only a folder an earlier `pfl data export` wrote (it holds {MARKER}); "
+            f"{out_dir} has none, so it is left as it is",
+            "export to a new folder, or move its files away first",
+        )
+    foreign = _foreign(out_dir)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise ConfigError(
+            "DIR",
+            f"{out_dir} holds an earlier export and files an export does not write ({shown}), so it is left as it is",
+            "move those files away first, or export to a new folder",
+        )
     return out_dir
+
+
+def _is_file(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
+
+
+def _shown(path: Path, folder: Path) -> str:
+    """``path`` relative to ``folder``, a folder with a trailing slash."""
+    return str(path.relative_to(folder)) + ("/" if path.is_dir() and not path.is_symlink() else "")
+
+
+def _foreign(folder: Path) -> list[str]:
+    """The entries of ``folder`` that an export does not write: anything but ``EXPORT_FILES`` and
+    ``<id>.npz`` files in ``SPLIT_DIRS`` (links included: replacing the folder would drop them)."""
+    found = []
+    for entry in sorted(folder.iterdir()):
+        if entry.name in SPLIT_DIRS and entry.is_dir() and not entry.is_symlink():
+            for file in sorted(entry.iterdir()):
+                if not (file.suffix == ".npz" and file.stem.isdigit() and _is_file(file)):
+                    found.append(_shown(file, folder))
+        elif not (entry.name in EXPORT_FILES and _is_file(entry)):
+            found.append(_shown(entry, folder))
+    return found
 
 
 def _sibling(path: Path, tag: str) -> Path:
@@ -98,9 +142,16 @@ def export(argv: list[str]) -> Path:
     out_dir, rest = _target(Path(argv[0]), overwrite), argv[1:]
     cfg, *_ = parse_fit_args(rest)
     data = build_data(cfg.data, cfg.seed)
-    write_whole(out_dir, lambda folder: export_npz(data, folder, {"seed": cfg.seed, "data": asdict(cfg.data)}))
+    extra = {"seed": cfg.seed, "data": asdict(cfg.data)}
+    write_whole(out_dir, lambda folder: _export_marked(data, folder, extra))
     print(json.dumps({"dir": str(out_dir), "clients": data.num_clients, "new_clients": len(data.new_clients)}))
     return out_dir
+
+
+def _export_marked(data: FederatedData, folder: Path, extra: dict) -> None:
+    """The export, then its marker: a later ``--overwrite`` may replace this folder (and only such a one)."""
+    export_npz(data, folder, extra)
+    (folder / MARKER).write_text(json.dumps({"written_by": "python -m pfl data export", "format": "npz"}) + "\n")
 
 
 def _flag(argv: list[str], flag: str) -> tuple[bool, list[str]]:

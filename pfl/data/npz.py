@@ -17,11 +17,11 @@ they are there and never unpickles that file's ``data``.
 
 from __future__ import annotations
 
-import io
 import json
+import math
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -29,9 +29,13 @@ from pfl.data.federated import FederatedData
 from pfl.data.safe_pickle import restricted_load
 from pfl.data.validate import Part
 from pfl.errors import ConfigError
+from pfl.memory import available_memory, gigabytes
 
 LAYOUT = "DIR/train/<id>.npz and DIR/test/<id>.npz (ids 0..N-1), each np.savez(f, data={'x': ..., 'y': ...})"
 FIELD = "data.root"
+MEMORY_SHARE = 3  # the data read may take a third of the memory available: it is copied when pooled
+MAX_CLASSES = 2**31 - 1  # a class id must fit torch's int32 indexing
+MAX_INFERRED_CLASSES = 100_000  # without num_classes in config.json, a larger label is refused, not allocated for
 
 
 def _save(path: Path, x: np.ndarray, y: np.ndarray) -> None:
@@ -40,9 +44,33 @@ def _save(path: Path, x: np.ndarray, y: np.ndarray) -> None:
         np.savez_compressed(f, data={"x": x, "y": y}, x=x, y=y)
 
 
-def _npy_member(raw: bytes, path: Path) -> Any:
-    """One ``.npy`` member of an archive: header parsed here, object payloads unpickled restrictedly."""
-    fp = io.BytesIO(raw)
+class ReadBudget:
+    """The bytes the archive members read so far declare, against ``limit``: a member is refused before it
+    is inflated when it would take the total past it (a zip bomb: a small file whose members inflate to
+    gigabytes). None: no limit known."""
+
+    def __init__(self, limit: int | None):
+        self.limit, self.used = limit, 0
+
+    @classmethod
+    def from_memory(cls) -> ReadBudget:
+        """A third of the memory available now: the samples are copied when converted and pooled."""
+        available = available_memory()
+        return cls(None if available is None else available // MEMORY_SHARE)
+
+    def charge(self, nbytes: int, path: Path, member: str) -> None:
+        if self.limit is not None and self.used + nbytes > self.limit:
+            raise ConfigError(
+                FIELD,
+                f"{path}: member {member!r} inflates to {gigabytes(nbytes)}, which would bring the data read to "
+                f"{gigabytes(self.used + nbytes)}, more than pfl reads with the memory available "
+                f"({gigabytes(self.limit)}, a third of it)",
+                "free memory or use a smaller data set; a small file that inflates this much is a zip bomb",
+            )
+        self.used += nbytes
+
+
+def _header(fp: IO[bytes], path: Path) -> tuple[tuple[int, ...], np.dtype]:
     version = np.lib.format.read_magic(fp)
     if version == (1, 0):
         shape, _, dtype = np.lib.format.read_array_header_1_0(fp)
@@ -50,13 +78,34 @@ def _npy_member(raw: bytes, path: Path) -> Any:
         shape, _, dtype = np.lib.format.read_array_header_2_0(fp)
     else:  # 3.0 exists only for structured dtypes with non-latin-1 field names: never numeric data
         raise ConfigError(FIELD, f"{path} holds a .npy member of version {version}, which pfl does not read")
-    if not dtype.hasobject:
-        fp.seek(0)
+    return tuple(shape), dtype
+
+
+def _npy_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path, budget: ReadBudget) -> Any:
+    """One ``.npy`` member of an archive, inflated only after its declared size is checked against the
+    budget and, for plain arrays, against the size its header describes; the inflating stream never
+    yields more than the declared size (zipfile stops there), so a member that lies about it cannot
+    take more. Object payloads are unpickled restrictedly."""
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):  # what numpy writes
+        raise ConfigError(FIELD, f"{path}: member {info.filename!r} uses zip compression {info.compress_type}")
+    budget.charge(info.file_size, path, info.filename)
+    with archive.open(info) as fp:
+        shape, dtype = _header(fp, path)
+        if dtype.hasobject:
+            array = restricted_load(fp, path, encoding="latin1")
+            if not isinstance(array, np.ndarray) or array.shape != shape:
+                raise ConfigError(FIELD, f"{path} holds an object member that is not the array its header describes")
+            return array.item() if array.shape == () else array
+        described = fp.tell() + math.prod(shape) * dtype.itemsize
+    if described != info.file_size:
+        raise ConfigError(
+            FIELD,
+            f"{path}: member {info.filename!r} declares {info.file_size} bytes, but its header describes "
+            f"{described} ({shape} {dtype})",
+            "the archive is damaged or forged; export it again",
+        )
+    with archive.open(info) as fp:  # numpy reads a stream chunk by chunk into the array it allocates
         return np.lib.format.read_array(fp, allow_pickle=False)
-    array = restricted_load(fp, path, encoding="latin1")
-    if not isinstance(array, np.ndarray) or array.shape != tuple(shape):
-        raise ConfigError(FIELD, f"{path} holds an object member that is not the array its header describes")
-    return array.item() if array.shape == () else array
 
 
 def _open(path: Path) -> zipfile.ZipFile:
@@ -72,14 +121,16 @@ def npz_members(path: Path) -> set[str]:
         return {n.removesuffix(".npy") for n in archive.namelist()}
 
 
-def read_npz(path: Path, names: tuple[str, ...] | None = None) -> dict[str, Any]:
+def read_npz(path: Path, names: tuple[str, ...] | None = None, budget: ReadBudget | None = None) -> dict[str, Any]:
     """The members of the ``.npz`` archive at ``path`` (only ``names`` when given), without ever
-    unpickling anything but data. Damaged or foreign files are a ConfigError naming ``path``."""
+    unpickling anything but data, and within ``budget`` (default: a third of the memory available).
+    Damaged, foreign or oversized files are a ConfigError naming ``path``."""
+    budget = ReadBudget.from_memory() if budget is None else budget
     with _open(path) as archive:
-        members = {n.removesuffix(".npy"): n for n in archive.namelist()}
+        members = {info.filename.removesuffix(".npy"): info for info in archive.infolist()}
         wanted = list(members) if names is None else [n for n in names if n in members]
         try:
-            return {key: _npy_member(archive.read(members[key]), path) for key in wanted}
+            return {key: _npy_member(archive, members[key], path, budget) for key in wanted}
         except ConfigError:
             raise
         except Exception as err:  # zip, header and array errors all mean "not a readable npz"
@@ -93,13 +144,13 @@ def _as_array(value: Any, path: Path, key: str) -> np.ndarray:
         raise ConfigError(FIELD, f"{path}: {key} is not an array of equally shaped samples ({err})") from None
 
 
-def _load(path: Path, client: int | None, split: str) -> Part:
+def _load(path: Path, client: int | None, split: str, budget: ReadBudget) -> Part:
     """One client file: plain ``x``/``y`` members when present, else PFLlib's ``data`` dict."""
     members = npz_members(path)
     if {"x", "y"} <= members:
-        arrays = read_npz(path, ("x", "y"))
+        arrays = read_npz(path, ("x", "y"), budget)
     elif "data" in members:
-        arrays = read_npz(path, ("data",))["data"]
+        arrays = read_npz(path, ("data",), budget)["data"]
         if not isinstance(arrays, dict) or not {"x", "y"} <= set(arrays):
             raise ConfigError(FIELD, f"{path}: 'data' is not a dict with 'x' and 'y'", f"expected layout: {LAYOUT}")
     else:
@@ -148,6 +199,10 @@ def _read_config(root: Path, num_clients: int) -> dict[str, Any]:
     classes = config.get("num_classes")
     if classes is not None and (not isinstance(classes, int) or isinstance(classes, bool) or classes < 1):
         raise ConfigError(FIELD, f"{path}: num_classes = {classes!r} is not a positive integer")
+    if classes is not None and classes > MAX_CLASSES:  # below it, the model's size check refuses what cannot fit
+        raise ConfigError(
+            FIELD, f"{path}: num_classes = {classes} is more than {MAX_CLASSES}", "set the number of classes used"
+        )
     new = config.get("new_clients", [])
     ok = isinstance(new, list) and all(
         isinstance(i, int) and not isinstance(i, bool) and 0 <= i < num_clients for i in new
@@ -160,10 +215,24 @@ def _read_config(root: Path, num_clients: int) -> dict[str, Any]:
     return config
 
 
-def _inferred_classes(parts: list[Part]) -> int:
-    """Without ``num_classes`` in config.json: one more than the largest label (PFLlib's convention)."""
-    labels = [p.y for p in parts if len(p.y) and p.y.dtype.kind in "biuf" and np.isfinite(p.y).all()]
-    return int(max(np.max(y) for y in labels)) + 1 if labels else 1
+def _inferred_classes(parts: list[Part], root: Path) -> int:
+    """Without ``num_classes`` in config.json: one more than the largest label (PFLlib's convention), at
+    most ``MAX_INFERRED_CLASSES``: every class costs the model a row of its head, so one stray label of
+    10^9 would otherwise ask for gigabytes before anything could name the file it came from."""
+    labels = [p for p in parts if len(p.y) and p.y.dtype.kind in "biuf" and np.isfinite(p.y).all()]
+    if not labels:
+        return 1
+    top = max(labels, key=lambda p: p.y.max())
+    largest = top.y.max()
+    if largest >= MAX_INFERRED_CLASSES:
+        row = int(np.argmax(top.y))
+        raise ConfigError(
+            FIELD,
+            f"{top.where}: label {largest} of sample {row} would make num_classes {int(largest) + 1}, more than the "
+            f"{MAX_INFERRED_CLASSES} pfl infers from labels",
+            f"set num_classes in {root / 'config.json'} if that many classes is meant, else fix the label",
+        )
+    return int(largest) + 1
 
 
 def npz_parts(root: Path) -> tuple[list[Part], int, list[int]]:
@@ -177,15 +246,15 @@ def npz_parts(root: Path) -> tuple[list[Part], int, list[int]]:
     if ids != list(range(len(ids))):
         raise ConfigError(FIELD, f"npz_dir: client ids in {train_dir} are not 0..N-1", LAYOUT)
     config = _read_config(root, len(ids))
-    parts = []
+    parts, budget = [], ReadBudget.from_memory()
     for cid in ids:
         for name in ("train", "test", "val"):
             path = root / name / f"{cid}.npz"
             if path.exists():
-                parts.append(_load(path, cid, name))
+                parts.append(_load(path, cid, name, budget))
             elif name == "test":
                 raise ConfigError(FIELD, f"npz_dir: {path} is missing", f"expected layout: {LAYOUT}")
     if (root / "global_test.npz").exists():
-        parts.append(_load(root / "global_test.npz", None, "global_test"))
-    num_classes = config.get("num_classes") or _inferred_classes(parts)
+        parts.append(_load(root / "global_test.npz", None, "global_test", budget))
+    num_classes = config.get("num_classes") or _inferred_classes(parts, root)
     return parts, num_classes, list(config.get("new_clients", []))

@@ -8,12 +8,15 @@ models and wrn28_10), ``timm:<arch>`` (a timm backbone), else an import path ``p
 
 from __future__ import annotations
 
+from functools import partial
+
 from torch import nn
 
 from pfl.errors import ConfigError
 from pfl.models import small, wrn  # noqa: F401  (registers the built-in models)
 from pfl.models.config import NORMS, STEMS, ModelConfig, validate_model_config
 from pfl.models.registry import TIMM_OPTIONS, Builder, available_models, check_options, lookup, register
+from pfl.models.size import check_model_fits
 from pfl.models.small import CharLSTM
 from pfl.models.timm_backbones import timm_model
 from pfl.models.user import import_model, is_import_path
@@ -62,12 +65,16 @@ def check_model_config(cfg: ModelConfig) -> None:
 
 def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """The network ``cfg`` names, for inputs of ``input_shape`` (one sample) and ``num_classes`` outputs.
-    Parameters are initialised from torch's global RNG (the loop seeds it first)."""
+    Parameters are initialised from torch's global RNG (the loop seeds it first). A built-in or timm
+    model is first measured on the meta device and refused when it cannot fit in memory (``size``)."""
     check_model_config(cfg)
     name, shape = cfg.name.strip(), tuple(input_shape)
     entry = lookup(name)
     if entry is not None:
-        return entry.build(cfg, shape, num_classes)
-    if name.startswith(TIMM_PREFIX):
-        return timm_model(name[len(TIMM_PREFIX) :], cfg, shape, num_classes)
-    return import_model(name, cfg, shape, num_classes)  # a user builder reads what it likes
+        build = partial(entry.build, cfg, shape, num_classes)
+    elif name.startswith(TIMM_PREFIX):
+        build = partial(timm_model, name[len(TIMM_PREFIX) :], cfg, shape, num_classes)
+    else:  # a user builder reads what it likes, and is called once: it may count its calls or draw numbers
+        return import_model(name, cfg, shape, num_classes)
+    check_model_fits(build, f"model {name} (input {shape}, {num_classes} classes)")
+    return build()

@@ -160,8 +160,12 @@ def _method_in_file(path: Path) -> tuple[str | None, str | None]:
     return None, text
 
 
+EXAMPLE = "trainer: {rounds: 5}"  # a config file's smallest useful content, on one line
+
+
 def load_yaml(path: Path) -> DictConfig:
-    """A config file as a mapping; one that is not (unreadable, bad YAML syntax, a list) is a one-line ConfigError."""
+    """A config file as a mapping; one that is not (unreadable, bad YAML syntax, a list, empty) is a
+    one-line ConfigError."""
     if not path.is_file():
         raise ConfigError("--config", f"{path} is not a file", "give the path of a YAML file, e.g. conf/default.yaml")
     try:
@@ -176,8 +180,10 @@ def load_yaml(path: Path) -> DictConfig:
     except OmegaConfBaseException as err:
         raise ConfigError("--config", f"{path} cannot be read as a config: {str(err).splitlines()[0]}") from None
     if not isinstance(conf, DictConfig):
+        raise ConfigError("--config", f"{path} holds a YAML list, not a mapping of groups", f"e.g. {EXAMPLE}")
+    if len(conf) == 0:  # parsed on, it would be refused as "Unexpected config:" without the file's name
         raise ConfigError(
-            "--config", f"{path} holds a YAML list, not a mapping of groups", "e.g. trainer:\n  rounds: 5"
+            "--config", f"{path} holds no settings (it is empty or only comments)", f"add some, e.g. {EXAMPLE}"
         )
     return conf
 
@@ -214,6 +220,8 @@ def parse_fit_args(argv: list[str]) -> tuple[RunConfig, Namespace, ArgumentParse
     checked against DIR/config.yaml (``check_resume_overrides``); nothing is written here."""
     argv, resume_dir = _rewrite_resume(hyphenate(list(argv)))
     name, argv = method_from_argv(argv)
+    if resume_dir is not None:
+        check_resume_method(resume_dir, name)
     parser = build_fit_parser(name)
     ns = _parse(parser, argv)
     if resume_dir is not None:
@@ -308,6 +316,18 @@ def resume_changes(run_dir: Path, ns: Namespace) -> dict[str, tuple[Any, Any]]:
     now = _flatten(ns.as_dict())
     keys = list(recorded) + [k for k in now if k not in recorded]
     return {k: (recorded.get(k), now.get(k)) for k in keys if recorded.get(k) != now.get(k)}
+
+
+def check_resume_method(run_dir: Path, name: str) -> None:
+    """Refuse a resume that names another method than the recorded one: its options would be parsed
+    against the recorded method's and fail on one of them, which misleads."""
+    recorded = _method_in_file(run_dir / "config.yaml")[0] or DEFAULT_METHOD
+    if name != recorded:
+        raise ConfigError(
+            "--resume",
+            f"{run_dir} was recorded with method {recorded}; a resume may not change the method (got {name})",
+            f"resume without --method.name, or start a new run (another --tracking.name) to train {name}",
+        )
 
 
 def check_resume_overrides(run_dir: Path, ns: Namespace) -> None:

@@ -68,8 +68,9 @@ def run_experiment(
 
     Order (docs/runs.md): validate and build everything (data, devices, model, the resumed state)
     while writing nothing; then claim the run folder (created, locked, an old one moved aside when
-    overwriting); then build the LOCAL reference, write config.yaml and train. A resume of a run that
-    has already finished its rounds returns its summary with ``already_finished`` and touches nothing.
+    overwriting); then build the LOCAL reference, start W&B, write config.yaml and train. A resume of a
+    run that has already finished its rounds returns its summary with ``already_finished`` and touches
+    nothing.
     """
     previous_threads = apply_threads(cfg.trainer.threads)
     callers_group = _group_initialized()  # a group the caller made before the run is theirs to keep
@@ -139,15 +140,18 @@ def _run(cfg: RunConfig, config_text: str | None, resume_dir: Path | None, run_d
 
 
 def _outputs(cfg: RunConfig, run_dir: Path, config_text: str | None, resumed: bool) -> list[Callback]:
-    """Rank 0's output callbacks; writes config.yaml (only when it changes, atomically)."""
+    """Rank 0's output callbacks; writes config.yaml (only when it changes, atomically). W&B is
+    started first: when it cannot start, nothing has been written and the new folder is removed."""
     files = RunFiles(run_dir)
+    callbacks: list[Callback] = [FileOutputs(files)]
+    if cfg.tracking.wandb:
+        tracker = wandb_callback(cfg, run_dir, flat_config(cfg), resume=resumed)
+        tracker.start()
+        callbacks.append(tracker)
     if config_text is not None:
         path = run_dir / "config.yaml"
         if not path.exists() or path.read_text() != config_text:
             files.write_config(config_text)
-    callbacks: list[Callback] = [FileOutputs(files)]
-    if cfg.tracking.wandb:
-        callbacks.append(wandb_callback(cfg, run_dir, flat_config(cfg), resume=resumed))
     return callbacks
 
 

@@ -37,6 +37,7 @@ from typing import Any
 from pfl.config import RunConfig
 from pfl.data.ecosystem import dataset_label
 from pfl.data.sources import NATURAL_SOURCES
+from pfl.errors import ConfigError
 from pfl.federation.loop import Callback, FederatedLoop
 from pfl.safe_files import ensure_folder, remove_tree, write_atomic
 
@@ -131,14 +132,34 @@ class WandbRun(Callback):
         self.next_step = 0  # W&B refuses steps below the run's current one
 
     # -- start ----------------------------------------------------------------------------------------
-    def on_fit_start(self, loop: FederatedLoop) -> None:
+    def start(self) -> None:
+        """Start the W&B run (once). A start that fails (a setting W&B refuses, no network, no login)
+        is one line, and the ``wandb`` folder it made is removed again: the run folder is left as it
+        was, so a rerun under the same name is not blocked by a half-made run."""
+        if self.run is not None:
+            return
         self.mode = wandb_mode()
         if self.mode != "disabled":
             print(f"W&B: starting {self.mode} run {self.identity.id} ({self.run_dir / 'wandb'})", flush=True)
-        self.run = self._init(self.mode)
+        made = not (self.run_dir / "wandb").exists()
+        try:
+            self.run = self._init(self.mode)
+        except Exception as err:  # pydantic, network and login errors: each stops the run before it trains
+            if made:
+                remove_tree(self.run_dir / "wandb")
+            detail = " ".join(str(err).split())[:300]
+            raise ConfigError(
+                "tracking.wandb",
+                f"W&B could not start run {self.identity.id} ({type(err).__name__}: {detail})",
+                "fix what it names (tracking.tags, tracking.project, tracking.group, the method's name), "
+                "or run with --tracking.wandb false",
+            ) from None
         self.identity.id = self.run.id  # a sweep agent chooses the id itself
         self.identity.save(self.run_dir)
         self.next_step = int(self.run.step)
+
+    def on_fit_start(self, loop: FederatedLoop) -> None:
+        self.start()
         for row in loop.history:  # a resumed run: the rounds W&B does not hold yet
             self._log(row)
         if self.run.offline:

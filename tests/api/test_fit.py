@@ -35,6 +35,38 @@ def test_fit_leaves_no_global_state_behind(tmp_path):
     assert run.summary["rounds"] == 2
 
 
+def test_fit_restores_numpy_and_python_rngs_that_the_users_model_draws_from(tmp_path, monkeypatch):
+    """pfl draws from neither global RNG itself; a user's model may (here: dropout masks from numpy's,
+    a jitter from Python's, at every forward pass), and the caller's next draws must not see it."""
+    (tmp_path / "noisy_nets.py").write_text(
+        textwrap.dedent(
+            """
+            import math
+            import random
+            import numpy as np
+            import torch
+            from torch import nn
+
+            class Noisy(nn.Module):
+                def __init__(self, input_shape, num_classes):
+                    super().__init__()
+                    self.fc = nn.Linear(math.prod(input_shape), num_classes)
+
+                def forward(self, x):
+                    keep = torch.as_tensor(np.random.rand(*x.shape[1:]) > 0.1, dtype=x.dtype)
+                    return self.fc((x * keep).flatten(1)) * (1 + 0.01 * random.random())
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    np.random.seed(7), random.seed(7)
+    expected = (np.random.rand(3), random.random())
+    np.random.seed(7), random.seed(7)
+    tiny_fit(tmp_path, "r", model={"class_path": "noisy_nets.Noisy"}, trainer={"rounds": 1, "progress": False})
+    assert np.array_equal(np.random.rand(3), expected[0])
+    assert random.random() == expected[1]
+
+
 def test_resume_from_python(tmp_path):
     run = tiny_fit(tmp_path, "r")
     resumed = pfl.fit(resume=run.path, **{"trainer.rounds": 3})  # --resume DIR --trainer.rounds 3

@@ -1,15 +1,43 @@
-"""Tests of pfl/metrics/evaluate.py: the routed scores (``route.*``) of a method with an inference rule and
-the honest scores (``honest.*``) that leave the malicious clients out."""
+"""Tests of pfl/metrics/evaluate.py: which samples the S-test sets hold, the routed scores (``route.*``)
+of a method with an inference rule and the honest scores (``honest.*``) that leave the malicious clients
+out."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
-from pfl.metrics.evaluate import predict
+from pfl.data import ClientSplit, FederatedData
+from pfl.engine.worker import TrainSettings, Worker
+from pfl.metrics.evaluate import EvalSets, predict
 from pfl.runner.experiment import run_experiment
 from tests.conftest import make_loop, tiny_config
 from tests.methods_helpers import _trained
+
+
+def _equal_test_federation(clients: int, test_size: int) -> Worker:
+    """``clients`` clients with one training sample and ``test_size`` test samples each, disjoint."""
+    per = 1 + test_size
+    splits = [ClientSplit(torch.tensor([k * per]), torch.arange(k * per + 1, (k + 1) * per)) for k in range(clients)]
+    x, y = torch.zeros(clients * per, 2), torch.zeros(clients * per, dtype=torch.long)
+    data = FederatedData("equal", x, y, 2, splits, torch.zeros(0, dtype=torch.long))
+    return Worker(nn.Sequential(nn.Flatten(), nn.Linear(2, 2)), data, TrainSettings(), seed=0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_s_test_is_the_own_test_then_every_other_clients_test_once(seed):
+    """With c = 1 the paper's S-test mixes in all m - 1 other clients, each share their whole test (the
+    share equals the pool): the S-set is the own test, then each other client's test sample exactly
+    once, never a sample of the client's own test in the "others" part and never one twice."""
+    worker = _equal_test_federation(clients=5, test_size=6)
+    tests = [c.test for c in worker.data.clients]
+    sets = EvalSets.build(worker, seed, share_of_others=1.0)
+    for cid, s_set in enumerate(sets.s):
+        own, others = s_set[:6], s_set[6:]
+        assert torch.equal(own, tests[cid])
+        expected = torch.cat([t for k, t in enumerate(tests) if k != cid])
+        assert torch.equal(others.sort().values, expected.sort().values)
 
 
 def _own_accuracy(loop, state: torch.Tensor, cid: int) -> float:
