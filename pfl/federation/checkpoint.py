@@ -648,8 +648,9 @@ def recorded_settings(run_dir: Path) -> dict[str, Any] | None:
 
 def check_values(checkpoint: Checkpoint) -> None:
     """UnreadableCheckpoint unless ``checkpoint`` holds what a run is restored from, of the types pfl
-    writes: ``round`` and ``train_samples`` counts, ``train_seconds`` a number, a ``server`` state."""
-    values = checkpoint.values
+    writes: ``round`` and ``train_samples`` counts, ``train_seconds`` a number, a ``server`` state, all
+    in the newest link itself (pfl writes them into every link)."""
+    values = checkpoint.links[0][1]
     missing = [key for key in ("round", "server", "train_samples", "train_seconds") if key not in values]
     if missing:
         raise UnreadableCheckpoint(f"it has no {', '.join(missing)}, which every checkpoint pfl writes has")
