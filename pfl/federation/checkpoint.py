@@ -26,10 +26,13 @@ deleted. A kill at any point leaves at least one complete, verified chain.
 Loading: ``torch.load(..., weights_only=True)`` admits tensors, numbers, strings and containers
 only; a file that needs any other global is refused (ConfigError), never unpickled. Memory-mapped
 loading skips the zip checksums, so every file's content is hashed again and compared with the
-SHA-256 it records before it is used (earlier versions of pfl recorded none: such files are used
-unverified). A truncated, empty or altered newest link (or one whose chain is incomplete or altered)
-is reported in one line and the previous one is used. A file without chain metadata (written by
-``save_checkpoint``, or by earlier versions of pfl) is a base on its own.
+SHA-256 it records before it is used. Names in the chain metadata become paths only in the exact form
+``save`` writes (``LINK_ID``, ``SEGMENT_NAME``: never absolute, never ``..``), inside the chain folder.
+A truncated, empty, altered or unsafe newest link (or one whose chain is incomplete or altered, or
+whose metadata has another form) is reported in one line and the previous one is used; so is one
+that records no SHA-256 (its key damaged, or written by an earlier version of pfl), which is used
+only when no chain verifies. A file without chain metadata (written by ``save_checkpoint``, or by
+earlier versions of pfl) is a base on its own.
 
 A full disk while saving is one ConfigError line naming the file; the temp file is removed and the
 checkpoints already in place are untouched.
