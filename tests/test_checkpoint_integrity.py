@@ -200,6 +200,15 @@ def test_a_sample_of_flipped_bytes_never_changes_what_is_resumed(tmp_path):
     assert row["fallback"] >= len(named) // 2  # most of these are caught, not harmless
 
 
+@pytest.mark.slow
+def test_every_flipped_byte_of_a_small_checkpoint_is_caught_or_harmless(tmp_path):
+    """The acceptance sweep (a few minutes): every offset of the small checkpoint, one at a time."""
+    run = small_run(tmp_path)
+    row = sweep(run, range((run / CHECKPOINT).stat().st_size))
+    assert row["failures"] == {} and row["silent_difference"] == row["refused"] == row["crash"] == 0
+    assert row["same"] + row["fallback"] == row["bytes"]
+
+
 def test_an_altered_chain_segment_is_detected_before_it_is_used(tmp_path):
     chain = CheckpointChain(tmp_path, segment_bytes=64)
     states = {cid: {"w": torch.full((32,), float(cid))} for cid in range(4)}
