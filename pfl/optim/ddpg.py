@@ -450,7 +450,7 @@ class DDPGAgent:
     def load_state_dict(self, d: dict[str, Any]) -> None:
         """Restore everything ``state_dict`` saved; the configs must be equal."""
         saved = json.loads(d["config"]) if isinstance(d["config"], str) else d["config"]  # earlier pfl: a dict
-        mine = json.loads(json.dumps(self.config.to_dict()))  # as saved: tuples read back as lists
+        mine = self.config.to_dict()  # plain JSON values already (hidden a list), as saved
         for f in fields(DDPGConfig):
             require(
                 saved.get(f.name) == mine[f.name],
