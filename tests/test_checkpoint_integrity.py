@@ -27,11 +27,9 @@ from pfl.federation.checkpoint import (
     CheckpointChain,
     MapDelta,
     UnreadableCheckpoint,
-    UnverifiedCheckpoint,
     content_digest,
     load_checkpoint,
     read_checkpoint,
-    read_verified,
 )
 from pfl.federation.loop import comparable_metrics
 
@@ -132,8 +130,7 @@ def test_a_renamed_digest_key_leaves_the_file_unverified_and_the_previous_one_is
     shutil.copytree(finished, run)
     flip_first(run / CHECKPOINT, DIGEST.encode())  # "_sha256" -> "_rha256": no digest any more ...
     damage_flip(run / CHECKPOINT)  # ... and different numbers, which nothing else would notice
-    with pytest.raises(UnverifiedCheckpoint):
-        read_verified(run / CHECKPOINT, mmap=True)
+    assert "_rha256" in read_checkpoint(run / CHECKPOINT, mmap=True)  # the digest is just another key now
     assert resume(run) == 0
     assert resumed_warnings(capsys) == [
         f"warning: checkpoint {run / CHECKPOINT} is unverified (it or its chain records no SHA-256 ({DIGEST})); "

@@ -88,10 +88,6 @@ class UnsafeCheckpoint(UnreadableCheckpoint):
     type name reads the same way, so an older checkpoint may still serve)."""
 
 
-class UnverifiedCheckpoint(UnreadableCheckpoint):
-    """The file records no SHA-256 (written by an earlier version of pfl, or its digest's key damaged)."""
-
-
 def _unsafe_globals(path: Path) -> list[str]:
     try:
         return list(get_unsafe_globals_in_checkpoint(path))
@@ -131,16 +127,8 @@ def read_checkpoint(path: Path, mmap: bool = False, verify: bool = True) -> dict
     """Load one checkpoint file with ``weights_only=True``. A file that needs other globals raises
     UnsafeCheckpoint naming them; a damaged file, or one whose content differs from the SHA-256 it
     records (``verify``), raises UnreadableCheckpoint. A file that records no SHA-256 is returned
-    unverified (``read_verified`` tells)."""
+    unverified (``CheckpointChain.load`` uses such a file only when no checkpoint verifies)."""
     return _read(path, mmap, verify)[0]
-
-
-def read_verified(path: Path, mmap: bool = False) -> dict[str, Any]:
-    """``read_checkpoint`` that also raises UnverifiedCheckpoint when the file records no SHA-256."""
-    state, verified = _read(path, mmap, verify=True)
-    if not verified:
-        raise UnverifiedCheckpoint(f"it records no SHA-256 ({DIGEST}), so its content cannot be verified")
-    return state
 
 
 def _read(path: Path, mmap: bool, verify: bool) -> tuple[dict[str, Any], bool]:
@@ -844,12 +832,10 @@ __all__ = [
     "MapDelta",
     "UnreadableCheckpoint",
     "UnsafeCheckpoint",
-    "UnverifiedCheckpoint",
     "chain_file",
     "check_meta",
     "check_values",
     "content_digest",
-    "read_verified",
     "recorded_settings",
     "load_checkpoint",
     "read_checkpoint",
