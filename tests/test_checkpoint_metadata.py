@@ -221,3 +221,18 @@ def test_settings_a_resume_may_change_are_not_compared(copied):
     settings = recorded_settings(copied)
     assert "trainer.rounds" not in settings and "tracking.root" not in settings and "data.root" not in settings
     assert settings["seed"] == 0 and settings["method.name"] == "fedavg"
+
+
+def test_settings_are_compared_where_both_sides_know_them(tmp_path):
+    from pfl.errors import ConfigError
+    from pfl.runner.experiment import check_recorded_settings
+
+    CheckpointChain(tmp_path).save({"round": 1, "settings": {"a": 1, "b": [2], "c": "x", "gone": 0}})
+    check_recorded_settings(tmp_path, {"a": 1, "b": [2], "c": "x", "added": 5})  # another version's options
+    with pytest.raises(ConfigError) as err:
+        check_recorded_settings(tmp_path, {"a": 2, "b": [3], "c": "x"})
+    assert err.value.field == "--resume"
+    assert f"{tmp_path / 'config.yaml'} sets a to 2 but its checkpoint was written with 1 (and 1 more: b)" in str(
+        err.value
+    )
+    check_recorded_settings(tmp_path / "none", {"a": 2})  # no checkpoint records settings: nothing to compare

@@ -24,7 +24,7 @@ are placed first, then the link before the newest becomes ``checkpoint.prev.pt``
 deleted. A kill at any point leaves at least one complete, verified chain.
 
 Loading: ``torch.load(..., weights_only=True)`` admits tensors, numbers, strings and containers
-only; a file that needs any other global is refused (ConfigError), never unpickled. Memory-mapped
+only; a file that needs any other global is refused (UnsafeCheckpoint), never unpickled. Memory-mapped
 loading skips the zip checksums, so every file's content is hashed again and compared with the
 SHA-256 it records before it is used. Names in the chain metadata become paths only in the exact form
 ``save`` writes (``LINK_ID``, ``SEGMENT_NAME``: never absolute, never ``..``), inside the chain folder.

@@ -64,7 +64,8 @@ def check_recorded_settings(run_dir: Path, settings: dict[str, Any]) -> None:
     recorded = recorded_settings(run_dir)
     if recorded is None:  # a checkpoint of an earlier version of pfl records none
         return
-    differ = [k for k in sorted(set(recorded) | set(settings)) if recorded.get(k) != settings.get(k)]
+    # Only settings both know: an option added or removed by another version of pfl is no edit.
+    differ = [k for k in sorted(recorded) if k in settings and recorded[k] != settings[k]]
     if differ:
         key = differ[0]
         more = f" (and {len(differ) - 1} more: {', '.join(differ[1:4])})" if len(differ) > 1 else ""
