@@ -422,7 +422,7 @@ def test_an_agent_saved_in_the_earlier_layout_loads_and_acts_the_same():
         assert torch.equal(act_a, act_b) and loss_a == loss_b
 
 
-@pytest.mark.parametrize("part", ["networks", "actor_optim"])
+@pytest.mark.parametrize("part", ["networks", "actor_optim", "optim_index"])
 def test_a_packed_state_of_another_size_is_refused(part):
     agent = DDPGAgent(DDPGConfig(state_dim=2, action_dim=1, warmup=1, batch_size=2), seed=0)
     fill(agent, 4)
@@ -430,8 +430,10 @@ def test_a_packed_state_of_another_size_is_refused(part):
     d = agent.state_dict()
     if part == "networks":
         d["networks"] = d["networks"][:-1]
-    else:
+    elif part == "actor_optim":
         d["actor_optim"]["packed"] = torch.cat([d["actor_optim"]["packed"], torch.zeros(1)])
+    else:  # a parameter index one past the actor's last one
+        d["actor_optim"]["params"][-1] = len(list(agent.actor.parameters()))
     with pytest.raises(ConfigError, match="ddpg.state"):
         DDPGAgent(agent.config, seed=0).load_state_dict(d)
 
