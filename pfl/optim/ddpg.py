@@ -283,7 +283,8 @@ def _unpack(flat: Tensor, shapes: list[torch.Size]) -> list[Tensor]:
         f"a packed state of {flat.numel()} numbers where this agent has {sum(sizes)}",
         "load the agent with the configuration it was saved with",
     )
-    return [part.reshape(shape) for part, shape in zip(flat.split(sizes), shapes, strict=True)]
+    parts = flat.split(sizes)  # as many parts as shapes: the sizes add up to the numel checked above
+    return [parts[i].reshape(shape) for i, shape in enumerate(shapes)]
 
 
 def _optimizer_state(opt: torch.optim.Optimizer) -> dict[str, Any]:
@@ -435,7 +436,7 @@ class DDPGAgent:
         """A snapshot (cloned tensors) with only tensors, ints, floats, bools, str, lists and dicts,
         so ``torch.load(weights_only=True)`` reads it back."""
         return {
-            "config": json.dumps(self.config.to_dict(), sort_keys=True),  # one string: one record to unpickle
+            "config": json.dumps(self.config.to_dict()),  # one string: one record to unpickle
             "networks": _pack([t for name in NETWORKS for t in getattr(self, name).state_dict().values()]),
             "actor_optim": _optimizer_state(self.actor_optim),
             "critic_optim": _optimizer_state(self.critic_optim),
@@ -459,9 +460,9 @@ class DDPGAgent:
                 "build the agent with the configuration it was saved with",
             )
         if "networks" in d:
-            live = [getattr(self, name).state_dict() for name in NETWORKS]
-            parts = iter(_unpack(d["networks"], [t.shape for sd in live for t in sd.values()]))
-            for name, sd in zip(NETWORKS, live, strict=True):
+            live = {name: getattr(self, name).state_dict() for name in NETWORKS}
+            parts = iter(_unpack(d["networks"], [t.shape for sd in live.values() for t in sd.values()]))
+            for name, sd in live.items():
                 getattr(self, name).load_state_dict({key: next(parts) for key in sd})
         else:  # an agent saved by an earlier version of pfl: one dict per network
             for name in NETWORKS:
