@@ -1,4 +1,5 @@
-"""Checkpoint cost per round against N: the incremental chain vs one full checkpoint.
+"""Checkpoint cost per round against N: the incremental chain vs one full checkpoint; and every
+method's incremental checkpoint as a share of its round (``method_shares``).
 
 Every client starts with a personal state (as if each had taken part before), so the federation's
 size is N models whatever the number of rounds measured. Each round is followed by ``loop.save()``
@@ -10,6 +11,7 @@ round cost before checkpoints were incremental) is timed once per N for comparis
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import sys
@@ -20,7 +22,9 @@ from pathlib import Path
 import torch
 
 from bench.common import bench_config, make_loop, mnist_like, rounds_and_saves
+from pfl.data import DataConfig, build_data
 from pfl.federation.checkpoint import save_checkpoint
+from pfl.methods import methods
 from pfl.seeding import torch_generator
 
 
@@ -82,8 +86,39 @@ def cost_share(model: str, rounds: int, method: str = "fedavg", num_clients: int
     return {"method": method, "model": model, "round_s": r, "checkpoint_s": s, "share": s / r}
 
 
+# A run like conf/default.yaml's on pfl's synthetic data: 50 clients, half of them per round, 5 epochs of
+# batch 32 on the default MLP, a checkpoint after every round (checkpoint_every: 1).
+SHARE_CLIENTS, SHARE_PER_ROUND = 50, 25
+SHARE_LIMIT = 0.05  # an incremental checkpoint costs at most this share of its round
+
+
+def method_share(method: str, rounds: int = 2) -> dict:
+    """``method``'s incremental checkpoint (the mean over ``rounds`` rounds after the first base) as a
+    share of its round (the median round)."""
+    cfg = bench_config(method, "mlp", SHARE_CLIENTS, SHARE_PER_ROUND, epochs=5, batch_size=32)
+    cfg = dataclasses.replace(cfg, data=DataConfig(source="synthetic", num_clients=SHARE_CLIENTS))
+    with tempfile.TemporaryDirectory(prefix="pfl-bench-ckpt-") as tmp:
+        loop = make_loop(cfg, build_data(cfg.data, cfg.seed), run_dir=Path(tmp))
+        loop.run_round()
+        loop.save()  # the base: every later link is a delta
+        sizes: list[int] = []
+        round_s, save_s = rounds_and_saves(loop, rounds, after_save=lambda: sizes.append(loop.chain.last_bytes))
+        loop.chain.wait()
+    r, s = statistics.median(round_s), sum(save_s) / rounds
+    return {"method": method, "round_s": r, "checkpoint_s": s, "mb": sum(sizes) / rounds / 2**20, "share": s / r}
+
+
+def method_shares(names: list[str] | None = None, rounds: int = 2) -> list[dict]:
+    """``method_share`` of every registered method (or of ``names``), in name order."""
+    return [method_share(m, rounds) for m in sorted(names or methods())]
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
+    if sys.argv[1:2] == ["methods"]:  # python -m bench.checkpoint methods [NAME ...]
+        for row in method_shares(sys.argv[2:] or None):
+            print(json.dumps(row))
+        sys.exit(0)
     sizes = [int(a) for a in sys.argv[1:]] or [10, 100, 1000]
     for n in sizes:
         print(json.dumps(checkpoint_point(n, 100)))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from bench.checkpoint import checkpoint_point, cost_share
+from bench.checkpoint import SHARE_CLIENTS, SHARE_LIMIT, SHARE_PER_ROUND, checkpoint_point, cost_share, method_shares
 from bench.common import bench_config, cifar_like, make_loop, mnist_like
 from bench.overhead import PlainFedAvg, overhead
 from bench.scaling import interleaved_round_s, method_costs
@@ -95,11 +95,13 @@ def run_vmap() -> list[dict]:
 
 
 def run_checkpoint() -> dict:
-    """Ditto MLP with every client holding a personal model: checkpoint per round against N; and the
-    checkpoint's share of a round in the overhead setup (FedAvg, 100 clients)."""
+    """Ditto MLP with every client holding a personal model: checkpoint per round against N; the
+    checkpoint's share of a round in the overhead setup (FedAvg, 100 clients); and every method's
+    incremental checkpoint as a share of its round (``bench.checkpoint.method_shares``)."""
     return {
         "by_n": [checkpoint_point(n, 40) for n in (10, 100, 1000)],
         "share": [cost_share(model, 3 * ROUNDS[model]) for model in ("mlp", "cnn")],
+        "methods": method_shares(),
     }
 
 
@@ -214,6 +216,23 @@ def report(results: dict) -> str:
                 ("checkpoint_s", "checkpoint s", ".4f"),
                 ("share", "share", ".3f"),
             ],
+        ),
+        f"\nCheckpoint share per method (synthetic data, {SHARE_CLIENTS} clients, {SHARE_PER_ROUND} per round, "
+        f"5 epochs, MLP, a checkpoint every round; limit {SHARE_LIMIT:.0%})",
+        table(
+            results["checkpoint"]["methods"],
+            [
+                ("method", "method", "s"),
+                ("round_s", "round s", ".3f"),
+                ("checkpoint_s", "checkpoint s", ".4f"),
+                ("mb", "MB", ".2f"),
+                ("share", "share", ".3f"),
+            ],
+        ),
+        *(
+            f"{r['method']}: checkpoint share {r['share']:.1%} is over {SHARE_LIMIT:.0%}"
+            for r in results["checkpoint"]["methods"]
+            if r["share"] > SHARE_LIMIT
         ),
         "\nResNet-18 (GroupNorm), 3x32x32, FedAvg round of 10 clients x 20 samples",
         table(

@@ -173,16 +173,36 @@ def write_atomic(path: Path, content: bytes | str | Callable[[BinaryIO], object]
     os.replace(tmp, path)
 
 
+def hard_link_error(path: Path, links: int, field: str = "tracking.root") -> ConfigError:
+    """The one-line refusal of a file with other names (a hard link) where pfl writes in place."""
+    return ConfigError(
+        field,
+        f"{path} is a hard link ({links} names for one file); pfl never writes in place into a file that "
+        "has other names, which may lie outside the run folder",
+        "delete it (pfl makes a new one) and run again",
+    )
+
+
 def open_lock(path: Path, create: bool) -> int:
     """A descriptor of the lock file ``path`` (read-write, created when ``create``), never through
-    a link; FileNotFoundError when it is missing and not created."""
-    flags = (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | os.O_NOFOLLOW | os.O_CLOEXEC
+    a link: a symbolic link is refused, and so is a file that is not a regular file or has other
+    names (a hard link, whose other name may be outside the run folder: the owner record written
+    into the lock would land there); FileNotFoundError when it is missing and not created."""
+    # O_NONBLOCK: a FIFO planted there never blocks the open (no effect on a regular file)
+    flags = (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        return os.open(path, flags, 0o644)
+        fd = os.open(path, flags, 0o644)
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise link_error(path) from None
         raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+        os.close(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError("tracking.root", f"{path} is not a regular file", "delete it and run again")
+        raise hard_link_error(path, st.st_nlink)
+    return fd
 
 
 __all__ = [
@@ -191,6 +211,7 @@ __all__ = [
     "disk_full",
     "ensure_folder",
     "find_links",
+    "hard_link_error",
     "link_error",
     "new_file",
     "open_lock",

@@ -15,16 +15,19 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.checkpoint_fuzz import OUTCOMES, small_run, sweep
 from pfl.cli import main
 from pfl.errors import ConfigError
 from pfl.federation.checkpoint import (
     CHAIN_DIR,
     CHECKPOINT,
+    DIGEST,
     PENDING,
     PREVIOUS,
     CheckpointChain,
     MapDelta,
     UnreadableCheckpoint,
+    content_digest,
     load_checkpoint,
     read_checkpoint,
 )
@@ -106,6 +109,101 @@ def test_altered_checkpoint_falls_back_to_the_previous_one_and_ends_identical(
     summary = json.loads((run / "summary.json").read_text())
     assert summary["rounds"] == 3
     assert comparable_metrics(summary) == comparable_metrics(uninterrupted)  # bit-identical numbers
+
+
+def flip_first(path: Path, needle: bytes, at: int = 1) -> None:
+    """Flip one byte (``at``) of the first occurrence of ``needle`` in the file."""
+    data = bytearray(path.read_bytes())
+    where = data.index(needle) + at
+    data[where] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def resumed_warnings(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+
+
+def test_a_renamed_digest_key_leaves_the_file_unverified_and_the_previous_one_is_used(
+    tmp_path, finished, uninterrupted, capsys
+):
+    run = tmp_path / "r"
+    shutil.copytree(finished, run)
+    flip_first(run / CHECKPOINT, DIGEST.encode())  # "_sha256" -> "_rha256": no digest any more ...
+    damage_flip(run / CHECKPOINT)  # ... and different numbers, which nothing else would notice
+    assert "_rha256" in read_checkpoint(run / CHECKPOINT, mmap=True)  # the digest is just another key now
+    assert resume(run) == 0
+    assert resumed_warnings(capsys) == [
+        f"warning: checkpoint {run / CHECKPOINT} is unverified (it or its chain records no SHA-256 ({DIGEST})); "
+        f"falling back to {run / PREVIOUS}"
+    ]
+    assert comparable_metrics(json.loads((run / "summary.json").read_text())) == comparable_metrics(uninterrupted)
+
+
+def test_a_damaged_type_name_falls_back_to_the_previous_checkpoint(tmp_path, finished, uninterrupted, capsys):
+    run = tmp_path / "r"
+    shutil.copytree(finished, run)
+    flip_first(run / CHECKPOINT, b"_rebuild_tensor_v2", at=4)  # reads as an unknown global: "not plain tensors"
+    assert resume(run) == 0
+    (warning,) = resumed_warnings(capsys)
+    assert "not plain tensors/containers" in warning and f"falling back to {run / PREVIOUS}" in warning
+    assert comparable_metrics(json.loads((run / "summary.json").read_text())) == comparable_metrics(uninterrupted)
+
+
+def test_unverified_files_are_used_only_when_no_checkpoint_verifies(tmp_path, capsys):
+    chain = CheckpointChain(tmp_path)
+    for k in (1, 2):
+        chain.save({"round": k, "server": torch.full((2,), float(k))})
+    chain.wait()
+    for name in (CHECKPOINT, PREVIOUS):  # as written by an earlier version of pfl: no digest
+        state = torch.load(tmp_path / name, weights_only=True)
+        torch.save({k: v for k, v in state.items() if k != DIGEST}, tmp_path / name)
+    assert CheckpointChain(tmp_path).load().values["round"] == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1] == f"warning: no checkpoint of {tmp_path} verifies; using {tmp_path / CHECKPOINT} unverified"
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (torch.zeros(4, dtype=torch.float32), torch.zeros(4, dtype=torch.int32)),  # same bytes, other dtype
+        (torch.zeros(4), torch.zeros(2, 2)),
+        ([1, 2], (1, 2)),
+        ({"w": [1.0]}, {"w": (1.0,)}),
+        (1, 1.0),
+        (1, True),
+        ("1", 1),
+        ({"a": 1, "b": 2}, {"b": 2, "a": 1}),
+        ([[1], 2], [[1, 2]]),
+    ],
+)
+def test_the_digest_covers_dtypes_shapes_and_container_types(a, b):
+    assert content_digest(a) != content_digest(b)
+    assert content_digest(a) == content_digest(a)
+
+
+def test_a_sample_of_flipped_bytes_never_changes_what_is_resumed(tmp_path):
+    """Offsets of a small checkpoint, one byte flipped at a time: the digest key's name, every type
+    name's bytes, and a spread over the whole file (``python -m bench.checkpoint_fuzz`` sweeps all)."""
+    run = small_run(tmp_path)
+    data = (run / CHECKPOINT).read_bytes()
+    named = [data.index(DIGEST.encode()) + k for k in range(len(DIGEST))]
+    for needle in (b"_rebuild_tensor_v2", b"FloatStorage", b"collections", b"OrderedDict"):
+        start = data.find(needle)
+        if start >= 0:
+            named += range(start, start + len(needle))
+    offsets = sorted(set(named) | set(range(0, len(data), 89)))
+    row = sweep(run, offsets)
+    assert row["failures"] == {} and sum(row[k] for k in OUTCOMES) == len(offsets)
+    assert row["fallback"] >= len(named) // 2  # most of these are caught, not harmless
+
+
+@pytest.mark.slow
+def test_every_flipped_byte_of_a_small_checkpoint_is_caught_or_harmless(tmp_path):
+    """The acceptance sweep (a few minutes): every offset of the small checkpoint, one at a time."""
+    run = small_run(tmp_path)
+    row = sweep(run, range((run / CHECKPOINT).stat().st_size))
+    assert row["failures"] == {} and row["silent_difference"] == row["refused"] == row["crash"] == 0
+    assert row["same"] + row["fallback"] == row["bytes"]
 
 
 def test_an_altered_chain_segment_is_detected_before_it_is_used(tmp_path):

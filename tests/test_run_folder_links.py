@@ -161,3 +161,18 @@ def test_a_finished_run_on_read_only_storage_still_shows_its_results(copied, cap
     assert "already finished its 2 rounds; nothing to do" in capsys.readouterr().out
     assert main(["fit", "--resume", str(copied), "--trainer.rounds", "3"]) == 2  # more rounds must write
     assert f"--resume: {copied} is not writable by this user" in one_line(capsys.readouterr().err)
+
+
+def test_a_run_lock_that_is_a_hard_link_to_an_outside_file_is_refused_and_that_file_kept(copied, capsys):
+    outside = copied.parent / "bashrc"
+    (copied / LOCK).unlink(missing_ok=True)
+    os.link(outside, copied / LOCK)
+    before = {p.name: p.stat().st_mtime_ns for p in copied.iterdir()}
+    assert main(["fit", "--resume", str(copied), "--trainer.rounds", "3"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert f"{copied / LOCK} is a hard link (2 names for one file)" in line and "delete it" in line
+    assert outside.read_text() == SECRET and outside.stat().st_nlink == 2
+    assert {p.name: p.stat().st_mtime_ns for p in copied.iterdir()} == before  # no training
+    (copied / LOCK).unlink()
+    assert main(["fit", "--resume", str(copied), "--trainer.rounds", "3", "--trainer.progress", "false"]) == 0
+    assert outside.read_text() == SECRET and (copied / LOCK).stat().st_nlink == 1

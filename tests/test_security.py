@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -153,12 +154,22 @@ def test_checkpoint_payload_is_refused_on_resume(tmp_path, capsys):
     state = torch.load(ckpt, weights_only=True)  # what pfl wrote is plain tensors and containers
     state["history"].append({"note": Payload(marker)})
     torch.save(state, ckpt)
+    shutil.copytree(runs / "r", runs / "alone")
+    (runs / "alone" / PREVIOUS).unlink()
+    resume = ["--trainer.rounds", "3", "--trainer.progress", "false"]
     capsys.readouterr()
-    assert main(["fit", "--resume", str(runs / "r"), "--trainer.rounds", "3", "--trainer.progress", "false"]) == 2
-    message = capsys.readouterr().err
-    assert str(ckpt) in message and "not plain tensors/containers: io.open" in message
-    assert "refuses to unpickle code" in message and not marker.exists()
-    torch.load(ckpt, weights_only=False)  # control: an unrestricted load runs it
+    # the previous checkpoint verifies: the payload is refused in one warning and the run goes on from it
+    assert main(["fit", "--resume", str(runs / "r"), *resume]) == 0
+    (warning,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert str(ckpt) in warning and "not plain tensors/containers: io.open" in warning
+    assert f"falling back to {runs / 'r' / PREVIOUS}" in warning and not marker.exists()
+    # nothing to fall back to: one error line
+    assert main(["fit", "--resume", str(runs / "alone"), *resume]) == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message.startswith("error: --resume: no readable checkpoint") and str(runs / "alone" / CHECKPOINT) in message
+    assert "not plain tensors/containers: io.open" in message and "refuses to unpickle code" in message
+    assert not marker.exists()
+    torch.load(runs / "alone" / CHECKPOINT, weights_only=False)  # control: an unrestricted load runs it
     assert marker.exists()
 
 

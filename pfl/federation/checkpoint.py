@@ -24,12 +24,15 @@ are placed first, then the link before the newest becomes ``checkpoint.prev.pt``
 deleted. A kill at any point leaves at least one complete, verified chain.
 
 Loading: ``torch.load(..., weights_only=True)`` admits tensors, numbers, strings and containers
-only; a file that needs any other global is refused (ConfigError), never unpickled. Memory-mapped
+only; a file that needs any other global is refused (UnsafeCheckpoint), never unpickled. Memory-mapped
 loading skips the zip checksums, so every file's content is hashed again and compared with the
-SHA-256 it records before it is used (earlier versions of pfl recorded none: such files are used
-unverified). A truncated, empty or altered newest link (or one whose chain is incomplete or altered)
-is reported in one line and the previous one is used. A file without chain metadata (written by
-``save_checkpoint``, or by earlier versions of pfl) is a base on its own.
+SHA-256 it records before it is used. Names in the chain metadata become paths only in the exact form
+``save`` writes (``LINK_ID``, ``SEGMENT_NAME``: never absolute, never ``..``), inside the chain folder.
+A truncated, empty, altered or unsafe newest link (or one whose chain is incomplete or altered, or
+whose metadata has another form) is reported in one line and the previous one is used; so is one
+that records no SHA-256 (its key damaged, or written by an earlier version of pfl), which is used
+only when no chain verifies. A file without chain metadata (written by ``save_checkpoint``, or by
+earlier versions of pfl) is a base on its own.
 
 A full disk while saving is one ConfigError line naming the file; the temp file is removed and the
 checkpoints already in place are untouched.
@@ -39,11 +42,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import secrets
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -66,10 +70,22 @@ DIGEST = "_sha256"  # the SHA-256 of the rest of the file's content, recorded wh
 SEGMENT_BYTES = 64 * 2**20  # map entries beyond this go to separate files, written one at a time
 CHECKPOINT_COST_RATIO = 20.0  # with checkpoint_every > 1: checkpoint once this many times its cost has passed
 MAX_LINKS = 200  # a new base after this many links at the latest (bounds the files resume opens)
+SETTINGS = "settings"  # the run's settings, recorded in every link (compared with config.yaml on resume)
+# The names pfl gives chain files (``CheckpointChain.save``): a link id is the round (9 digits or more)
+# and 8 random hex digits; a segment is ``<link id>.<map name>.<k>.pt``. A name read from a file becomes a
+# path only when it has exactly this form, so it cannot leave the chain folder (``/``, ``..``, absolute).
+LINK_ID = re.compile(r"\d{9,19}-[0-9a-f]{8}")
+SEGMENT_NAME = re.compile(r"(\d{9,19}-[0-9a-f]{8})\.[A-Za-z_]{1,64}\.\d{1,9}\.pt")
 
 
 class UnreadableCheckpoint(Exception):
-    """The file is damaged (truncated, empty, not a torch archive); an older one may still serve."""
+    """The file is damaged (truncated, empty, not a torch archive, altered, or with metadata pfl never
+    writes); an older one may still serve."""
+
+
+class UnsafeCheckpoint(UnreadableCheckpoint):
+    """The file needs globals other than tensors and containers: refused, never unpickled (a damaged
+    type name reads the same way, so an older checkpoint may still serve)."""
 
 
 def _unsafe_globals(path: Path) -> list[str]:
@@ -108,19 +124,22 @@ def content_digest(tree: Any) -> str:
 
 
 def read_checkpoint(path: Path, mmap: bool = False, verify: bool = True) -> dict[str, Any]:
-    """Load one checkpoint file with ``weights_only=True``. A file that needs other globals is a
-    ConfigError naming them; a damaged file, or one whose content differs from the SHA-256 it
-    records (``verify``), raises UnreadableCheckpoint."""
+    """Load one checkpoint file with ``weights_only=True``. A file that needs other globals raises
+    UnsafeCheckpoint naming them; a damaged file, or one whose content differs from the SHA-256 it
+    records (``verify``), raises UnreadableCheckpoint. A file that records no SHA-256 is returned
+    unverified (``CheckpointChain.load`` uses such a file only when no checkpoint verifies)."""
+    return _read(path, mmap, verify)[0]
+
+
+def _read(path: Path, mmap: bool, verify: bool) -> tuple[dict[str, Any], bool]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as err:  # torch reports damage and refusal with many types; sort them below
         unsafe = _unsafe_globals(path)
         if unsafe:
-            raise ConfigError(
-                "--resume",
-                f"checkpoint {path} holds objects that are not plain tensors/containers: {', '.join(unsafe)}; "
-                "pfl refuses to unpickle code",
-                "resume only from checkpoints pfl wrote, or start a new run",
+            raise UnsafeCheckpoint(
+                f"it holds objects that are not plain tensors/containers: {', '.join(unsafe)}; "
+                "pfl refuses to unpickle code"
             ) from None
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UnreadableCheckpoint(reason) from None
@@ -129,7 +148,7 @@ def read_checkpoint(path: Path, mmap: bool = False, verify: bool = True) -> dict
     recorded = state.pop(DIGEST, None)
     if verify and recorded is not None and recorded != content_digest(state):
         raise UnreadableCheckpoint("its content differs from the SHA-256 recorded when it was written")
-    return state
+    return state, recorded is not None
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -207,6 +226,53 @@ class _Link:
         return cls(meta["id"], meta.get("parent"), meta["depth"], meta["base_bytes"], meta["delta_bytes"], segments)
 
 
+def chain_file(chain_dir: Path, name: str) -> Path:
+    """``chain_dir / name`` for a name of the form pfl writes there (``<link id>.pt`` or a segment);
+    any other name (absolute, with ``/`` or ``..``) is UnreadableCheckpoint, never a path."""
+    if not (SEGMENT_NAME.fullmatch(name) or (name.endswith(".pt") and LINK_ID.fullmatch(name[:-3]))):
+        raise UnreadableCheckpoint(f"it names the chain file {name!r}, which pfl never writes")
+    return chain_dir / name
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def check_meta(meta: Any) -> None:
+    """UnreadableCheckpoint unless ``meta`` has exactly the form ``CheckpointChain.save`` writes: ids
+    and segment names that name files inside the chain folder, counts that are counts."""
+
+    def bad(what: str) -> UnreadableCheckpoint:
+        return UnreadableCheckpoint(f"its chain metadata ({META}) {what}, which pfl never writes")
+
+    if not isinstance(meta, dict):
+        raise bad(f"is a {type(meta).__name__}")
+    link_id, parent = meta.get("id"), meta.get("parent")
+    if not (isinstance(link_id, str) and LINK_ID.fullmatch(link_id)):
+        raise bad(f"has the id {link_id!r}")
+    if parent is not None and not (isinstance(parent, str) and LINK_ID.fullmatch(parent)):
+        raise bad(f"has the parent id {parent!r}")
+    for key in ("depth", "base_bytes", "delta_bytes"):
+        if not _count(meta.get(key)):
+            raise bad(f"has {key} {meta.get(key)!r}")
+    maps, lists = meta.get("maps", {}), meta.get("lists", {})
+    if not (isinstance(maps, dict) and isinstance(lists, dict)):
+        raise bad("has maps or lists that are not dicts")
+    for name, entry in maps.items():
+        if not (isinstance(name, str) and isinstance(entry, dict)):
+            raise bad(f"has the map {name!r}")
+        segments, removed = entry.get("segments", []), entry.get("removed", [])
+        if not (isinstance(segments, list) and isinstance(removed, list) and all(_count(k) for k in removed)):
+            raise bad(f"has the map {name!r} with segments or removed keys of another form")
+        for segment in segments:
+            match = SEGMENT_NAME.fullmatch(segment) if isinstance(segment, str) else None
+            if match is None or match.group(1) != link_id:
+                raise bad(f"names the segment {segment!r}")
+    for name, start in lists.items():
+        if not (isinstance(name, str) and _count(start)):
+            raise bad(f"has the list {name!r} starting at {start!r}")
+
+
 class Checkpoint:
     """A resolved chain, newest link first: merged values and lists, map entries streamed on demand."""
 
@@ -269,7 +335,7 @@ class Checkpoint:
                 return
             seen.update(meta.get("removed", []))
             parts: list[Any] = [link.get(name, {})]
-            parts += [self.chain_dir / s for s in meta.get("segments", [])]
+            parts += [chain_file(self.chain_dir, s) for s in meta.get("segments", [])]
             for part in parts:
                 entries = read_checkpoint(part, mmap=True, verify=False) if isinstance(part, Path) else part
                 for key, value in sorted(entries.items()):
@@ -407,7 +473,7 @@ class CheckpointChain:
             if previous.exists():
                 old = self._previous
                 if old is not None and fallback is not None and old.id in self._ancestry(fallback):
-                    os.replace(previous, self.chain_dir / f"{old.id}.pt")
+                    os.replace(previous, chain_file(self.chain_dir, f"{old.id}.pt"))
                 else:  # not needed any more: deleted with the other unreachable files, off this thread
                     os.replace(previous, self.chain_dir / f"unused-{secrets.token_hex(4)}.pt")
             if path.exists():
@@ -448,67 +514,97 @@ class CheckpointChain:
             self._collector = None
 
     # -- loading ----------------------------------------------------------------------------------
-    def load(self) -> Checkpoint | None:
-        """The newest readable chain (``checkpoint.pt``'s, else ``checkpoint.prev.pt``'s), or None when
-        the run has none; the next saved link extends it. A damaged file (or one whose chain is
-        incomplete) is reported in one line on stderr and skipped; when none is readable, a
-        ConfigError lists them."""
+    def load(self, check: Callable[[Checkpoint], None] | None = None) -> Checkpoint | None:
+        """The newest verified chain (``checkpoint.pt``'s, else ``checkpoint.prev.pt``'s), or None when
+        the run has none; the next saved link extends it. ``check`` may refuse a chain's content
+        (UnreadableCheckpoint). A damaged, altered, unsafe or refused file (or one whose chain is
+        incomplete) is reported in one line on stderr and skipped; so is a chain with a file that
+        records no SHA-256, used only when no chain verifies. When none is usable, a ConfigError
+        lists them."""
         candidates = [p for p in (self.run_dir / CHECKPOINT, self.run_dir / PREVIOUS) if p.exists()]
         if not candidates:
             return None
         found: dict[Path, dict[str, Any]] = {}
+        verified: dict[Path, bool] = {}
         errors: dict[Path, str] = {}
         for path in candidates:
             try:
-                found[path] = read_checkpoint(path, mmap=True)
+                found[path], verified[path] = self._read_link(path)
             except UnreadableCheckpoint as err:
                 errors[path] = str(err)
-        damaged = []
+        damaged, unverified = [], None
         for k, path in enumerate(candidates):
+            state = "unreadable"
             if path not in errors:
                 try:
-                    links = self._resolve(path, found)
+                    links, ok = self._resolve(path, found, verified)
+                    checkpoint = Checkpoint(links, self.chain_dir)
+                    if check is not None:
+                        check(checkpoint)
                 except UnreadableCheckpoint as err:
                     errors[path] = str(err)
                 else:
-                    self._adopt(path, links, found)
-                    return Checkpoint(links, self.chain_dir)
+                    if ok:
+                        self._adopt(path, links, found)
+                        return checkpoint
+                    state, errors[path] = "unverified", f"it or its chain records no SHA-256 ({DIGEST})"
+                    unverified = unverified or (path, links, checkpoint)
             damaged.append(f"{path} ({errors[path]})")
             then = f"falling back to {candidates[k + 1]}" if k + 1 < len(candidates) else "no older checkpoint"
-            print(f"warning: checkpoint {path} is unreadable ({errors[path]}); {then}", file=sys.stderr)
+            print(f"warning: checkpoint {path} is {state} ({errors[path]}); {then}", file=sys.stderr)
+        if unverified is not None:  # written by an earlier version of pfl: better than nothing
+            path, links, checkpoint = unverified
+            print(f"warning: no checkpoint of {self.run_dir} verifies; using {path} unverified", file=sys.stderr)
+            self._adopt(path, links, found)
+            return checkpoint
         raise ConfigError(
             "--resume",
             f"no readable checkpoint in {self.run_dir}: {'; '.join(damaged)}",
             "start a new run; the damaged files cannot be resumed",
         )
 
-    def _resolve(self, path: Path, found: dict[Path, dict[str, Any]]) -> list[tuple[Path, dict[str, Any]]]:
-        """The chain from the link at ``path`` back to its base. A writer may move a link into the
-        chain folder while this reads, so a missing parent is looked for again a few times."""
+    @staticmethod
+    def _read_link(path: Path) -> tuple[dict[str, Any], bool]:
+        """A link file (memory-mapped, its SHA-256 checked when it records one) and whether it does;
+        chain metadata of another form than pfl writes is UnreadableCheckpoint."""
+        content, verified = _read(path, mmap=True, verify=True)
+        if META in content:
+            check_meta(content[META])
+        return content, verified
+
+    def _resolve(
+        self, path: Path, found: dict[Path, dict[str, Any]], verified: dict[Path, bool]
+    ) -> tuple[list[tuple[Path, dict[str, Any]]], bool]:
+        """The chain from the link at ``path`` back to its base, and whether every file of it (links
+        and segments) verified against its SHA-256. A writer may move a link into the chain folder
+        while this reads, so a missing parent is looked for again a few times."""
         links = [(path, found[path])]
+        all_verified = verified[path]
         while (parent := links[-1][1].get(META, {}).get("parent")) is not None:
             for attempt in range(5):
                 where = [p for p, content in found.items() if content.get(META, {}).get("id") == parent]
-                where.append(self.chain_dir / f"{parent}.pt")
+                where.append(chain_file(self.chain_dir, f"{parent}.pt"))
                 target = next((p for p in where if p.exists()), None)
                 if target is not None:
                     try:
-                        content = found[target] if target in found else read_checkpoint(target, mmap=True)
+                        content, ok = (found[target], verified[target]) if target in found else self._read_link(target)
                     except UnreadableCheckpoint as err:
                         raise UnreadableCheckpoint(f"its chain link {target} is unreadable: {err}") from None
                     if content.get(META, {}).get("id") == parent:
                         links.append((target, content))
+                        all_verified = all_verified and ok
                         break
                 time.sleep(0.05 * (attempt + 1))
             else:
                 raise UnreadableCheckpoint(f"its chain link {parent} is missing")
         for _, content in links:  # segments are read later, while restoring: verify them now
             for name in {s for m in content.get(META, {}).get("maps", {}).values() for s in m.get("segments", [])}:
+                segment = chain_file(self.chain_dir, name)
                 try:
-                    read_checkpoint(self.chain_dir / name, mmap=True)
+                    all_verified = _read(segment, mmap=True, verify=True)[1] and all_verified
                 except UnreadableCheckpoint as err:
-                    raise UnreadableCheckpoint(f"its segment {self.chain_dir / name} is unreadable: {err}") from None
-        return links
+                    raise UnreadableCheckpoint(f"its segment {segment} is unreadable: {err}") from None
+        return links, all_verified
 
     def _adopt(self, path: Path, links: list[tuple[Path, dict[str, Any]]], found: dict[Path, dict[str, Any]]) -> None:
         """Continue the chain from the link just loaded (a file without chain metadata: the next
@@ -525,6 +621,36 @@ class CheckpointChain:
         meta = found.get(self.run_dir / PREVIOUS, {}).get(META) if path.name == CHECKPOINT else None
         if meta is not None and meta["id"] in self._lineage:
             self._previous = self._lineage[meta["id"]]
+
+
+def recorded_settings(run_dir: Path) -> dict[str, Any] | None:
+    """The settings the newest readable checkpoint of ``run_dir`` records (``Checkpointer.settings``),
+    read from that one link file (verified when it records its SHA-256); None when no link records
+    them (a run of an earlier version of pfl, or damaged files, which the resume itself reports)."""
+    for path in (run_dir / CHECKPOINT, run_dir / PREVIOUS):
+        try:
+            settings = read_checkpoint(path, mmap=True).get(SETTINGS) if path.exists() else None
+        except UnreadableCheckpoint:
+            continue
+        if isinstance(settings, dict):
+            return settings
+    return None
+
+
+def check_values(checkpoint: Checkpoint) -> None:
+    """UnreadableCheckpoint unless ``checkpoint`` holds what a run is restored from, of the types pfl
+    writes: ``round`` and ``train_samples`` counts, ``train_seconds`` a number, a ``server`` state, all
+    in the newest link itself (pfl writes them into every link)."""
+    values = checkpoint.links[0][1]
+    missing = [key for key in ("round", "server", "train_samples", "train_seconds") if key not in values]
+    if missing:
+        raise UnreadableCheckpoint(f"it has no {', '.join(missing)}, which every checkpoint pfl writes has")
+    for key in ("round", "train_samples"):
+        if not _count(values[key]):
+            raise UnreadableCheckpoint(f"its {key} is {values[key]!r}, not a count (0 or more)")
+    seconds = values["train_seconds"]
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise UnreadableCheckpoint(f"its train_seconds is {seconds!r}, not a number")
 
 
 def load_checkpoint(run_dir: Path) -> dict[str, Any] | None:
@@ -565,6 +691,9 @@ class Checkpointer:
         self._history_saved = 0  # history rows already in the chain
         self._rows_saved = True  # the client rows of the last evaluation are in the chain
         self._saved_round, self._saved_at, self.save_cost = 0, time.perf_counter(), None
+        # What the run was configured with (plain values), recorded in every link so that a resume can
+        # tell an edited config.yaml before building anything (``recorded_settings``); None: not recorded.
+        self.settings: dict[str, Any] | None = None
 
     @property
     def run_dir(self) -> Path | None:
@@ -592,15 +721,17 @@ class Checkpointer:
             return True
         return time.perf_counter() - self._saved_at >= CHECKPOINT_COST_RATIO * self.save_cost
 
-    @staticmethod
-    def values(fed: Federation) -> dict[str, Any]:
-        return {
+    def values(self, fed: Federation) -> dict[str, Any]:
+        values = {
             "round": fed.round,
             "server": fed.server.state,
             "train_samples": fed.train_samples,
             "train_seconds": fed.train_seconds,
             "evals": fed.evals.state_dict(),
         }
+        if self.settings is not None:
+            values[SETTINGS] = self.settings
+        return values
 
     def state_dict(self, fed: Federation) -> dict[str, Any]:
         """The whole federation as one dict (what ``load_checkpoint`` returns for a run)."""
@@ -642,7 +773,7 @@ class Checkpointer:
         chain = self.chain if self.chain is not None and self.chain.run_dir == run_dir else CheckpointChain(run_dir)
         if self.run_dir is None:
             self.chain = chain  # kept when the run folder is set to run_dir later (see run_dir)
-        checkpoint = chain.load()
+        checkpoint = chain.load(check=check_values)
         if checkpoint is None:
             return False
         self.restore(fed, checkpoint)
@@ -700,6 +831,12 @@ __all__ = [
     "ListDelta",
     "MapDelta",
     "UnreadableCheckpoint",
+    "UnsafeCheckpoint",
+    "chain_file",
+    "check_meta",
+    "check_values",
+    "content_digest",
+    "recorded_settings",
     "load_checkpoint",
     "read_checkpoint",
     "save_checkpoint",

@@ -25,6 +25,7 @@ defaults and where the paper and the authors' code differ.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -259,18 +260,43 @@ class OUNoise:
 # --------------------------------------------------------------------------- agent
 
 
-def _module_state(module: nn.Module) -> dict[str, Tensor]:
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+# An agent's state dict holds its networks and Adam moments as two flat float32 tensors: a checkpoint
+# of N agents then has a few records per agent, not ~60 small tensors (torch.save and the weights_only
+# load pay per record: PAGE's client agents made its checkpoints cost 10 times those of Ditto).
+NETWORKS = ("actor", "critic", "actor_target", "critic_target")
+ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")  # per parameter, in this order
+
+
+def _pack(tensors: list[Tensor]) -> Tensor:
+    """One flat float32 copy of ``tensors`` (all float32), in order."""
+    for t in tensors:
+        require(t.dtype == torch.float32, "ddpg.state", f"packs float32 tensors only (got {t.dtype})")
+    return torch.cat([t.detach().reshape(-1).cpu() for t in tensors]) if tensors else torch.zeros(0)
+
+
+def _unpack(flat: Tensor, shapes: list[torch.Size]) -> list[Tensor]:
+    """``_pack`` undone: tensors of ``shapes``, views of ``flat``."""
+    sizes = [math.prod(shape) for shape in shapes]
+    require(
+        flat.dim() == 1 and flat.numel() == sum(sizes),
+        "ddpg.state",
+        f"a packed state of {flat.numel()} numbers where this agent has {sum(sizes)}",
+        "load the agent with the configuration it was saved with",
+    )
+    parts = flat.split(sizes)  # as many parts as shapes: the sizes add up to the numel checked above
+    return [parts[i].reshape(shape) for i, shape in enumerate(shapes)]
 
 
 def _optimizer_state(opt: torch.optim.Optimizer) -> dict[str, Any]:
-    """Adam's moments and step counts, keyed by parameter index as str (plain types only)."""
+    """Adam's step counts and moments packed (parameters in index order, ``ADAM_STATE`` each), the
+    indices of the parameters that have them (none before the first step), and the learning rates."""
     sd = opt.state_dict()
+    params = sorted(sd["state"])
+    for k in params:
+        require(set(sd["state"][k]) == set(ADAM_STATE), "ddpg.state", f"Adam state {sorted(sd['state'][k])}")
     return {
-        "state": {
-            str(k): {n: (v.clone() if isinstance(v, Tensor) else v) for n, v in s.items()}
-            for k, s in sd["state"].items()
-        },
+        "packed": _pack([sd["state"][k][name] for k in params for name in ADAM_STATE]),
+        "params": [int(k) for k in params],
         "lr": [float(g["lr"]) for g in sd["param_groups"]],
     }
 
@@ -278,7 +304,16 @@ def _optimizer_state(opt: torch.optim.Optimizer) -> dict[str, Any]:
 def _load_optimizer_state(opt: torch.optim.Optimizer, d: dict[str, Any]) -> None:
     live = opt.state_dict()  # param_groups (indices, betas, ...) come from the live optimizer
     groups = [dict(g, lr=lr) for g, lr in zip(live["param_groups"], d["lr"], strict=True)]
-    opt.load_state_dict({"state": {int(k): dict(s) for k, s in d["state"].items()}, "param_groups": groups})
+    if "packed" in d:
+        shapes = [p.shape for g in opt.param_groups for p in g["params"]]
+        params = [int(k) for k in d["params"]]
+        require(all(0 <= k < len(shapes) for k in params), "ddpg.state", f"Adam state of parameters {params}")
+        wanted = [torch.Size(()) if name == "step" else shapes[k] for k in params for name in ADAM_STATE]
+        parts = iter(_unpack(d["packed"], wanted))
+        state = {k: {name: next(parts).clone() for name in ADAM_STATE} for k in params}
+    else:  # an agent saved by an earlier version of pfl: one tensor per entry
+        state = {int(k): dict(s) for k, s in d["state"].items()}
+    opt.load_state_dict({"state": state, "param_groups": groups})
 
 
 class DDPGAgent:
@@ -401,11 +436,8 @@ class DDPGAgent:
         """A snapshot (cloned tensors) with only tensors, ints, floats, bools, str, lists and dicts,
         so ``torch.load(weights_only=True)`` reads it back."""
         return {
-            "config": self.config.to_dict(),
-            "actor": _module_state(self.actor),
-            "critic": _module_state(self.critic),
-            "actor_target": _module_state(self.actor_target),
-            "critic_target": _module_state(self.critic_target),
+            "config": json.dumps(self.config.to_dict()),  # one string: one record to unpickle
+            "networks": _pack([t for name in NETWORKS for t in getattr(self, name).state_dict().values()]),
             "actor_optim": _optimizer_state(self.actor_optim),
             "critic_optim": _optimizer_state(self.critic_optim),
             "buffer": self.buffer.state_dict(),
@@ -418,18 +450,23 @@ class DDPGAgent:
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         """Restore everything ``state_dict`` saved; the configs must be equal."""
-        mine = self.config.to_dict()
+        saved = json.loads(d["config"]) if isinstance(d["config"], str) else d["config"]  # earlier pfl: a dict
+        mine = self.config.to_dict()  # plain JSON values already (hidden a list), as saved
         for f in fields(DDPGConfig):
             require(
-                d["config"].get(f.name) == mine[f.name],
+                saved.get(f.name) == mine[f.name],
                 f"ddpg.{f.name}",
-                f"the saved agent has {d['config'].get(f.name)!r}, this one {mine[f.name]!r}",
+                f"the saved agent has {saved.get(f.name)!r}, this one {mine[f.name]!r}",
                 "build the agent with the configuration it was saved with",
             )
-        self.actor.load_state_dict(d["actor"])
-        self.critic.load_state_dict(d["critic"])
-        self.actor_target.load_state_dict(d["actor_target"])
-        self.critic_target.load_state_dict(d["critic_target"])
+        if "networks" in d:
+            live = {name: getattr(self, name).state_dict() for name in NETWORKS}
+            parts = iter(_unpack(d["networks"], [t.shape for sd in live.values() for t in sd.values()]))
+            for name, sd in live.items():
+                getattr(self, name).load_state_dict({key: next(parts) for key in sd})
+        else:  # an agent saved by an earlier version of pfl: one dict per network
+            for name in NETWORKS:
+                getattr(self, name).load_state_dict(d[name])
         _load_optimizer_state(self.actor_optim, d["actor_optim"])
         _load_optimizer_state(self.critic_optim, d["critic_optim"])
         self.buffer.load_state_dict(d["buffer"])

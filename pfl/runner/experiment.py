@@ -17,11 +17,11 @@ from pfl.data import build_data
 from pfl.data.ecosystem import dataset_label
 from pfl.engine.worker import task_of
 from pfl.errors import ConfigError
-from pfl.federation.checkpoint import CHECKPOINT
+from pfl.federation.checkpoint import CHECKPOINT, recorded_settings
 from pfl.federation.loop import Callback
 from pfl.methods import class_path
 from pfl.metrics.protocols import s_test_clients
-from pfl.runner.args import check_resume_progress, parse_fit_args
+from pfl.runner.args import RESUME_ALLOWED, check_resume_progress, parse_fit_args
 from pfl.runner.assembly import build_loop
 from pfl.runner.devices import make_fabric
 from pfl.runner.outputs import FileOutputs, RunFiles, run_dir_under
@@ -35,6 +35,46 @@ def flat_config(cfg: RunConfig) -> dict[str, Any]:
     for group in ("trainer", "server", "client", "data", "model", "eval", "tracking", "attack"):
         out[group] = asdict(getattr(cfg, group))
     return out
+
+
+# Settings a resume may change (RESUME_ALLOWED), and where the data is read from (a run folder copied to
+# another machine reads the same data elsewhere): everything else shapes the state a checkpoint holds.
+_NOT_RECORDED = ("tracking.", "data.root", "data.download")
+
+
+def run_settings(cfg: RunConfig) -> dict[str, Any]:
+    """The settings a checkpoint records (``Checkpointer.settings``): ``flat_config`` flattened to
+    ``group.key`` with plain values, less what a resume may change."""
+    flat = json.loads(json.dumps(flat_config(cfg), default=str))
+    out: dict[str, Any] = {}
+    pending = [("", flat)]
+    while pending:
+        prefix, tree = pending.pop()
+        for key, value in tree.items():
+            if isinstance(value, dict) and value:
+                pending.append((f"{prefix}{key}.", value))
+            else:
+                out[f"{prefix}{key}"] = value
+    return {k: out[k] for k in sorted(out) if k not in RESUME_ALLOWED and not k.startswith(_NOT_RECORDED)}
+
+
+def check_recorded_settings(run_dir: Path, settings: dict[str, Any]) -> None:
+    """A resume of ``run_dir`` with other settings than its checkpoint records (config.yaml edited
+    since) is refused in one line naming the first field that differs, before anything is built."""
+    recorded = recorded_settings(run_dir)
+    if recorded is None:  # a checkpoint of an earlier version of pfl records none
+        return
+    # Only settings both know: an option added or removed by another version of pfl is no edit.
+    differ = [k for k in sorted(recorded) if k in settings and recorded[k] != settings[k]]
+    if differ:
+        key = differ[0]
+        more = f" (and {len(differ) - 1} more: {', '.join(differ[1:4])})" if len(differ) > 1 else ""
+        raise ConfigError(
+            "--resume",
+            f"{run_dir / 'config.yaml'} sets {key} to {settings.get(key)!r} but its checkpoint was written with "
+            f"{recorded.get(key)!r}{more}",
+            f"put {key} back to {recorded.get(key)!r} in config.yaml to resume, or start a new run for the new setting",
+        )
 
 
 def run_name(cfg: RunConfig) -> str:
@@ -91,6 +131,9 @@ def _group_initialized() -> bool:
 
 def _run(cfg: RunConfig, config_text: str | None, resume_dir: Path | None, run_dir: Path | None) -> dict[str, Any]:
     validate(cfg)
+    settings = run_settings(cfg)
+    if resume_dir is not None:
+        check_recorded_settings(resume_dir, settings)
     data = build_data(cfg.data, cfg.seed)
     validate_target(cfg.eval, task_of(data))
     if "sg" in cfg.eval.protocols and cfg.eval.s_test == "paper":
@@ -107,6 +150,7 @@ def _run(cfg: RunConfig, config_text: str | None, resume_dir: Path | None, run_d
     overwrite = cfg.tracking.overwrite and not resume  # a resume never moves anything
     _on_rank_zero(fabric, lambda: precheck(run_dir, resume=resume, overwrite=overwrite, auto_name=auto_name))
     loop = build_loop(cfg, data, None, fabric)  # builds the model: a bad one fails before any file exists
+    loop.checkpointer.settings = settings
     seen = None
     if resume:
         seen = _checkpoint_identity(run_dir)

@@ -33,7 +33,7 @@ REPLACED = "_replaced"
 
 def read_owner(run_dir: Path) -> str:
     try:
-        fd = os.open(run_dir / LOCK, os.O_RDONLY | os.O_NOFOLLOW)  # a planted link is never read
+        fd = os.open(run_dir / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a planted link is never read
     except OSError:
         text = ""
     else:
@@ -45,7 +45,7 @@ def read_owner(run_dir: Path) -> str:
 def busy_owner(run_dir: Path) -> str | None:
     """The owner recorded in ``run.lock`` when a live process holds the lock, else None."""
     try:
-        fd = os.open(run_dir / LOCK, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(run_dir / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
     try:

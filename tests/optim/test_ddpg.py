@@ -363,6 +363,93 @@ def test_restore_reproduces_actions_and_learning_bit_for_bit(buffer_size):
     assert_same(a.state_dict(), b.state_dict())
 
 
+def tensors_in(tree) -> int:
+    if isinstance(tree, dict):
+        return sum(tensors_in(v) for v in tree.values())
+    if isinstance(tree, list):
+        return sum(tensors_in(v) for v in tree)
+    return int(isinstance(tree, torch.Tensor))
+
+
+def test_state_dict_packs_networks_and_adam_moments_into_few_tensors():
+    """A checkpoint of many agents pays per tensor: networks and moments are one flat tensor each."""
+    agent = DDPGAgent(DDPGConfig(state_dim=3, action_dim=2, warmup=2, batch_size=4), seed=0)
+    fresh = agent.state_dict()
+    nets = (agent.actor, agent.critic, agent.actor_target, agent.critic_target)
+    assert fresh["networks"].shape == (sum(p.numel() for net in nets for p in net.parameters()),)
+    assert fresh["actor_optim"]["packed"].numel() == 0 and fresh["actor_optim"]["params"] == []
+    g, s = torch.Generator().manual_seed(0), torch.zeros(3)
+    for _ in range(8):
+        _, s, _ = step_env(agent, g, s)
+    d = agent.state_dict()
+    actor = list(agent.actor.parameters())
+    assert d["actor_optim"]["params"] == list(range(len(actor)))
+    assert d["actor_optim"]["packed"].numel() == sum(1 + 2 * p.numel() for p in actor)  # step, exp_avg, exp_avg_sq
+    assert isinstance(d["config"], str) and tensors_in(d) == 10
+
+
+def earlier_layout(agent: DDPGAgent) -> dict:
+    """The state dict as earlier versions of pfl wrote it: one dict per network and per optimizer."""
+    d = agent.state_dict()
+    d["config"] = agent.config.to_dict()
+    del d["networks"]
+    for name in ("actor", "critic", "actor_target", "critic_target"):
+        d[name] = {k: v.clone() for k, v in getattr(agent, name).state_dict().items()}
+    for name in ("actor_optim", "critic_optim"):
+        sd = getattr(agent, name).state_dict()
+        d[name] = {
+            "state": {str(k): {n: v.clone() for n, v in st.items()} for k, st in sd["state"].items()},
+            "lr": [g["lr"] for g in sd["param_groups"]],
+        }
+    return d
+
+
+def test_an_agent_saved_in_the_earlier_layout_loads_and_acts_the_same():
+    cfg = DDPGConfig(state_dim=3, action_dim=2, warmup=3, batch_size=4)
+    a = DDPGAgent(cfg, seed=0)
+    g, s = torch.Generator().manual_seed(0), torch.rand(3)
+    for _ in range(10):
+        _, s, _ = step_env(a, g, s)
+    b = DDPGAgent(cfg, seed=7)
+    b.load_state_dict(roundtrip(earlier_layout(a)))
+    assert_same(a.state_dict(), b.state_dict())
+    g_b = torch.Generator()
+    g_b.set_state(g.get_state())
+    s_b = s.clone()
+    for _ in range(5):
+        act_a, s, loss_a = step_env(a, g, s)
+        act_b, s_b, loss_b = step_env(b, g_b, s_b)
+        assert torch.equal(act_a, act_b) and loss_a == loss_b
+
+
+@pytest.mark.parametrize("part", ["networks", "actor_optim", "optim_index"])
+def test_a_packed_state_of_another_size_is_refused(part):
+    agent = DDPGAgent(DDPGConfig(state_dim=2, action_dim=1, warmup=1, batch_size=2), seed=0)
+    fill(agent, 4)
+    agent.learn()
+    d = agent.state_dict()
+    if part == "networks":
+        d["networks"] = d["networks"][:-1]
+    elif part == "actor_optim":
+        d["actor_optim"]["packed"] = torch.cat([d["actor_optim"]["packed"], torch.zeros(1)])
+    else:  # a parameter index one past the actor's last one
+        d["actor_optim"]["params"][-1] = len(list(agent.actor.parameters()))
+    with pytest.raises(ConfigError, match="ddpg.state"):
+        DDPGAgent(agent.config, seed=0).load_state_dict(d)
+
+
+def test_restored_adam_moments_are_not_views_of_the_saved_state():
+    agent = DDPGAgent(DDPGConfig(state_dim=2, action_dim=1, warmup=1, batch_size=2), seed=0)
+    fill(agent, 4)
+    agent.learn()
+    d = agent.state_dict()
+    kept = d["actor_optim"]["packed"].clone()
+    other = DDPGAgent(agent.config, seed=0)
+    other.load_state_dict(d)
+    other.learn()
+    assert torch.equal(d["actor_optim"]["packed"], kept)  # learning after a load leaves the saved state as it was
+
+
 def test_load_rejects_a_different_config():
     d = DDPGAgent(DDPGConfig(state_dim=2, action_dim=1), seed=0).state_dict()
     other = DDPGAgent(DDPGConfig(state_dim=2, action_dim=1, tau=0.01), seed=0)
