@@ -89,7 +89,7 @@ def build_loop(
             callbacks = [*callbacks, CompileReport()]
     problems = [] if t.vectorize is False else vectorize_problems(method, worker, t.precision)
     path = choose_path(t.vectorize, problems, worker.device.type, method.name)
-    if announce_path and cohort.is_zero:
+    if announce_path and cohort.is_zero and path.said:
         announce(path.line)
     dispatcher = make_dispatcher(
         worker, clients, init_state, cohort=cohort, sizes=data.sizes("train"),

@@ -16,10 +16,13 @@ from pfl.errors import require
 
 @dataclass(frozen=True)
 class TrainingPath:
-    """The chosen path (``vectorize``) and the one log line that says which and why."""
+    """The chosen path (``vectorize``) and the one log line that says which and why; ``said`` is whether
+    the run prints it (not for the default on a CPU or MPS, where ``auto`` keeps the sequential path and
+    an extra line would only sit beside a command's results and its one-line errors)."""
 
     vectorize: bool
     line: str
+    said: bool = True
 
 
 def choose_path(setting: bool | str, problems: list[str], device_type: str, method: str) -> TrainingPath:
@@ -32,7 +35,7 @@ def choose_path(setting: bool | str, problems: list[str], device_type: str, meth
         return TrainingPath(True, f"clients trained together (vectorized): trainer.vectorize is true, {method}")
     if device_type != "cuda":
         reason = f"trainer.vectorize auto trains clients together only on CUDA (this run is on {device_type})"
-        return TrainingPath(False, f"clients trained one at a time: {reason}")
+        return TrainingPath(False, f"clients trained one at a time: {reason}", said=False)
     if problems:
         return TrainingPath(False, "clients trained one at a time: " + "; ".join(problems))
     return TrainingPath(True, f"clients trained together (vectorized): cuda, method {method} allows it")

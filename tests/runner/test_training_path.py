@@ -22,6 +22,9 @@ def test_auto_trains_together_only_on_cuda_when_nothing_refuses():
         path = choose_path("auto", [], device, "fedavg")
         assert not path.vectorize
         assert path.line.startswith("clients trained one at a time: ") and f"on {device}" in path.line
+        assert not path.said  # the default off CUDA keeps the sequential path without a word
+    assert choose_path("auto", [], "cuda", "pgfed").said and choose_path("auto", REASONS, "cuda", "pgfed").said
+    assert choose_path(False, [], "cpu", "fedavg").said and choose_path(True, [], "cpu", "fedavg").said
 
 
 def test_auto_names_every_reason_it_trains_one_at_a_time():
@@ -46,12 +49,13 @@ def test_vectorize_accepts_only_true_false_or_auto():
             validate(tiny_config(trainer={"vectorize": bad}))
 
 
-def test_the_default_on_a_cpu_is_sequential_and_says_why_in_one_line(capsys):
+def test_the_default_on_a_cpu_is_sequential_and_silent_while_a_setting_of_it_is_said(capsys):
     loop = make_loop(tiny_config("fedavg"))
     assert type(loop.dispatcher) is SequentialDispatcher
+    assert "clients trained" not in capsys.readouterr().err  # stderr stays for errors: nothing changed on a CPU
+    make_loop(tiny_config("fedavg", trainer={"vectorize": False}))
     lines = [line for line in capsys.readouterr().err.splitlines() if "clients trained" in line]
-    assert lines == ["pfl: clients trained one at a time: trainer.vectorize auto trains clients together only on CUDA "
-                     "(this run is on cpu)"]  # fmt: skip
+    assert lines == ["pfl: clients trained one at a time: trainer.vectorize is false"]
 
 
 def test_auto_on_a_cuda_device_vectorizes_what_it_can(monkeypatch, capsys):
