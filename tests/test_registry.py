@@ -202,3 +202,24 @@ def test_a_built_in_name_imports_only_its_own_module(monkeypatch):
     monkeypatch.delitem(reg._REGISTRY, "fedprox")
     cls = method_class("fedprox")
     assert cls.name == "fedprox" and cls.__module__ == "pfl.methods.fedprox" and "pfl.methods.fedprox" in sys.modules
+
+
+def test_the_descriptions_listed_are_the_catalogues_and_every_method_registered_in_this_process(
+    monkeypatch, scratch_name
+):
+    class Described(Method):
+        name = scratch_name
+        description = "a user's method"
+
+    register(Described)
+    listed = reg.registered_descriptions()
+    assert list(listed) == sorted(listed) and listed[scratch_name] == "a user's method"
+    built_in = reg.catalogue()
+    assert {n: listed[n] for n in built_in} == {n: m.description for n, m in built_in.items()}
+    Described.description = None  # a method without a description is listed with an empty one
+    assert reg.registered_descriptions()[scratch_name] == ""
+    with monkeypatch.context() as m:  # with a catalogue, nothing is imported to list the built-ins
+        m.setattr(reg, "methods", lambda: pytest.fail("imported every method to list them"))
+        assert reg.registered_descriptions() == listed | {scratch_name: ""}
+    monkeypatch.setattr(reg, "catalogue", lambda: None)  # no catalogue: the imported registry says it all
+    assert reg.registered_descriptions() == {n: c.description or "" for n, c in methods().items()}
