@@ -163,7 +163,7 @@ def test_a_second_process_on_the_same_run_is_refused_while_the_first_runs(tmp_pa
         (["--model.hidden", "[32]", "--trainer.rounds", "3"], "model.hidden ([16] -> [32])"),
         (["--client.lr", "0.5"], "client.lr"),
         (["--data.num_clients", "5"], "data.num_clients"),
-        (["--method", "fedprox"], "method.name ('fedavg' -> 'fedprox')"),
+        (["--method", "fedprox"], "recorded with method fedavg; a resume may not change the method (got fedprox)"),
     ],
 )
 def test_a_resume_that_changes_the_experiment_is_refused_before_writing(runs, capsys, change, named):
