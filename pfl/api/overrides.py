@@ -15,8 +15,8 @@ from typing import Any
 
 from pfl.api.classes import class_form
 from pfl.errors import ConfigError
+from pfl.runner.config_files import shipped_config
 from pfl.runner.options import option_args
-from pfl.runner.shipped import shipped_config
 
 # Options of the command line that print instead of running a fit.
 NOT_FOR_FIT = ("help", "print_config")

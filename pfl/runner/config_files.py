@@ -8,6 +8,7 @@ commands in the docs work from any folder; an existing path always wins.
 
 from __future__ import annotations
 
+from os import PathLike
 from pathlib import Path
 
 from pfl.errors import ConfigError
@@ -29,19 +30,31 @@ def shipped_configs() -> list[str]:
     return sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*") if p.suffix in SUFFIXES)
 
 
+def _name(value: str | PathLike) -> str:
+    return str(value).replace("\\", "/").removeprefix("./").removeprefix("conf/")
+
+
+def shipped_config(value: str | PathLike) -> Path | None:
+    """The shipped config that ``value`` names (a leading ``conf/`` and the ``.yaml`` suffix optional:
+    ``default``, ``method/ditto``, ``conf/default.yaml``); None when there is none."""
+    name, root = _name(value), conf_dir().resolve()
+    for candidate in (root / name, *(root / f"{name}{suffix}" for suffix in SUFFIXES)):
+        # a name never reaches outside the shipped folder (e.g. ../../somewhere, an absolute path)
+        if candidate.resolve().is_relative_to(root) and candidate.is_file():
+            return candidate
+    return None
+
+
 def resolve_config(value: str) -> Path:
     """The file ``--config value`` reads: ``value`` when that path exists, else the shipped config it names
     (a leading ``conf/`` and the ``.yaml`` suffix optional). Neither: a one-line ConfigError."""
     path = Path(value).expanduser()
     if path.exists():
         return path
-    name = value.replace("\\", "/").removeprefix("./").removeprefix("conf/")
-    root = conf_dir().resolve()
-    for candidate in (root / name, *(root / f"{name}{suffix}" for suffix in SUFFIXES)):
-        # a name never reaches outside the shipped folder (e.g. ../../somewhere)
-        if candidate.resolve().is_relative_to(root) and candidate.is_file():
-            return candidate
-    stem = name.removesuffix(".yaml").removesuffix(".yml")
+    found = shipped_config(value)
+    if found is not None:
+        return found
+    stem = _name(value).removesuffix(".yaml").removesuffix(".yml")
     raise ConfigError(
         "--config",
         f"file not found: {value}",

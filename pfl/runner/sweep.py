@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 from pfl.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, ConfigError, require
 from pfl.metrics.report import report
 from pfl.runner.args import parse_fit_args
-from pfl.runner.shipped import shipped_config
+from pfl.runner.config_files import shipped_config
 
 SEARCH_METHODS = ("grid", "random", "bayes")
 DISTRIBUTIONS = ("uniform", "log_uniform_values", "int_uniform", "normal", "categorical")
