@@ -10,7 +10,7 @@ import time
 import torch
 
 from bench.common import bench_config, make_loop, mnist_like
-from pfl.engine.vectorized import FitRequest, VectorTrainer
+from pfl.engine.stacked import FitRequest, StackedTrainer
 from pfl.engine.worker import FitStats
 from pfl.federation.loop import FederatedLoop, sample_clients
 from pfl.methods import weighted_mean
@@ -18,7 +18,7 @@ from pfl.methods import weighted_mean
 
 def vmap_fedavg_round(loop: FederatedLoop, round_idx: int) -> torch.Tensor:
     """The parameter part of the global model after FedAvg round ``round_idx`` from the loop's
-    current server state, every sampled client trained at once by the engine's VectorTrainer."""
+    current server state, every sampled client trained at once by the engine's StackedTrainer."""
     worker = loop.worker
     data = worker.data
     sampled = sample_clients(loop.schedule.seed, round_idx, data.num_clients, loop.server.clients_per_round).tolist()
@@ -30,7 +30,7 @@ def vmap_fedavg_round(loop: FederatedLoop, round_idx: int) -> torch.Tensor:
         out = torch.empty_like(start)
         stats = FitStats(n, n * s.epochs, 0, float("nan"), 0.0)
         requests.append(FitRequest(cid, start, round_idx, s.epochs, "train", s.lr, s.momentum, (), out, stats))
-    VectorTrainer(worker).train(requests)
+    StackedTrainer(worker).train(requests)
     p = loop.flat.num_params
     return weighted_mean([r.out[:p] for r in requests], [r.stats.num_samples for r in requests])
 

@@ -11,14 +11,11 @@ Two parts:
 
 A fit that cannot be stacked (custom loss or objective, a term without a stacked form) runs on the
 worker at once, exactly as in sequential mode; so does every fit of a model or precision that cannot
-be stacked at all (``unsupported``), which is why ``trainer.vectorize`` refuses those.
+be stacked at all (``pfl.engine.stacked.model_problems``), which is why ``trainer.vectorize`` refuses those.
 """
 
 from __future__ import annotations
 
 from pfl.engine.stacked import FitRequest, StackedTrainer, model_problems
 
-unsupported = model_problems  # why this worker's model and settings cannot be stacked (empty: they can)
-VectorTrainer = StackedTrainer
-
-__all__ = ["FitRequest", "StackedTrainer", "VectorTrainer", "unsupported"]
+__all__ = ["FitRequest", "StackedTrainer", "model_problems"]

@@ -16,8 +16,7 @@ from typing import Any
 from torch import Tensor
 
 from pfl.engine.lockstep import ClientWorker, Lockstep
-from pfl.engine.stacked import StackedTrainer
-from pfl.engine.vectorized import unsupported
+from pfl.engine.stacked import StackedTrainer, model_problems
 from pfl.engine.worker import FitStats, Worker
 from pfl.federation import divergence
 from pfl.federation.distributed import Cohort
@@ -138,7 +137,7 @@ class MultiProcessDispatcher(Dispatcher):
 
 def vectorize_problems(method: Method, worker: Worker, precision: str) -> list[str]:
     """Why ``trainer.vectorize`` cannot train this run's clients together (empty: it can)."""
-    return method.vectorize_problems() + unsupported(worker, precision)
+    return method.vectorize_problems() + model_problems(worker, precision)
 
 
 def make_dispatcher(
