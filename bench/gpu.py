@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -58,24 +59,38 @@ class Budget:
 
 
 def run_table(
-    ws: Sequence[Workload], device: torch.device, procs: int, budget: Budget, compile_small: bool, small: bool
+    ws: Sequence[Workload],
+    device: torch.device,
+    procs: int,
+    budget: Budget,
+    compile_small: bool,
+    small: bool,
+    on_cell: Callable[[Cell], None] = lambda cell: None,
 ) -> list[Cell]:
-    """Every (workload, path) cell, in table order. The in-process paths run first, then the ones in child
-    processes (N processes, then compiled: the longest and the likeliest to be stopped by the budget)."""
+    """Every (workload, path) cell, in table order; ``on_cell`` hears of each as it is measured (so that a
+    command stopped from outside still leaves the cells it had). The in-process paths run first, then the
+    ones in child processes (N processes, then compiled: the longest and the likeliest to be stopped by
+    the budget)."""
     cells: dict[tuple[str, str], Cell] = {}
+
+    def keep(cell: Cell) -> None:
+        cells[cell.workload, cell.path] = cell
+        on_cell(cell)
+
     for w in ws:
         data = build_data(w).to(device)
         for path in ("plain", "sequential", "vectorized"):
-            cells[w.name, path] = skipped(w, path) if budget.left() <= 0 else measure(w, data, device, path)
+            keep(skipped(w, path) if budget.left() <= 0 else measure(w, data, device, path))
         del data
     for cell in in_children(ws, device, "processes", procs, budget):
-        cells[cell.workload, "processes"] = cell
+        keep(cell)
     if small and not compile_small:
         why = "not run with --small (inductor compiles minutes of C++ on a CPU; --compile runs it)"
-        cells.update({(w.name, "compiled"): Cell(w.name, "compiled", reason=why) for w in ws})
+        for w in ws:
+            keep(Cell(w.name, "compiled", reason=why))
     else:
         for cell in in_children(ws, device, "compiled", 1, budget):
-            cells[cell.workload, "compiled"] = cell
+            keep(cell)
     return [cells[w.name, p] for w in ws for p in PATHS]
 
 
@@ -145,21 +160,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--only: unknown workload(s) {', '.join(unknown)}; choose from {names}")
         ws = [w for w in ws if w.name in wanted]
     started = time.monotonic()
-    cells = run_table(ws, device, procs, Budget(args.budget_s), args.compile, small)
+    done: list[Cell] = []
+
+    def record(cells: Sequence[Cell]) -> None:
+        if args.json is not None:
+            took = time.monotonic() - started
+            meta = {"device": device_name(device), "torch": torch.__version__, "small": small, "processes": procs}
+            body = {**meta, "seconds": took, "cells": [c.to_json() for c in cells]}
+            args.json.write_text(json.dumps(body, indent=2) + "\n")
+
+    def progress(cell: Cell) -> None:
+        done.append(cell)
+        figure = "-" if cell.samples_per_s is None else f"{cell.samples_per_s:.0f} samples/s"
+        print(f"  {cell.workload} / {cell.path}: {figure} {cell.reason or cell.note}", file=sys.stderr, flush=True)
+        record(done)
+
+    cells = run_table(ws, device, procs, Budget(args.budget_s), args.compile, small, progress)
     took = time.monotonic() - started
     size = "small (CPU-sized, the resnet18 rows train a small CNN: checks the paths, not a speed)" if small else "full"
     print(f"bench.gpu on {device_name(device)}, torch {torch.__version__}, {size} workloads, {took:.0f} s\n")
     print(format_table(cells, ws, procs), end="")
-    if args.json is not None:
-        record = {
-            "device": device_name(device),
-            "torch": torch.__version__,
-            "small": small,
-            "processes": procs,
-            "seconds": took,
-            "cells": [c.to_json() for c in cells],
-        }
-        args.json.write_text(json.dumps(record, indent=2) + "\n")
+    record(cells)
     return 0
 
 

@@ -66,6 +66,7 @@ def fresh_memory(device: torch.device) -> None:
     """Drop what the previous path left, so that this path's peak is its own."""
     if device.type == "cuda":
         gc.collect()
+        torch.empty(0, device=device)  # a fresh process's allocator exists only after a first allocation
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
 
