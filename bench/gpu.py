@@ -9,7 +9,8 @@ Sized for one H100/H200 in under 8 minutes (``--budget-s``: a path that would st
 skipped, a compile is stopped at it). On a CPU (or with ``--small``) everything shrinks so that the
 table takes well under a minute: it checks that every path runs, its figures say nothing about a GPU.
 
-    python -m bench.gpu [--small] [--device auto|cpu|cuda] [--procs N] [--budget-s S] [--json PATH]
+    python -m bench.gpu [--small] [--device auto|cpu|cuda] [--procs N] [--budget-s S] [--only W,..]
+                        [--paths P,..] [--json PATH]
 """
 
 from __future__ import annotations
@@ -66,29 +67,35 @@ def run_table(
     compile_small: bool,
     small: bool,
     on_cell: Callable[[Cell], None] = lambda cell: None,
+    paths: Sequence[str] = PATHS,
 ) -> list[Cell]:
     """Every (workload, path) cell, in table order; ``on_cell`` hears of each as it is measured (so that a
     command stopped from outside still leaves the cells it had). The in-process paths run first, then the
     ones in child processes (N processes, then compiled: the longest and the likeliest to be stopped by
-    the budget)."""
+    the budget). A path not in ``paths`` says so in its cell."""
     cells: dict[tuple[str, str], Cell] = {}
 
     def keep(cell: Cell) -> None:
         cells[cell.workload, cell.path] = cell
         on_cell(cell)
 
-    for w in ws:
+    for path in sorted(set(PATHS) - set(paths), key=PATHS.index):
+        for w in ws:
+            keep(Cell(w.name, path, reason="not run: --paths leaves it out"))
+    in_process = [p for p in ("plain", "sequential", "vectorized") if p in paths]
+    for w in ws if in_process else ():
         data = build_data(w).to(device)
-        for path in ("plain", "sequential", "vectorized"):
+        for path in in_process:
             keep(skipped(w, path) if budget.left() <= 0 else measure(w, data, device, path))
         del data
-    for cell in in_children(ws, device, "processes", procs, budget):
-        keep(cell)
-    if small and not compile_small:
+    if "processes" in paths:
+        for cell in in_children(ws, device, "processes", procs, budget):
+            keep(cell)
+    if "compiled" in paths and small and not compile_small:
         why = "not run with --small (inductor compiles minutes of C++ on a CPU; --compile runs it)"
         for w in ws:
             keep(Cell(w.name, "compiled", reason=why))
-    else:
+    elif "compiled" in paths:
         for cell in in_children(ws, device, "compiled", 1, budget):
             keep(cell)
     return [cells[w.name, p] for w in ws for p in PATHS]
@@ -144,8 +151,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--procs", type=int, default=None, help="processes on the device (default 4; small: 2)")
     parser.add_argument("--budget-s", type=float, default=420.0, help="stop starting paths after this many s")
     parser.add_argument("--only", default=None, help="comma-separated workload names (default: all)")
+    parser.add_argument("--paths", default=",".join(PATHS), help="comma-separated paths (default: all)")
     parser.add_argument("--json", type=Path, default=None, help="also write the cells to this JSON file")
     args = parser.parse_args(argv)
+    paths = args.paths.split(",")
+    unknown_paths = sorted(set(paths) - set(PATHS))
+    if unknown_paths:
+        parser.error(f"--paths: unknown path(s) {', '.join(unknown_paths)}; choose from {', '.join(PATHS)}")
     device = pick_device(args.device)
     small = args.small or device.type == "cpu"
     procs = args.procs or (2 if small else 4)
@@ -175,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {cell.workload} / {cell.path}: {figure} {cell.reason or cell.note}", file=sys.stderr, flush=True)
         record(done)
 
-    cells = run_table(ws, device, procs, Budget(args.budget_s), args.compile, small, progress)
+    cells = run_table(ws, device, procs, Budget(args.budget_s), args.compile, small, progress, paths)
     took = time.monotonic() - started
     size = "small (CPU-sized, the resnet18 rows train a small CNN: checks the paths, not a speed)" if small else "full"
     print(f"bench.gpu on {device_name(device)}, torch {torch.__version__}, {size} workloads, {took:.0f} s\n")

@@ -62,3 +62,23 @@ def test_the_workloads_are_the_ones_the_table_promises():
     assert full["fedavg-resnet18-gn-bf16"].precision == "bf16-mixed"
     assert [w.baseline for w in full.values()] == ["plain"] * 3 + ["sequential"] * 3
     assert [w.name for w in workloads(small=True)] == list(full)
+
+
+def test_paths_left_out_say_so_and_the_others_still_run(tmp_path, capsys):
+    out = tmp_path / "gpu.json"
+    assert main(["--small", "--only", "fedavg-cnn", "--paths", "processes", "--procs", "2", "--json", str(out)]) == 0
+    cells = {c["path"]: c for c in json.loads(out.read_text())["cells"]}
+    assert list(cells) == list(PATHS)
+    assert cells["processes"]["samples_per_s"] > 0, cells["processes"]
+    for path in ("plain", "sequential", "vectorized", "compiled"):
+        assert cells[path]["reason"] == "not run: --paths leaves it out", cells[path]
+    progress = capsys.readouterr().err
+    assert "fedavg-cnn / processes:" in progress and "samples/s" in progress
+
+
+def test_an_unknown_path_is_refused_by_name(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        main(["--small", "--paths", "vectorised"])
+    assert "--paths: unknown path(s) vectorised" in capsys.readouterr().err

@@ -177,30 +177,38 @@ def choose_lrs(
 
 
 def run_claims(
-    out: Path, only: list[str] | None = None, quick: bool = False, workers: int = 1, reuse: bool = False
+    out: Path,
+    only: list[str] | None = None,
+    quick: bool = False,
+    workers: int = 1,
+    reuse: bool = False,
+    accelerator: str = "auto",
 ) -> Path:
     """Run the claims over their seeds in ``workers`` processes and write ``out/REPORT.md``. ``quick``:
     the first seed and 1/10 of the rounds, no lr grid (a smoke test: every verdict is indicative).
-    ``reuse`` keeps runs that already have a summary (an interrupted suite continues where it stopped)."""
+    ``reuse`` keeps runs that already have a summary (an interrupted suite continues where it stopped).
+    ``accelerator``: every run's ``trainer.accelerator`` (auto: a GPU when there is one; cpu: the
+    machine's cores, one run per worker)."""
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     claims = [c for c in all_claims() if not only or c.key in only]
     ready = [c for c in claims if not c.methods() - set(methods())]
     failures: list[str] = []
     diverged: list[str] = []
-    times = RunTimes(out, workers)
+    times = RunTimes(out, workers, device=device_label(accelerator))
+    on = ["--trainer.accelerator", accelerator]
 
     # Every run's configuration is checked before the first one starts (the chosen lrs are grid values).
     grids = {c.key: [] if quick else grid_jobs(c, out) for c in ready}
     jobs = {c.key: claim_jobs(c, out, quick) for c in ready}
     started = time.time()
-    ran = _run([j for c in ready for j in grids[c.key]], workers, reuse, "lr grid", times, failures, diverged)
+    ran = _run([j for c in ready for j in grids[c.key]], workers, reuse, "lr grid", times, failures, diverged, on)
     grid_done = {key: _finished_jobs(grid, started, ran) for key, grid in grids.items()}
     # A choice on the grid's edge may lie past it: one more lr in that direction, and the choice again.
     edges = {c.key: edge_steps(c, choose_lrs(c, out, {j.run_dir for j in grid_done[c.key]})[0]) for c in ready}
     beyond = {c.key: grid_jobs(c, out, edges[c.key]) if edges[c.key] else [] for c in ready}
     started = time.time()
-    ran = _run([j for c in ready for j in beyond[c.key]], workers, reuse, "lr grid edge", times, failures, diverged)
+    ran = _run([j for c in ready for j in beyond[c.key]], workers, reuse, "lr grid edge", times, failures, diverged, on)
     grid_lines: dict[str, list[str]] = {}
     for c in ready:
         grid_done[c.key] += _finished_jobs(beyond[c.key], started, ran)
@@ -209,7 +217,7 @@ def run_claims(
             chosen, grid_lines[c.key] = choose_lrs(c, out, done_dirs, edges[c.key])
             jobs[c.key] = claim_jobs(c, out, quick, chosen)
     started = time.time()
-    ran = _run([j for c in ready for j in jobs[c.key]], workers, reuse, "reproduce", times, failures, diverged)
+    ran = _run([j for c in ready for j in jobs[c.key]], workers, reuse, "reproduce", times, failures, diverged, on)
     done = {key: _finished_jobs(claim_runs, started, ran) for key, claim_runs in jobs.items()}
 
     sections: list[str] = []
@@ -277,11 +285,19 @@ def default_workers() -> int:
 
 
 def _run(
-    jobs: list[Job], workers: int, reuse: bool, what: str, times: RunTimes, failures: list[str], diverged: list[str]
+    jobs: list[Job],
+    workers: int,
+    reuse: bool,
+    what: str,
+    times: RunTimes,
+    failures: list[str],
+    diverged: list[str],
+    extra: list[str],
 ) -> set[str]:
-    """Run the jobs (``reuse``: those without a summary yet); the names of the runs started. Runs that
-    diverged go to ``diverged``; any other failure to ``failures`` (the suite then ends in an error)."""
-    todo = {j.name: j.argv for j in jobs if not (reuse and j.done())}
+    """Run the jobs (``reuse``: those without a summary yet) with ``extra`` after each one's arguments; the
+    names of the runs started. Runs that diverged go to ``diverged``; any other failure to ``failures``
+    (the suite then ends in an error)."""
+    todo = {j.name: [*j.argv, *extra] for j in jobs if not (reuse and j.done())}
     if not jobs:
         return set()
     print(f"{what}: {len(todo)} runs to do, {len(jobs) - len(todo)} reused, {workers} worker(s)", flush=True)
@@ -619,8 +635,15 @@ def main(argv: list[str] | None = None) -> None:
         "--workers", type=int, default=None, help="runs in parallel (default: one per core; they share a GPU)"
     )
     parser.add_argument("--reuse", action="store_true", help="keep runs that already finished (continue a suite)")
+    parser.add_argument(
+        "--accelerator",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="every run's trainer.accelerator (default auto: the GPU when there is one; cpu: the cores only)",
+    )
     args = parser.parse_args(argv)
-    print(run_claims(args.out, args.only, args.quick, args.workers or default_workers(), args.reuse))
+    workers = args.workers or default_workers()
+    print(run_claims(args.out, args.only, args.quick, workers, args.reuse, args.accelerator))
 
 
 def _read_json(path: Path, empty: dict | list) -> dict | list:

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import torch
 
 
-def device_label() -> str:
-    """This machine's training device as the suite records it: the GPU's name, or the CPU and its cores."""
-    if torch.cuda.is_available():
+def device_label(accelerator: str = "auto") -> str:
+    """The training device of runs with ``trainer.accelerator: accelerator`` on this machine, as the suite
+    records it: the GPU's name, or the CPU and its cores."""
+    if accelerator != "cpu" and torch.cuda.is_available():
         return f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
     return f"CPU, {os.cpu_count()} cores"
 

@@ -732,10 +732,12 @@ def test_the_command_passes_its_options_to_the_suite_and_prints_the_reports_path
     calls = []
     monkeypatch.setattr(rep, "run_claims", lambda *a: calls.append(a) or Path("out/REPORT.md"))
     rep.main([])
-    assert calls[-1] == (Path("reproduce"), None, False, 2, False)
-    rep.main(["--out", "x", "--only", "a", "b", "--quick", "--workers", "3", "--reuse"])
-    assert calls[-1] == (Path("x"), ["a", "b"], True, 3, True)
+    assert calls[-1] == (Path("reproduce"), None, False, 2, False, "auto")
+    rep.main(["--out", "x", "--only", "a", "b", "--quick", "--workers", "3", "--reuse", "--accelerator", "cpu"])
+    assert calls[-1] == (Path("x"), ["a", "b"], True, 3, True, "cpu")
     assert capsys.readouterr().out == "out/REPORT.md\nout/REPORT.md\n"
+    with pytest.raises(SystemExit):
+        rep.main(["--accelerator", "tpu"])
 
 
 def test_the_commands_help_names_every_claim(monkeypatch, capsys):
@@ -752,3 +754,17 @@ def test_a_time_record_is_written_whole_with_sorted_keys(tmp_path):
     assert (tmp_path / "t.json").read_text() == '{\n "a": [\n  2\n ],\n "b": 1\n}\n'
     assert rep._read_json(tmp_path / "t.json", {}) == {"a": [2], "b": 1}
     assert rep._read_json(tmp_path / "absent.json", []) == []
+
+
+def test_every_run_trains_on_the_accelerator_asked_for_and_records_it(fake, tmp_path, monkeypatch):
+    monkeypatch.setattr("pfl.runner.suite_estimate.torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("pfl.runner.suite_estimate.torch.cuda.get_device_name", lambda i: "Card")
+    monkeypatch.setattr("pfl.runner.suite_estimate.torch.cuda.device_count", lambda: 1)
+    report = rep.run_claims(tmp_path / "cpu", accelerator="cpu").read_text()
+    assert all(flag(argv, "--trainer.accelerator") == "cpu" for argv in fake.argv.values()) and len(fake.argv) == 4
+    assert f"on CPU, {os.cpu_count()} cores, embedded data" in report
+    devices = json.loads((tmp_path / "cpu" / "devices.json").read_text())
+    assert set(devices.values()) == {f"CPU, {os.cpu_count()} cores"}
+    report = rep.run_claims(tmp_path / "auto").read_text()
+    assert all(flag(argv, "--trainer.accelerator") == "auto" for argv in fake.argv.values())
+    assert "on Card x1, embedded data" in report
