@@ -7,8 +7,6 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, get_args
 
 import torch
-from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT_STR, _PRECISION_INPUT_STR_ALIAS
-from lightning.fabric.plugins.precision.transformer_engine import _TRANSFORMER_ENGINE_AVAILABLE
 
 from pfl.data.config import validate_data_config
 from pfl.data.settings import DataConfig
@@ -17,8 +15,31 @@ from pfl.models import ModelConfig, check_model_config
 from pfl.suggest import choice_fix
 
 ACCELERATORS = ("cpu", "cuda", "gpu", "mps", "auto")
-PRECISIONS = get_args(_PRECISION_INPUT_STR) + get_args(_PRECISION_INPUT_STR_ALIAS)  # every Fabric precision
-STRATEGIES = ("auto", "ddp")  # ddp: one process per device; sampled clients are split across them
+# Every precision Lightning Fabric takes, written out so that reading a config never imports Lightning
+# (seconds of start-up); tests/test_startup.py checks it against Fabric's own list.
+PRECISIONS = (
+    "transformer-engine",
+    "transformer-engine-float16",
+    "16-true",
+    "16-mixed",
+    "bf16-true",
+    "bf16-mixed",
+    "32-true",
+    "64-true",
+    "64",
+    "32",
+    "16",
+    "bf16",
+)
+STRATEGIES = ("auto", "ddp")
+
+
+def transformer_engine_available() -> bool:
+    """Whether Fabric can run the transformer-engine precisions here (Lightning's own check, imported
+    only when such a precision is asked for)."""
+    from lightning.fabric.plugins.precision.transformer_engine import _TRANSFORMER_ENGINE_AVAILABLE
+
+    return bool(_TRANSFORMER_ENGINE_AVAILABLE)  # ddp: one process per device; sampled clients are split across them
 
 
 @dataclass
@@ -317,7 +338,7 @@ def validate(cfg: RunConfig) -> None:
         choice_fix(t.precision, PRECISIONS),
     )
     require(
-        not t.precision.startswith("transformer-engine") or bool(_TRANSFORMER_ENGINE_AVAILABLE),
+        not t.precision.startswith("transformer-engine") or transformer_engine_available(),
         "trainer.precision",
         f"{t.precision} needs NVIDIA's transformer_engine package, which is not installed",
         "install it (pip install 'transformer_engine>=0.11.0', CUDA only) or choose e.g. bf16-mixed or 16-mixed",

@@ -56,3 +56,25 @@ def test_import_pfl_imports_no_torch():
         timeout=120,
     )
     assert out.returncode == 0 and not set(json.loads(out.stdout)) & set(HEAVY)
+
+
+def test_the_precisions_written_out_are_fabrics_own():
+    from typing import get_args
+
+    from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT_STR, _PRECISION_INPUT_STR_ALIAS
+
+    from pfl.config import PRECISIONS
+
+    assert PRECISIONS == get_args(_PRECISION_INPUT_STR) + get_args(_PRECISION_INPUT_STR_ALIAS)
+
+
+def test_reading_a_config_imports_no_lightning():
+    out = subprocess.run(
+        [sys.executable, "-c", "import json, sys, pfl.config; print(json.dumps(sorted(sys.modules)))"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert not {"lightning", "lightning.fabric"} & set(json.loads(out.stdout))
