@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, get_args
+from typing import Any
 
 import torch
 

@@ -65,7 +65,7 @@ def test_the_precisions_written_out_are_fabrics_own():
 
     from pfl.config import PRECISIONS
 
-    assert PRECISIONS == get_args(_PRECISION_INPUT_STR) + get_args(_PRECISION_INPUT_STR_ALIAS)
+    assert get_args(_PRECISION_INPUT_STR) + get_args(_PRECISION_INPUT_STR_ALIAS) == PRECISIONS
 
 
 def test_reading_a_config_imports_no_lightning():
