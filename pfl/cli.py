@@ -3,12 +3,14 @@
 Argument parsing for ``fit`` lives in ``pfl.runner.args``; this module only dispatches commands.
 Each command imports what it needs when it runs: ``methods`` and the usage need no torch.
 Exit codes: 0 success (also a resume with nothing left to do), 2 bad input or an unusable run
-folder (one line on stderr, nothing written), 3 training diverged (round and client named).
+folder (one line on stderr, nothing written), 3 training diverged (round and client named), 141 the
+reader of stdout went away (``pfl methods | head``; nothing on stderr).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -85,10 +87,22 @@ commands:
 
 
 COMMANDS = ("fit", "methods", "sweep", "reproduce", "data", "report")
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell tool's status is when its reader goes away
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = run_command(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # here, where a reader that went away can still be handled
+    except BrokenPipeError:
+        # The reader stopped early (`pfl methods | head`): end quietly, as shell tools do, instead of a
+        # traceback; stdout goes to /dev/null so that the interpreter's last flush fails no more.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+def run_command(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2

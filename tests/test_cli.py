@@ -94,3 +94,20 @@ def test_bad_input_fails_before_training(tmp_path, capsys, args, field, hint):
     err = capsys.readouterr().err
     assert field in err and hint in err, err
     assert not (tmp_path / "r").exists()  # nothing was started
+
+
+def test_a_reader_that_goes_away_ends_the_listing_quietly():
+    import subprocess
+    import sys
+
+    from tests.cli_runs import child_env
+
+    child = subprocess.Popen(
+        [sys.executable, "-m", "pfl", "methods"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=child_env(),
+    )
+    child.stdout.close()  # gone before the listing is written: every write meets a closed pipe
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=120) == 141 and err == "", err
