@@ -3,6 +3,7 @@ gradients. The method API's own contracts are tested in tests/methods/test_base.
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
@@ -79,3 +80,14 @@ def test_mean_gradient_is_the_mean_of_batch_gradients_in_index_order():
     g, f = w.mean_gradient(1, state)
     torch.testing.assert_close(g, torch.stack(grads).mean(0), rtol=1e-5, atol=1e-7)
     assert abs(f - sum(losses) / len(idx)) < 1e-5
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_batches_per_epoch_counts_what_keyed_batches_draws(drop_last):
+    from pfl.engine.worker import batches_per_epoch, keyed_batches
+
+    for n in (1, 4, 5, 9, 10, 11, 16):
+        drawn = list(keyed_batches(torch.Generator().manual_seed(0), torch.arange(n), 2, 5, drop_last))
+        assert [e for e, _ in drawn].count(0) == [e for e, _ in drawn].count(1) == batches_per_epoch(n, 5, drop_last)
+        kept = sum(len(b) for e, b in drawn if e == 0)
+        assert kept == (n if not drop_last or n < 5 else n - n % 5), (n, drop_last)

@@ -14,6 +14,7 @@ optimizer steps go through Fabric's precision plugin, so ``16-mixed`` gets its g
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -191,6 +192,17 @@ class FitSpec:
 DEFAULT_FIT = FitSpec()
 
 
+def kept_samples(n: int, batch_size: int, drop_last: bool) -> int:
+    """How many of an epoch's ``n`` shuffled samples are trained: all, or with ``drop_last`` all but the
+    last incomplete batch (unless that batch is the only one)."""
+    return n - n % batch_size if drop_last and n >= batch_size else n
+
+
+def batches_per_epoch(n: int, batch_size: int, drop_last: bool) -> int:
+    """The batches ``keyed_batches`` draws per epoch from ``n`` samples."""
+    return math.ceil(kept_samples(n, batch_size, drop_last) / batch_size)
+
+
 def keyed_batches(
     gen: torch.Generator, idx: Tensor, epochs: int, batch_size: int, drop_last: bool
 ) -> Iterator[tuple[int, Tensor]]:
@@ -198,7 +210,7 @@ def keyed_batches(
     documents ``drop_last``). The one place a fit's batches are drawn: the sequential worker and the
     stacked trainer (``pfl.engine.stacked``) both take theirs from here."""
     n, bs = len(idx), batch_size
-    stop = n - n % bs if drop_last and n >= bs else n
+    stop = kept_samples(n, bs, drop_last)
     for epoch in range(epochs):
         order = idx[torch.randperm(n, generator=gen, device=gen.device)]
         for s in range(0, stop, bs):

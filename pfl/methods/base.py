@@ -22,7 +22,16 @@ from torch import Tensor
 
 from pfl.engine.flat import FlatModule, ModelLayout
 from pfl.engine.terms import Term
-from pfl.engine.worker import ClientModule, EvalStats, FitSpec, FitStats, LossFn, TrainSettings, Worker
+from pfl.engine.worker import (
+    ClientModule,
+    EvalStats,
+    FitSpec,
+    FitStats,
+    LossFn,
+    TrainSettings,
+    Worker,
+    batches_per_epoch,
+)
 from pfl.errors import require
 from pfl.methods.choices import check_choices
 from pfl.methods.reports import SCALAR_BYTES, Reports, Times
@@ -204,6 +213,11 @@ class ClientContext:
         """Samples per class in the client's train split (float, length num_classes)."""
         y = self.worker.data.y[self.train_idx]
         return torch.bincount(y, minlength=self.num_classes).float()
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Batches of one epoch over the train split (``client.drop_last`` honoured), as ``batches`` draws them."""
+        return batches_per_epoch(self.num_samples, self.batch_size, self.worker.settings.drop_last)
 
     def batches(self, purpose: str = "train", epochs: int | None = None) -> Iterator[Tensor]:
         """The index batches ``fit`` would draw for this (client, round, purpose)."""

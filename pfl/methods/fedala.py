@@ -25,8 +25,6 @@ the global one). BatchNorm buffers come from g.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
@@ -99,7 +97,7 @@ class FedALA(FedAvg):
         with torch.no_grad():
             params[sl] += away * (1 - weights)
         n, bs = client.num_samples, client.batch_size
-        per_pass = math.ceil(n / bs)
+        per_pass = client.batches_per_epoch
         used = max(1, int(self.rand_percent / 100 * (n // bs)))  # whole batches, as the code's drop_last
         start_phase = "ala_weights" not in client.state
         passes = self.max_start_epochs if start_phase else 1

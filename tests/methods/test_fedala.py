@@ -86,6 +86,18 @@ def test_fedala_adaptive_local_aggregation_matches_a_hand_written_loop(
         torch.testing.assert_close(start[: len(params)], params, rtol=1e-5, atol=1e-6)
 
 
+def test_fedala_with_drop_last_passes_over_the_batches_an_epoch_keeps():
+    """With client.drop_last each ALA pass is the epoch's whole batches only: counted as the fit's
+    batches are, not as ceil(n / batch_size) (which asked for a batch the pass never draws)."""
+    cfg = tiny_config("fedala", {"eta": 1.0, "max_start_epochs": 3}, client={"drop_last": True, "batch_size": 15})
+    loop = make_loop(cfg)
+    for _ in range(3):
+        loop.run_round()
+    client = loop.client(1)
+    assert client.num_samples % 15 and client.batches_per_epoch == client.num_samples // 15
+    assert "ala_weights" in client.state
+
+
 def test_fedala_learns_weights_in_the_unit_box_on_the_top_layers_only():
     loop = make_loop(tiny_config("fedala", {"eta": 1.0, "layer_idx": 1, "max_start_epochs": 5}))
     loop.run_round()
