@@ -80,6 +80,15 @@ def test_a_config_file_without_settings_is_one_line_naming_it(tmp_path, capsys, 
     assert err == f"error: --config: {path} holds no settings (it is empty or only comments) {fix}"
 
 
+@pytest.mark.parametrize("text", ["just a sentence\n", " ".join(["words"] * 400) + "\n"])
+def test_a_config_file_of_plain_text_is_one_line_that_does_not_repeat_it(tmp_path, capsys, text):
+    """It used to be "error: arguments: Unexpected config: " followed by the whole file."""
+    path = tmp_path / "notes.yaml"
+    path.write_text(text)
+    err = one_line_error(capsys, ["--config", str(path)], tmp_path)
+    assert err == f"error: --config: {path} holds plain text, not a mapping of groups (e.g. trainer: {{rounds: 5}})"
+
+
 def test_a_resume_that_changes_the_method_says_so(tmp_path, capsys):
     """It used to say that ditto "does not accept option finetune_epochs", an option never given."""
     run = tmp_path / "runs" / "r"

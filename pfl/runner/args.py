@@ -181,6 +181,8 @@ def load_yaml(path: Path) -> DictConfig:
         raise ConfigError("--config", f"{path} cannot be read as a config: {str(err).splitlines()[0]}") from None
     if not isinstance(conf, DictConfig):
         raise ConfigError("--config", f"{path} holds a YAML list, not a mapping of groups", f"e.g. {EXAMPLE}")
+    if not isinstance(yaml.safe_load(path.read_text()), dict | None):  # OmegaConf makes `text` into {text: None}
+        raise ConfigError("--config", f"{path} holds plain text, not a mapping of groups", f"e.g. {EXAMPLE}")
     if len(conf) == 0:  # parsed on, it would be refused as "Unexpected config:" without the file's name
         raise ConfigError(
             "--config", f"{path} holds no settings (it is empty or only comments)", f"add some, e.g. {EXAMPLE}"
