@@ -245,7 +245,8 @@ def run_claims(
     if quick:
         timing.estimate = full_suite_estimate(ready, out, jobs, times)
     report = out / "REPORT.md"
-    report.write_text("\n".join([*_header(claims, verdicts, quick, timing), *sections]) + "\n")
+    # replaced whole: a stop never leaves half a report, nor writes through a second name of the file
+    write_atomic(report, "\n".join([*_header(claims, verdicts, quick, timing), *sections]) + "\n")
     if failures:
         raise ConfigError("reproduce", f"{'; '.join(failures)} (left out of {report})")
     if diverged:  # a finding about the method and its learning rate, not a failure of the suite

@@ -768,3 +768,13 @@ def test_every_run_trains_on_the_accelerator_asked_for_and_records_it(fake, tmp_
     report = rep.run_claims(tmp_path / "auto").read_text()
     assert all(flag(argv, "--trainer.accelerator") == "auto" for argv in fake.argv.values())
     assert "on Card x1, embedded data" in report
+
+
+def test_the_report_replaces_its_file_whole_and_never_writes_through_it(fake, tmp_path):
+    elsewhere = tmp_path / "kept.md"
+    elsewhere.write_text("someone else's file\n")
+    (tmp_path / "out").mkdir()
+    os.link(elsewhere, tmp_path / "out" / "REPORT.md")  # a second name of that file
+    report = rep.run_claims(tmp_path / "out")
+    assert report.read_text().startswith("# Reproduction report")
+    assert elsewhere.read_text() == "someone else's file\n"
