@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 import textwrap
@@ -23,6 +22,7 @@ from pfl.errors import ConfigError
 from pfl.federation.server_opt import ServerOptimizer
 from pfl.methods import method_class
 from pfl.methods.ditto import Ditto
+from tests.cli_runs import child_env
 from tests.conftest import make_loop, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -227,7 +227,7 @@ class Shrink(Method):
 
 
 def _pfl(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    env = child_env(WANDB_MODE="disabled")
     return subprocess.run([sys.executable, "-m", "pfl", *args], cwd=cwd, env=env, capture_output=True, text=True)
 
 
