@@ -143,10 +143,9 @@ class ServerConfig:
         beta1: first-moment decay of adam/adagrad/yogi.
         beta2: second-moment decay of adam/yogi.
         tau: adaptivity τ added to √v (Reddi et al.: 1e-3).
-        aggregator: a registered aggregator, applied to the uploads before the method's weighted mean
-            (methods whose server averages the uploaded models): mean (the method's own aggregation,
-            untouched), median (coordinate-wise), trimmed_mean, krum, multi_krum, norm_clip, or the
-            import path of one of your own (docs/methods.md, "Adding an aggregator").
+        aggregator: applied to the uploads before the method's weighted mean (methods whose server
+            averages the uploaded models); mean leaves the method's own aggregation untouched
+            (docs/methods.md, "Robust aggregation" and "Adding an aggregator").
         trim_beta: trimmed_mean's β: ⌊β·n⌋ of the n values of every coordinate are dropped at each end.
         krum_f: the number f of malicious uploads per round Krum and multi-Krum assume (n > 2f + 2).
         krum_m: how many uploads multi-Krum keeps (null: n − f).

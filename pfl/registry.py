@@ -101,7 +101,12 @@ class Registry(Generic[T]):
         path of a user's own."""
         close = did_you_mean(name, self.names())
         choices = ", ".join([*self.names(), *self.other_choices])
-        return close or f"choose one of {choices}, or package.module.name of a {self.kind} of your own"
+        return close or f"choose one of {choices}, or package.module.name of one of your own"
+
+    def help(self) -> str:
+        """The field's choices for ``--help``."""
+        choices = ", ".join([*self.names(), *self.other_choices])
+        return f"one of: {choices}; or package.module.name of one of your own"
 
     def check(self, name: str) -> None:
         """A ConfigError unless ``name`` is a registered name or the import path of an entry."""

@@ -43,7 +43,7 @@ def test_an_unknown_name_offers_the_close_one_or_every_choice():
     with pytest.raises(ConfigError) as err:
         reg.get("zzz")
     assert str(err.value) == (
-        "group.rule: unknown rule 'zzz' (choose one of median, mean, x:<Name>, or package.module.name of a rule "
+        "group.rule: unknown rule 'zzz' (choose one of median, mean, x:<Name>, or package.module.name of one "
         "of your own)"
     )
 
@@ -58,6 +58,27 @@ def test_an_import_path_finds_a_registered_definition(monkeypatch):
     with pytest.raises(ConfigError, match=r"^group.rule: 'user_rules.loose' is not a registered rule \(decorate it "):
         reg.get("user_rules.loose")
     assert "user_rules.loose" not in reg and "nowhere_at_all.ok" not in reg
+
+
+def test_the_help_lists_the_registered_names_and_other_choices():
+    reg: Registry = Registry("rule", "group.rule", "mod.rule", other_choices=("x:<Name>",))
+    reg.add("median", rule_a)
+    assert reg.help() == "one of: median, x:<Name>; or package.module.name of one of your own"
+
+
+def test_the_fit_help_reads_the_registries(monkeypatch):
+    from pfl.federation.robust import aggregator
+    from pfl.runner.args import build_fit_parser
+
+    monkeypatch.setattr(AGGREGATORS, "_entries", AGGREGATORS.entries())
+    aggregator("loudest")(rule_a)
+    helps = {a.dest: a.help for a in build_fit_parser("fedavg")._actions}
+    assert helps["server.aggregator"].startswith(
+        "one of: mean, median, trimmed_mean, krum, multi_krum, norm_clip, loudest; or package.module.name of one "
+        "of your own. Applied to the uploads"
+    )
+    assert helps["eval.protocols"].startswith("one of: local, sg, global, new;")
+    assert "synthetic_regression, torchvision:<Name>, hf:<folder or hub name>;" in helps["data.source"]
 
 
 def test_built_ins_are_imported_on_first_lookup():
