@@ -137,6 +137,7 @@ def _stacked(uploads: dict[int, Upload]) -> tuple[list[int], Tensor]:
 
 @aggregator("median")
 def median(uploads: dict[int, Upload], ctx: AggregationContext) -> dict[int, Upload]:
+    """Every upload carries the coordinate-wise median of the round's uploads."""
     cids, states = _stacked(uploads)
     robust = coordinate_median(states)
     return {c: replace(uploads[c], state=robust) for c in cids}
@@ -144,12 +145,14 @@ def median(uploads: dict[int, Upload], ctx: AggregationContext) -> dict[int, Upl
 
 @aggregator("trimmed_mean")
 def trimmed(uploads: dict[int, Upload], ctx: AggregationContext) -> dict[int, Upload]:
+    """Every upload carries the coordinate-wise mean without the ⌊β·n⌋ smallest and largest values."""
     cids, states = _stacked(uploads)
     robust = trimmed_mean(states, ctx.settings.trim_beta)
     return {c: replace(uploads[c], state=robust) for c in cids}
 
 
 def check_krum(cfg: ServerConfig, clients_per_round: int) -> None:
+    """Krum's scores need more than 2f + 2 uploads a round."""
     n, f = clients_per_round, cfg.krum_f
     require(
         n > 2 * f + 2,
@@ -162,6 +165,7 @@ def check_krum(cfg: ServerConfig, clients_per_round: int) -> None:
 
 
 def check_multi_krum(cfg: ServerConfig, clients_per_round: int) -> None:
+    """Krum's condition, and at most the round's uploads kept."""
     check_krum(cfg, clients_per_round)
     if cfg.krum_m is not None:
         n = clients_per_round
@@ -175,11 +179,13 @@ def _krum_kept(uploads: dict[int, Upload], f: int, m: int) -> dict[int, Upload]:
 
 @aggregator("krum", check=check_krum)
 def krum(uploads: dict[int, Upload], ctx: AggregationContext) -> dict[int, Upload]:
+    """Only the upload of the lowest Krum score is kept."""
     return _krum_kept(uploads, ctx.settings.krum_f, 1)
 
 
 @aggregator("multi_krum", check=check_multi_krum)
 def multi_krum(uploads: dict[int, Upload], ctx: AggregationContext) -> dict[int, Upload]:
+    """The uploads of the m lowest Krum scores are kept (m = krum_m, default n − krum_f)."""
     s = ctx.settings
     return _krum_kept(uploads, s.krum_f, len(uploads) - s.krum_f if s.krum_m is None else s.krum_m)
 
