@@ -12,6 +12,7 @@ from pfl.data.config import validate_data_config
 from pfl.data.settings import DataConfig
 from pfl.errors import require
 from pfl.models import ModelConfig, check_model_config
+from pfl.registry import Registry
 from pfl.suggest import choice_fix
 
 ACCELERATORS = ("cpu", "cuda", "gpu", "mps", "auto")
@@ -99,7 +100,14 @@ class TrainerConfig:
 
 CLIENT_STORES = ("memory", "disk")
 VECTORIZE_AUTO = "auto"
-PROTOCOLS = ("local", "sg", "global", "new")
+# Evaluation protocols by name (pfl.metrics.protocol_registry defines the built-ins and the decorator).
+PROTOCOLS: Registry[Any] = Registry(
+    "protocol",
+    "eval.protocols",
+    "pfl.metrics.protocol",
+    builtins=("pfl.metrics.protocol_registry",),
+    implementation=lambda entry: entry.measure,
+)
 S_TESTS = ("paper", "mixed")  # FedPG's S-test construction (pfl.metrics.protocols.s_test_indices)
 
 
@@ -134,7 +142,14 @@ class ClientConfig:
 
 
 SERVER_OPTIMIZERS = ("sgd", "adam", "adagrad", "yogi")
-AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "norm_clip")
+# Robust aggregators by name (pfl.federation.robust defines the built-ins and the decorator).
+AGGREGATORS: Registry[Any] = Registry(
+    "aggregator",
+    "server.aggregator",
+    "pfl.federation.robust.aggregator",
+    builtins=("pfl.federation.robust",),
+    implementation=lambda entry: entry.rule,
+)
 
 
 @dataclass
@@ -149,9 +164,9 @@ class ServerConfig:
         beta1: first-moment decay of adam/adagrad/yogi.
         beta2: second-moment decay of adam/yogi.
         tau: adaptivity τ added to √v (Reddi et al.: 1e-3).
-        aggregator: mean (the method's own aggregation, untouched), median (coordinate-wise),
-            trimmed_mean, krum, multi_krum or norm_clip, applied to the uploads before the method's
-            weighted mean (methods whose server averages the uploaded models).
+        aggregator: applied to the uploads before the method's weighted mean (methods whose server
+            averages the uploaded models); mean leaves the method's own aggregation untouched
+            (docs/methods.md, "Robust aggregation" and "Adding an aggregator").
         trim_beta: trimmed_mean's β: ⌊β·n⌋ of the n values of every coordinate are dropped at each end.
         krum_f: the number f of malicious uploads per round Krum and multi-Krum assume (n > 2f + 2).
         krum_m: how many uploads multi-Krum keeps (null: n − f).
@@ -184,12 +199,7 @@ def validate_server(cfg: ServerConfig) -> None:
     require(0 <= cfg.beta1 < 1, "server.beta1", f"must be in [0, 1) (got {cfg.beta1})")
     require(0 <= cfg.beta2 < 1, "server.beta2", f"must be in [0, 1) (got {cfg.beta2})")
     require(cfg.tau > 0, "server.tau", f"must be > 0 (got {cfg.tau})")
-    require(
-        cfg.aggregator in AGGREGATORS,
-        "server.aggregator",
-        f"unknown aggregator {cfg.aggregator!r}",
-        f"choose one of {', '.join(AGGREGATORS)}",
-    )
+    AGGREGATORS.check(cfg.aggregator)
     require(0 <= cfg.trim_beta < 0.5, "server.trim_beta", f"must be in [0, 0.5) (got {cfg.trim_beta})")
     require(cfg.krum_f >= 0, "server.krum_f", f"must be >= 0 (got {cfg.krum_f})")
     if cfg.krum_m is not None:
@@ -260,8 +270,9 @@ class EvalConfig:
     new_client_epochs: int = 1  # fine-tuning epochs before held-out new clients are evaluated
     reference: str = "none"  # local: compare with a LOCAL run on the same split and seed (R-Acc, PTR, gain)
     pm_source: str = "method"  # local_update: the model trained this round, before aggregation (FedPG)
-    # local: P-models on their own test (and validation); sg: FedPG's S- and G-tests; global: the global
-    # model on every client's test and the global test set; new: held-out clients after adaptation.
+    # Registered protocols (pfl.config.PROTOCOLS; docs/metrics.md). local: P-models on their own test (and
+    # validation); sg: FedPG's S- and G-tests; global: the global model on every client's test and the
+    # global test set; new: held-out clients after adaptation; or the import path of one of your own.
     protocols: list[str] = field(default_factory=lambda: ["local", "global", "new"])
 
 
@@ -395,8 +406,8 @@ def validate_eval(e: EvalConfig) -> None:
     ):
         require(value in choices, f"eval.{name}", f"unknown value {value!r}", choice_fix(value, choices))
     require(0 < e.s_acc_others <= 1, "eval.s_acc_others", f"must be in (0, 1] (got {e.s_acc_others})")
-    unknown = [p for p in e.protocols if p not in PROTOCOLS]
-    require(not unknown, "eval.protocols", f"unknown protocol(s) {unknown}", f"choose from {', '.join(PROTOCOLS)}")
+    for name in e.protocols:
+        PROTOCOLS.check(name)
     require(
         "local" in e.protocols,
         "eval.protocols",

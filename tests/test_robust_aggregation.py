@@ -18,11 +18,24 @@ from pfl.federation.robust import (
     krum_select,
     trimmed_mean,
 )
+from pfl.federation.transforms import UploadStep, apply_transforms
 from pfl.methods import Upload, methods
 from pfl.methods.fedavg import FedAvg
 from pfl.runner.args import parse_fit_args
 from tests.conftest import make_loop, tiny_config
 from tests.methods.registry_properties import NOT_AVERAGING
+
+
+def rule(kind: str, **settings) -> Aggregator:
+    """The aggregator ``kind`` with the given ``server.*`` settings."""
+    return Aggregator(ServerConfig(aggregator=kind, **settings))
+
+
+def aggregate(loop, uploads: dict) -> None:
+    """The loop's aggregation of ``uploads`` after its upload transforms."""
+    transformed = apply_transforms(loop.transforms, uploads, UploadStep(loop.method, loop.server, {}, loop.round))
+    loop.aggregate(transformed.received, transformed.combined)
+
 
 HALF = {"rounds": 3, "fraction": 0.5}  # 6 clients, 3 per round
 # Five clients' uploads of three coordinates, by hand below.
@@ -98,7 +111,7 @@ def test_mean_leaves_the_uploads_untouched():
 
 @pytest.mark.parametrize(
     ("agg", "expected"),
-    [(Aggregator("median"), [2.0, 2.0, 1.0]), (Aggregator("trimmed_mean", trim_beta=0.2), [2.0, 8 / 3, 4 / 3])],
+    [(rule("median"), [2.0, 2.0, 1.0]), (rule("trimmed_mean", trim_beta=0.2), [2.0, 8 / 3, 4 / 3])],
 )
 def test_median_and_trimmed_mean_give_every_upload_the_robust_state(agg, expected):
     uploads = uploads_of(ROWS)
@@ -112,23 +125,23 @@ def test_median_and_trimmed_mean_give_every_upload_the_robust_state(agg, expecte
 
 def test_krum_keeps_the_selected_clients_uploads():
     uploads = uploads_of(POINTS)
-    assert Aggregator("krum", krum_f=1).apply(uploads, FedAvg(), None) == {7: uploads[7]}  # type: ignore[arg-type]
-    assert Aggregator("krum", krum_f=0).apply(uploads, FedAvg(), None) == {11: uploads[11]}  # type: ignore[arg-type]
-    multi = Aggregator("multi_krum", krum_f=1).apply(uploads, FedAvg(), None)  # type: ignore[arg-type]
+    assert rule("krum", krum_f=1).apply(uploads, FedAvg(), None) == {7: uploads[7]}  # type: ignore[arg-type]
+    assert rule("krum", krum_f=0).apply(uploads, FedAvg(), None) == {11: uploads[11]}  # type: ignore[arg-type]
+    multi = rule("multi_krum", krum_f=1).apply(uploads, FedAvg(), None)  # type: ignore[arg-type]
     assert sorted(multi) == [3, 7, 8, 11]  # m = n - f = 4: the outlier (client 20) is dropped
-    two = Aggregator("multi_krum", krum_f=1, krum_m=2).apply(uploads, FedAvg(), None)  # type: ignore[arg-type]
+    two = rule("multi_krum", krum_f=1, krum_m=2).apply(uploads, FedAvg(), None)  # type: ignore[arg-type]
     assert two == {3: uploads[3], 7: uploads[7]}
 
 
 def test_norm_clip_scales_long_updates_to_the_quantile():
     reference = torch.tensor([1.0, 1.0])
     uploads = uploads_of([[1.0, 1.0], [4.0, 5.0], [1.0, 3.0], [-5.0, 9.0]])  # updates of norm 0, 5, 2, 10
-    out = Aggregator("norm_clip", clip_quantile=0.5).apply(uploads, FedAvg(), {"global": reference})  # type: ignore[arg-type]
+    out = rule("norm_clip", clip_quantile=0.5).apply(uploads, FedAvg(), {"global": reference})  # type: ignore[arg-type]
     torch.testing.assert_close(out[7].state, torch.tensor([3.1, 3.8]))  # 1 + (3, 4)·3.5/5
     torch.testing.assert_close(out[11].state, torch.tensor([-1.1, 3.8]))  # 1 + (-6, 8)·3.5/10
     assert out[3] is uploads[3] and out[8] is uploads[8]  # not longer than tau: untouched
     assert out[7].weight == uploads[7].weight
-    low = Aggregator("norm_clip", clip_quantile=0.25).apply(uploads, FedAvg(), {"global": reference})  # type: ignore[arg-type]
+    low = rule("norm_clip", clip_quantile=0.25).apply(uploads, FedAvg(), {"global": reference})  # type: ignore[arg-type]
     torch.testing.assert_close(low[8].state, torch.tensor([1.0, 2.5]))  # tau = 1.5: (0, 2)·0.75
 
 
@@ -141,7 +154,7 @@ def _round_uploads(loop, size: int) -> dict[int, Upload]:
 def test_fedavg_with_median_aggregates_to_the_coordinate_median():
     loop = make_loop(tiny_config("fedavg", trainer=HALF, server={"aggregator": "median"}))
     uploads = _round_uploads(loop, loop.server.layout.size)
-    loop.aggregate(uploads)
+    aggregate(loop, uploads)
     expected = torch.stack([uploads[c].state for c in (0, 2, 5)]).median(dim=0).values  # odd n: the middle
     torch.testing.assert_close(loop.server["global"], expected, rtol=0, atol=1e-6)
 
@@ -154,7 +167,7 @@ def test_layer_sharing_aggregates_its_shared_part_robustly_and_keeps_the_rest():
     uploads[5] = Upload(uploads[5].state * 100, uploads[5].weight)  # far from the other two
     scores = krum_scores(torch.stack([uploads[c].state for c in (0, 2, 5)]), 0)
     chosen = (0, 2)[int(scores[:2].argmin())]
-    loop.aggregate(uploads)
+    aggregate(loop, uploads)
     torch.testing.assert_close(loop.server["global"][mask], uploads[chosen].state, rtol=0, atol=1e-6)
     assert torch.equal(loop.server["global"][~mask], before[~mask])
 
@@ -165,7 +178,7 @@ def test_norm_clip_measures_layer_sharing_updates_from_the_shared_part_of_the_gl
     ref = loop.server["global"][mask].clone()
     direction = torch.ones(int(mask.sum()))
     uploads = {c: Upload(ref + k * direction, 1.0) for c, k in ((0, 1.0), (2, 2.0), (5, 30.0))}
-    loop.aggregate(uploads)
+    aggregate(loop, uploads)
     # norms sqrt(d)·(1, 2, 30): tau is the middle one, client 5's update is cut to 2·direction
     torch.testing.assert_close(loop.server["global"][mask], ref + (1 + 2 + 2) / 3 * direction, rtol=0, atol=1e-5)
 
@@ -181,7 +194,7 @@ def test_fedavg_upload_reference_is_the_global_model_in_the_uploads_coordinates(
 
 def test_default_run_builds_mean_and_trains_as_before():
     plain = make_loop(tiny_config("fedavg", trainer=HALF))
-    assert plain.aggregator == Aggregator()
+    assert [type(t) for t in plain.transforms] == [Aggregator] and plain.transforms[0] == Aggregator()
     explicit = make_loop(tiny_config("fedavg", trainer=HALF, server={"aggregator": "mean", "krum_f": 5}))
     for _ in range(2):
         plain.run_round(), explicit.run_round()
@@ -295,7 +308,7 @@ def test_every_averaging_method_trains_with_dropped_and_replaced_uploads(name):
     cfg = tiny_config(name, trainer=trainer, server=server, data={"val_frac": 0.2})  # PAGE's agent scores on val
     loop = make_loop(cfg)
     loop.run_round()
-    loop.aggregator = Aggregator("median")
+    loop.transforms = [rule("median")]
     loop.run_round()
     loop.run_round()
     assert all(bool(torch.isfinite(v).all()) for v in loop.server.state.values() if isinstance(v, torch.Tensor))

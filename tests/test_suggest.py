@@ -74,7 +74,7 @@ def test_an_unknown_key_in_a_config_file_names_the_closest_one(tmp_path, capsys)
         (["--method", "dito"], "method.name: unknown method 'dito' (did you mean ditto?)"),
         (["--method", "FedAvgg"], "method.name: unknown method 'FedAvgg' (did you mean fedavg?)"),
         (["--model.name", "mpl"], "model.name: unknown model 'mpl' (did you mean mlp?)"),
-        (["--data.source", "digts"], "data.source: unknown value 'digts' (did you mean digits?)"),
+        (["--data.source", "digts"], "data.source: unknown data source 'digts' (did you mean digits?)"),
         (["--data.partition", "dirichlt"], "data.partition: unknown value 'dirichlt' (did you mean dirichlet?)"),
         (["--trainer.accelerator", "cpuu"], "trainer.accelerator: unknown accelerator 'cpuu' (did you mean cpu?)"),
         (["--eval.select", "finale"], "eval.select: unknown value 'finale' (did you mean final?)"),

@@ -26,7 +26,7 @@ from pfl.data.partition import (
 )
 from pfl.data.rotation import rotate_groups
 from pfl.data.settings import CLIENT_TESTS, PARTITIONS, SYNTHETIC_VARIANTS, DataConfig
-from pfl.data.sources import NATURAL_SOURCES, ON_DISK, SOURCES, TEXT_SOURCES, Pool, load_pool
+from pfl.data.sources import SOURCES, Pool, load_pool, source_entry
 from pfl.errors import ConfigError, require
 from pfl.seeding import numpy_rng
 from pfl.suggest import choice_fix
@@ -39,8 +39,7 @@ def _choice(value: str, options: tuple[str, ...], name: str) -> None:
 def validate_data_config(cfg: DataConfig) -> None:
     if is_ecosystem(cfg.source):
         check_ecosystem_config(cfg)
-    else:
-        _choice(cfg.source, (*SOURCES, "torchvision:<Name>", "hf:<folder or hub name>"), "data.source")
+    source = source_entry(cfg.source)  # a ConfigError for a name no registry holds
     _choice(cfg.partition, PARTITIONS, "data.partition")
     _choice(cfg.synthetic.variant, SYNTHETIC_VARIANTS, "data.synthetic.variant")
     require(
@@ -68,7 +67,7 @@ def validate_data_config(cfg: DataConfig) -> None:
     if cfg.client_test == "pool":
         require(cfg.test_frac == 0, "data.test_frac", "client_test: pool draws the test sets", "set it to 0")
         require(
-            cfg.global_test_frac > 0 and cfg.source not in NATURAL_SOURCES,
+            cfg.global_test_frac > 0 and not source.natural,
             "data.client_test",
             "pool draws each client's test set from a global test set cut from a centralised source",
             "set data.global_test_frac > 0 with a source such as mnist5k, or client_test: split",
@@ -87,26 +86,27 @@ def validate_data_config(cfg: DataConfig) -> None:
     if cfg.big_client_frac > 0:
         require(cfg.num_clients >= 2, "data.big_client_frac", "needs data.num_clients >= 2")
         require(
-            cfg.source not in NATURAL_SOURCES,
+            not source.natural,
             "data.big_client_frac",
             f"{cfg.source} is naturally federated",
             "use a centralised source (digits, mnist5k, mnist, cifar10, ...)",
         )
     if cfg.rotation_groups > 0:
         require(
-            cfg.source not in (*TEXT_SOURCES, "synthetic"),
+            source.rotatable,
             "data.rotation_groups",
             f"{cfg.source} has no images to rotate",
             "set it to 0 or use an image source",
         )
-    if cfg.source in (*ON_DISK, "leaf_shakespeare", "femnist", "npz_dir"):
+    if source.needs_root:
         require(cfg.root is not None, "data.root", f"{cfg.source} is read from disk", "set data.root to its directory")
     if cfg.official_test:
         require(
-            cfg.source in ON_DISK or is_ecosystem(cfg.source),
+            source.official_test,
             "data.official_test",
             f"{cfg.source} has no official test split",
-            f"use one of {', '.join(ON_DISK)} or data.global_test_frac",
+            f"use one of {', '.join(n for n, e in SOURCES.entries().items() if e.official_test)} "
+            "or data.global_test_frac",
         )
     if cfg.image_size is not None:
         require(cfg.image_size >= 1, "data.image_size", f"must be >= 1 (got {cfg.image_size})")

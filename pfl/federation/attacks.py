@@ -35,6 +35,7 @@ from torch import Tensor
 
 from pfl.config import AttackConfig
 from pfl.engine.flat import ModelLayout
+from pfl.federation.transforms import UploadStep
 from pfl.methods.base import Method, ServerContext, Upload
 from pfl.seeding import numpy_rng, torch_generator
 
@@ -67,7 +68,10 @@ def reference_of(payload: Any, state: Tensor, fallback: Tensor | None = None) ->
 
 
 class Attack:
-    """Applies ``cfg`` to the uploads of the malicious clients (``malicious``) every round."""
+    """Applies ``cfg`` to the uploads of the malicious clients (``malicious``) every round: a client-side
+    upload transform (``pfl.federation.transforms``), which the server receives as sent."""
+
+    client_side = True
 
     def __init__(self, cfg: AttackConfig, seed: int, num_clients: int, method: Method, layout: ModelLayout):
         self.cfg, self.seed, self.layout, self.method = cfg, seed, layout, method
@@ -99,6 +103,9 @@ class Attack:
                 state = self.attacked(upload.state, payloads.get(cid), cid, round_idx, fallback)
                 out[cid] = replace(upload, state=state)
         return out
+
+    def transform(self, uploads: dict[int, Upload], step: UploadStep) -> dict[int, Upload]:
+        return self.apply(uploads, step.payloads, step.round, step.server)
 
     def attacked(self, state: Tensor, payload: Any, cid: int, round_idx: int, fallback: Tensor | None = None) -> Tensor:
         ref = reference_of(payload, state, fallback)

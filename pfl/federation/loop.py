@@ -2,10 +2,10 @@
 
 The loop receives built parts (``pfl.runner.experiment.build_loop`` assembles them from a config, as
 Lightning Fabric's build-your-own-trainer receives its model and optimizers): the method (local update
-and server hooks), a worker (the engine), the server's context, aggregator (``pfl.federation.robust``)
-and optimizer, the client store, the evaluation session, a dispatcher (how local updates run:
-``pfl.federation.dispatch``), a Checkpointer (``pfl.federation.checkpoint``) and callbacks that write
-the outputs.
+and server hooks), a worker (the engine), the server's context and optimizer, the upload transforms
+(an attack, the robust aggregator: ``pfl.federation.transforms``), the client store, the evaluation
+session, a dispatcher (how local updates run: ``pfl.federation.dispatch``), a Checkpointer
+(``pfl.federation.checkpoint``) and callbacks that write the outputs.
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ from tqdm.auto import tqdm
 from pfl.engine.flat import FlatModule
 from pfl.engine.worker import Worker
 from pfl.federation import divergence
-from pfl.federation.attacks import Attack
 from pfl.federation.checkpoint import Checkpoint, CheckpointChain, Checkpointer
 from pfl.federation.dispatch import Dispatcher, client_context
-from pfl.federation.robust import Aggregator
 from pfl.federation.server_opt import ServerOptimizer
 from pfl.federation.store import ClientStore
 from pfl.federation.summary import run_summary
+from pfl.federation.transforms import UploadStep, UploadTransform, apply_transforms, check_order
 from pfl.methods.base import ClientContext, Method, ServerContext, Upload
 from pfl.metrics.session import EvalSession
 from pfl.seeding import numpy_rng
@@ -81,15 +80,15 @@ class FederatedLoop:
         dispatcher: Dispatcher,
         schedule: Schedule,
         checkpointer: Checkpointer,
-        attack: Attack | None = None,
-        aggregator: Aggregator | None = None,  # None: mean, the method's own aggregation
+        transforms: Sequence[UploadTransform] = (),  # none: the method aggregates the uploads as sent
         callbacks: Sequence[Callback] = (),
         show_progress: bool = True,  # this process shows the bar (rank 0 of several)
     ):
         self.method, self.worker, self.server, self.server_optimizer = method, worker, server, server_optimizer
         self.clients, self.evals, self.dispatcher, self.schedule = clients, evals, dispatcher, schedule
-        self.checkpointer, self.attack, self.callbacks = checkpointer, attack, list(callbacks)
-        self.aggregator = aggregator or Aggregator()
+        self.checkpointer, self.callbacks = checkpointer, list(callbacks)
+        check_order(transforms)
+        self.transforms = list(transforms)
         self.show_progress = show_progress
         self.init_state: Tensor = server.init_state
         self.round = 0  # rounds completed
@@ -131,14 +130,14 @@ class FederatedLoop:
         # every sampled client received, so byte counts agree without a second exchange.
         payloads = {cid: self.method.payload(self.server, cid) for cid in sampled}
         uploads, fits = self.dispatcher.dispatch(self.method, self.round, sampled, payloads)
-        if self.attack is not None:
-            uploads = self.attack.apply(uploads, payloads, self.round, self.server)
-        for cid in sampled:
-            self.evals.observe(cid, payloads[cid], uploads[cid])  # bytes exchanged (+ trained model if kept)
+        step = UploadStep(self.method, self.server, payloads, self.round)
+        transformed = apply_transforms(self.transforms, uploads, step)
+        for cid in sampled:  # bytes exchanged (+ trained model if kept), as the server received them
+            self.evals.observe(cid, payloads[cid], transformed.received[cid])
         self.train_losses = [f.loss for f in fits if f.loss == f.loss]  # methods with their own loop report NaN
         self.train_samples += sum(f.samples_seen for f in fits)
         self.train_seconds += sum(f.seconds for f in fits)
-        self.aggregate(uploads)
+        self.aggregate(transformed.received, transformed.combined)
         divergence.check_server(self.round + 1, self.server.state)
         self.evals.comm.extra(*self.method.comm_extra(self.server))
         for cid in sampled:  # drop empty entries so FedAvg-like methods keep no per-client memory
@@ -147,21 +146,21 @@ class FederatedLoop:
         self.clients.mark_changed(sampled)  # trained this round: their states may have changed in place
         self.round += 1
 
-    def aggregate(self, uploads: dict[int, Upload]) -> None:
-        """The robust aggregator's rewrite of the uploads, the method's aggregation, then the server
-        optimizer's step on the global model."""
+    def aggregate(self, received: dict[int, Upload], combined: dict[int, Upload]) -> None:
+        """The method's aggregation of the ``combined`` uploads (after every upload transform), then the
+        server optimizer's step on the global model; the conflict share is taken over the ``received`` ones."""
         step = not self.server_optimizer.is_identity
         # The conflict share is a pass over every upload: taken only in a round that ends in an evaluation.
         observe = self.evaluates_after(self.round + 1)
         keep = self.method.has_global_model and (step or observe)
         previous = self.server["global"].clone() if keep else None  # the method may update it in place
-        self.method.aggregate(self.server, self.aggregator.apply(uploads, self.method, self.server))
+        self.method.aggregate(self.server, combined)
         if previous is None:
             return
         if step:
             self.server_optimizer.step(self.server.state, previous, self.server.layout)
         if observe:
-            self.evals.observe_update(previous, self.server["global"], uploads)
+            self.evals.observe_update(previous, self.server["global"], received)
 
     def evaluates_after(self, round_number: int) -> bool:
         """Whether ``fit`` evaluates once ``round_number`` rounds are done (every trainer.eval_every, and the last)."""

@@ -23,21 +23,25 @@ vector, or the shared part for methods that share only some layers):
 
 Ties in Krum's scores go to the lowest client id. Weights and extras of the uploads that remain are
 kept, so methods that also read extras (SCAFFOLD's Δc, PGFed's gradients) read those of the uploads
-the aggregator kept. Only methods whose server averages the uploaded states (``Method.averages_uploads``)
-accept an aggregator other than mean: for the others the rewritten uploads would not give the robust
-model. The loop still observes the clients' own uploads (bytes, the conflict share).
+the aggregator kept. Each rule is registered by name with ``@aggregator`` (``pfl.config.AGGREGATORS``;
+docs/methods.md, "Adding an aggregator"). Only methods whose server averages the uploaded states
+(``Method.averages_uploads``) accept an aggregator other than mean: for the others the rewritten
+uploads would not give the robust model. The loop still observes the clients' own uploads (bytes, the conflict share).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from pfl.config import ServerConfig
+from pfl.config import AGGREGATORS, ServerConfig
 from pfl.errors import ConfigError, require
+from pfl.federation.transforms import UploadStep
 from pfl.methods.base import Method, ServerContext, Upload
 from pfl.methods.registry import methods
 from pfl.methods.stores import row_gram, squared_distances
@@ -81,69 +85,175 @@ def clip_factors(norms: Tensor, q: float) -> Tensor:
 
 
 @dataclass(frozen=True)
-class Aggregator:
-    """``server.aggregator`` and its settings (the module doc); ``Aggregator()`` is mean."""
+class AggregationContext:
+    """What an aggregator's rule sees besides the uploads: the ``server.*`` settings, the method and the
+    server's state before this round's aggregation."""
 
-    kind: str = "mean"
-    trim_beta: float = 0.1
-    krum_f: int = 1
-    krum_m: int | None = None
-    clip_quantile: float = 0.5
+    settings: ServerConfig
+    method: Method
+    server: ServerContext
+
+    def reference(self) -> Tensor:
+        """The server's current model in the uploads' coordinates (``Method.upload_reference``)."""
+        return self.method.upload_reference(self.server)
+
+
+Rule = Callable[[dict[int, Upload], AggregationContext], dict[int, Upload]]
+Check = Callable[[ServerConfig, int], None]
+
+
+@dataclass(frozen=True)
+class RegisteredAggregator:
+    """An entry of ``AGGREGATORS``: the rule that rewrites a round's uploads and an optional check of the
+    settings against the clients per round, run before any training."""
+
+    name: str
+    rule: Rule
+    check: Check | None = None
+
+
+def aggregator(name: str, check: Check | None = None) -> Callable[[Rule], Rule]:
+    """Decorator: register ``rule(uploads, ctx) -> uploads`` as ``server.aggregator: <name>``. The rule
+    returns the uploads the method's weighted mean then combines (it may drop, replace or keep them);
+    ``check(settings, clients_per_round)`` raises a ConfigError for settings it cannot work with."""
+
+    def register(rule: Rule) -> Rule:
+        AGGREGATORS.add(name, RegisteredAggregator(name, rule, check))
+        return rule
+
+    return register
+
+
+@aggregator("mean")
+def mean(uploads: dict[int, Upload], ctx: AggregationContext) -> dict[int, Upload]:
+    """The uploads as they are: the method's own aggregation."""
+    return uploads
+
+
+def _stacked(uploads: dict[int, Upload]) -> tuple[list[int], Tensor]:
+    cids = sorted(uploads)
+    return cids, torch.stack([uploads[c].state for c in cids])  # type: ignore[misc]
+
+
+@aggregator("median")
+def median(uploads: dict[int, Upload], ctx: AggregationContext) -> dict[int, Upload]:
+    """Every upload carries the coordinate-wise median of the round's uploads."""
+    cids, states = _stacked(uploads)
+    robust = coordinate_median(states)
+    return {c: replace(uploads[c], state=robust) for c in cids}
+
+
+@aggregator("trimmed_mean")
+def trimmed(uploads: dict[int, Upload], ctx: AggregationContext) -> dict[int, Upload]:
+    """Every upload carries the coordinate-wise mean without the ⌊β·n⌋ smallest and largest values."""
+    cids, states = _stacked(uploads)
+    robust = trimmed_mean(states, ctx.settings.trim_beta)
+    return {c: replace(uploads[c], state=robust) for c in cids}
+
+
+def check_krum(cfg: ServerConfig, clients_per_round: int) -> None:
+    """Krum's scores need more than 2f + 2 uploads a round."""
+    n, f = clients_per_round, cfg.krum_f
+    require(
+        n > 2 * f + 2,
+        "server.krum_f",
+        f"Krum needs more than 2·krum_f + 2 clients per round (krum_f = {f}, {n} per round)",
+        f"lower server.krum_f to at most {(n - 3) // 2} or sample more clients per round"
+        if n >= 3
+        else "sample at least 3 clients per round",
+    )
+
+
+def check_multi_krum(cfg: ServerConfig, clients_per_round: int) -> None:
+    """Krum's condition, and at most the round's uploads kept."""
+    check_krum(cfg, clients_per_round)
+    if cfg.krum_m is not None:
+        n = clients_per_round
+        require(cfg.krum_m <= n, "server.krum_m", f"must be at most the {n} clients per round (got {cfg.krum_m})")
+
+
+def _krum_kept(uploads: dict[int, Upload], f: int, m: int) -> dict[int, Upload]:
+    cids, states = _stacked(uploads)
+    return {cids[i]: uploads[cids[i]] for i in krum_select(states, f, m)}
+
+
+@aggregator("krum", check=check_krum)
+def krum(uploads: dict[int, Upload], ctx: AggregationContext) -> dict[int, Upload]:
+    """Only the upload of the lowest Krum score is kept."""
+    return _krum_kept(uploads, ctx.settings.krum_f, 1)
+
+
+@aggregator("multi_krum", check=check_multi_krum)
+def multi_krum(uploads: dict[int, Upload], ctx: AggregationContext) -> dict[int, Upload]:
+    """The uploads of the m lowest Krum scores are kept (m = krum_m, default n − krum_f)."""
+    s = ctx.settings
+    return _krum_kept(uploads, s.krum_f, len(uploads) - s.krum_f if s.krum_m is None else s.krum_m)
+
+
+@aggregator("norm_clip")
+def norm_clip(uploads: dict[int, Upload], ctx: AggregationContext) -> dict[int, Upload]:
+    """The uploads whose update is longer than the round's quantile, scaled down to it."""
+    reference = ctx.reference()
+    cids = sorted(uploads)
+    deltas = [uploads[c].state - reference for c in cids]  # type: ignore[operator]
+    norms = torch.stack([d.to(torch.float64).norm() for d in deltas]).cpu()
+    factors = clip_factors(norms, ctx.settings.clip_quantile)
+    out = dict(uploads)
+    for c, delta, factor in zip(cids, deltas, factors.tolist(), strict=True):
+        if factor < 1:
+            out[c] = replace(uploads[c], state=reference + delta * factor)
+    return out
+
+
+@dataclass(frozen=True)
+class Aggregator:
+    """The run's ``server.aggregator`` with its settings (``Aggregator()`` is mean): an upload transform
+    of the server, after every client-side one (``pfl.federation.transforms``)."""
+
+    settings: ServerConfig = field(default_factory=ServerConfig)
+    client_side: ClassVar[bool] = False  # rewrites what the aggregation combines, not what clients sent
+
+    @property
+    def kind(self) -> str:
+        return self.settings.aggregator
 
     @classmethod
     def build(cls, cfg: ServerConfig, method: Method, clients_per_round: int) -> Aggregator:
         """The run's aggregator; a ConfigError when it cannot apply to ``method`` or to ``clients_per_round``
         uploads a round."""
-        out = cls(cfg.aggregator, cfg.trim_beta, cfg.krum_f, cfg.krum_m, cfg.clip_quantile)
-        if out.kind == "mean":
-            return out
+        entry = AGGREGATORS.get(cfg.aggregator)
+        if entry.rule is mean:
+            return cls(cfg)
         if not method.averages_uploads:
             able = ", ".join(name for name, c in methods().items() if c.averages_uploads)
             raise ConfigError(
                 "server.aggregator",
-                f"{out.kind} cannot apply to method {method.name!r}: its server does not take a weighted mean of "
-                "uploaded models",
+                f"{cfg.aggregator} cannot apply to method {method.name!r}: its server does not take a weighted mean "
+                "of uploaded models",
                 f"use server.aggregator mean, or one of the methods {able}; a method of your own whose "
                 "aggregate takes that mean says so with the class attribute averages_uploads = True",
             )
-        n, f = clients_per_round, out.krum_f
-        if out.kind in ("krum", "multi_krum"):
-            require(
-                n > 2 * f + 2,
-                "server.krum_f",
-                f"Krum needs more than 2·krum_f + 2 clients per round (krum_f = {f}, {n} per round)",
-                f"lower server.krum_f to at most {(n - 3) // 2} or sample more clients per round"
-                if n >= 3
-                else "sample at least 3 clients per round",
-            )
-        if out.kind == "multi_krum" and out.krum_m is not None:
-            require(out.krum_m <= n, "server.krum_m", f"must be at most the {n} clients per round (got {out.krum_m})")
-        return out
+        if entry.check is not None:
+            entry.check(cfg, clients_per_round)
+        return cls(cfg)
 
     def apply(self, uploads: dict[int, Upload], method: Method, server: ServerContext) -> dict[int, Upload]:
         """The uploads the method's aggregation combines into the robust result (mean: ``uploads`` itself)."""
-        if self.kind == "mean":
-            return uploads
-        cids = sorted(uploads)
-        if self.kind == "norm_clip":
-            return self.clipped(uploads, cids, method.upload_reference(server))
-        states = torch.stack([uploads[c].state for c in cids])  # type: ignore[misc]
-        if self.kind in ("krum", "multi_krum"):
-            m = 1 if self.kind == "krum" else (len(cids) - self.krum_f if self.krum_m is None else self.krum_m)
-            return {cids[i]: uploads[cids[i]] for i in krum_select(states, self.krum_f, m)}
-        robust = coordinate_median(states) if self.kind == "median" else trimmed_mean(states, self.trim_beta)
-        return {c: replace(uploads[c], state=robust) for c in cids}
+        rule = AGGREGATORS.get(self.kind).rule
+        return rule(uploads, AggregationContext(self.settings, method, server))
 
-    def clipped(self, uploads: dict[int, Upload], cids: list[int], reference: Tensor) -> dict[int, Upload]:
-        """norm_clip: the uploads whose update is longer than the round's quantile, scaled down to it."""
-        deltas = [uploads[c].state - reference for c in cids]  # type: ignore[operator]
-        norms = torch.stack([d.to(torch.float64).norm() for d in deltas]).cpu()
-        factors = clip_factors(norms, self.clip_quantile)
-        out = dict(uploads)
-        for c, delta, factor in zip(cids, deltas, factors.tolist(), strict=True):
-            if factor < 1:
-                out[c] = replace(uploads[c], state=reference + delta * factor)
-        return out
+    def transform(self, uploads: dict[int, Upload], step: UploadStep) -> dict[int, Upload]:
+        return self.apply(uploads, step.method, step.server)
 
 
-__all__ = ["Aggregator", "clip_factors", "coordinate_median", "krum_scores", "krum_select", "trimmed_mean"]
+__all__ = [
+    "AggregationContext",
+    "Aggregator",
+    "RegisteredAggregator",
+    "aggregator",
+    "clip_factors",
+    "coordinate_median",
+    "krum_scores",
+    "krum_select",
+    "trimmed_mean",
+]

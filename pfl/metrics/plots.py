@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from pfl.data.federated import FederatedData
-from pfl.data.sources import NATURAL_SOURCES
+from pfl.data.sources import is_natural
 from pfl.data.stats import label_histograms
 from pfl.safe_files import write_atomic
 
@@ -127,7 +127,7 @@ def set_round_ticks(ax: Any, rounds: Any) -> None:
 def data_setting(data: dict[str, Any]) -> str:
     """How a run's ``data:`` group splits the clients, in words: "Dirichlet α=0.5", "pathological, 2 classes
     per client", "IID", or nothing for a naturally federated source (its own clients)."""
-    if data.get("source") in NATURAL_SOURCES:
+    if is_natural(data.get("source")):
         return ""
     partition = data.get("partition", "dirichlet")
     if partition == "dirichlet":

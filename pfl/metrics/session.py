@@ -6,7 +6,8 @@ reported round.
 ``eval.protocols`` chooses what is measured: ``local`` (P-models on their own test and validation,
 always), ``sg`` (FedPG's S- and G-tests: about three times the test samples of ``local``),
 ``global`` (the global model on every client's test and on the global test set) and ``new``
-(held-out clients after ``adapt_new_client``, at the end of the run)."""
+(held-out clients after ``adapt_new_client``, at the end of the run); a protocol of one's own
+(``pfl.metrics.protocol_registry``) adds its metrics at every evaluation."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from pfl.errors import ConfigError
 from pfl.methods.base import ClientContext, Method, ServerContext, Upload
 from pfl.metrics.comm import CommCounter
 from pfl.metrics.evaluate import EvalSets, Gather, evaluate_federation, honest_metrics, own_key
+from pfl.metrics.protocol_registry import ProtocolContext, measure_protocols
 from pfl.metrics.protocols import rounds_to_target, select_index
 
 Share = Callable[[Sequence[int], Sequence[int]], list[int]]  # (clients, their sizes) -> this rank's
@@ -124,6 +126,9 @@ class EvalSession:
         if self.malicious:
             metrics.update(honest_metrics(rows, self.malicious, self.worker.task))
         metrics.update(self.comm.metrics(round_idx))
+        metrics.update(
+            measure_protocols(self.cfg.protocols, ProtocolContext(method, server, self.worker, client, round_idx))
+        )
         if self.conflicts:  # the loop observes the evaluated round only (a mean if a caller observed more)
             metrics["conflict.fraction"] = sum(self.conflicts) / len(self.conflicts)
             self.conflicts = []

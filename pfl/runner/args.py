@@ -39,6 +39,7 @@ from pfl.methods.registry import method_class, method_names
 from pfl.models import ModelConfig
 from pfl.runner.class_paths import expand_arg, rewrite_arg, rewrite_config
 from pfl.runner.config_files import resolve_config
+from pfl.runner.registry_help import registry_help
 from pfl.suggest import choice_fix, close_matches, offer
 
 DEFAULT_METHOD = "fedavg"
@@ -74,6 +75,7 @@ def build_fit_parser(method_name: str) -> ArgumentParser:
     parser.add_class_arguments(cls, "method")
     for group, dc in GROUPS.items():
         parser.add_class_arguments(dc, group)
+    registry_help(parser)
     return parser
 
 

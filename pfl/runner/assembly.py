@@ -105,8 +105,7 @@ def build_loop(
         dispatcher=dispatcher,
         schedule=Schedule(t.rounds, t.eval_every, cfg.seed, t.progress),
         checkpointer=Checkpointer(t.checkpoint_every, run_dir),
-        attack=attack,
-        aggregator=aggregator,
+        transforms=[x for x in (attack, aggregator) if x is not None],  # the attack first: clients send it
         callbacks=callbacks,
         show_progress=cohort.is_zero,
     )

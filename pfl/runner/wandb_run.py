@@ -36,7 +36,7 @@ from typing import Any
 
 from pfl.config import RunConfig
 from pfl.data.ecosystem import dataset_label
-from pfl.data.sources import NATURAL_SOURCES
+from pfl.data.sources import is_natural
 from pfl.errors import ConfigError
 from pfl.federation.loop import Callback, FederatedLoop
 from pfl.safe_files import ensure_folder, remove_tree, write_atomic
@@ -74,7 +74,7 @@ def experiment_name(cfg: RunConfig) -> str:
     ``<dataset>-<clients>c[-iid|-dir<alpha>|-pat<k>]``."""
     d = cfg.data
     name = f"{dataset_label(d.source)}-{d.num_clients}c"
-    if d.source in NATURAL_SOURCES:
+    if is_natural(d.source):
         return name
     return name + {"iid": "-iid", "dirichlet": f"-dir{d.alpha:g}"}.get(d.partition, f"-pat{d.classes_per_client}")
 

@@ -27,7 +27,7 @@ def test_attack_changes_exactly_the_malicious_uploads_every_round(kind):
     attack = {"kind": kind, "fraction": 0.34}
     attacked = make_loop(tiny_config("fedavg", attack=attack, trainer={"rounds": 2}))
     clean = make_loop(tiny_config("fedavg", trainer={"rounds": 2}))
-    bad = attacked.attack.malicious
+    bad = attacked.evals.malicious
     assert len(bad) == 2
     seen: list[dict[int, Upload]] = []
     aggregate = attacked.method.aggregate
@@ -81,7 +81,7 @@ def test_a_parameters_only_upload_is_scaled_around_the_global_parameters_not_zer
     attacked.method.aggregate = lambda server, uploads: (seen.append(uploads), aggregate(server, uploads))[1]
     attacked.run_round()
     _, honest = exchanged_round(clean)
-    bad = attacked.attack.malicious & set(honest)
+    bad = attacked.evals.malicious & set(honest)
     assert bad
     for c in bad:
         assert seen[0][c].state.numel() == p

@@ -91,7 +91,7 @@ def test_honest_metrics_leave_the_malicious_clients_out():
     loop = make_loop(tiny_config("fedpg", attack={"kind": "scale", "fraction": 0.34}, eval=sg))
     loop.run_round()
     metrics = loop.evaluate()
-    honest_rows = [r for r in loop.client_rows if r["client"] not in loop.attack.malicious]
+    honest_rows = [r for r in loop.client_rows if r["client"] not in loop.evals.malicious]
     assert len(honest_rows) == 4
     for key in ("pm.l_acc", "pm.s_acc", "pm.g_acc", "gm.l_acc"):
         assert metrics[f"honest.{key}.mean"] == pytest.approx(sum(r[key] for r in honest_rows) / 4)

@@ -1,0 +1,90 @@
+"""pfl.registry: names, duplicates, import paths, lazily imported built-ins and the fix offered."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from pfl.config import AGGREGATORS, PROTOCOLS
+from pfl.errors import ConfigError
+from pfl.registry import Registry
+
+
+def rule_a():
+    return "a"
+
+
+def rule_b():
+    return "b"
+
+
+def test_names_keep_the_order_of_registration_and_a_taken_name_is_refused_in_one_line():
+    reg: Registry = Registry("rule", "group.rule", "mod.rule")
+    reg.add("first", rule_a)
+    reg.add("second", rule_b)
+    assert reg.names() == ["first", "second"] and reg.get("second") is rule_b
+    reg.add("first", rule_a)  # the same definition again (a module imported twice): accepted
+    with pytest.raises(ValueError) as err:
+        reg.add("first", rule_b)
+    assert str(err.value) == (f"two rules are named 'first': {__name__}.rule_a and {__name__}.rule_b")
+    with pytest.raises(ValueError, match="without dots"):
+        reg.add("a.b", rule_a)
+
+
+def test_an_unknown_name_offers_the_close_one_or_every_choice():
+    reg: Registry = Registry("rule", "group.rule", "mod.rule", other_choices=("x:<Name>",))
+    reg.add("median", rule_a)
+    reg.add("mean", rule_b)
+    with pytest.raises(ConfigError) as err:
+        reg.get("medain")
+    assert str(err.value) == "group.rule: unknown rule 'medain' (did you mean median?)"
+    with pytest.raises(ConfigError) as err:
+        reg.get("zzz")
+    assert str(err.value) == (
+        "group.rule: unknown rule 'zzz' (choose one of median, mean, x:<Name>, or package.module.name of one "
+        "of your own)"
+    )
+
+
+def test_an_import_path_finds_a_registered_definition(monkeypatch):
+    reg: Registry = Registry("rule", "group.rule", "mod.rule")
+    module = types.ModuleType("user_rules")
+    module.ok, module.loose = rule_a, rule_b
+    monkeypatch.setitem(sys.modules, "user_rules", module)
+    reg.add("ok", rule_a)
+    assert reg.get("user_rules.ok") is rule_a and "user_rules.ok" in reg
+    with pytest.raises(ConfigError, match=r"^group.rule: 'user_rules.loose' is not a registered rule \(decorate it "):
+        reg.get("user_rules.loose")
+    assert "user_rules.loose" not in reg and "nowhere_at_all.ok" not in reg
+
+
+def test_the_help_lists_the_registered_names_and_other_choices():
+    reg: Registry = Registry("rule", "group.rule", "mod.rule", other_choices=("x:<Name>",))
+    reg.add("median", rule_a)
+    assert reg.help() == "one of: median, x:<Name>; or package.module.name of one of your own"
+
+
+def test_the_fit_help_reads_the_registries(monkeypatch):
+    from pfl.federation.robust import aggregator
+    from pfl.runner.args import build_fit_parser
+
+    monkeypatch.setattr(AGGREGATORS, "_entries", AGGREGATORS.entries())
+    aggregator("loudest")(rule_a)
+    helps = {a.dest: a.help for a in build_fit_parser("fedavg")._actions}
+    assert helps["server.aggregator"].startswith(
+        "one of: mean, median, trimmed_mean, krum, multi_krum, norm_clip, loudest; or package.module.name of one "
+        "of your own. Applied to the uploads"
+    )
+    assert helps["eval.protocols"].startswith("one of: local, sg, global, new;")
+    assert "synthetic_regression, torchvision:<Name>, hf:<folder or hub name>;" in helps["data.source"]
+
+
+def test_built_ins_are_imported_on_first_lookup():
+    assert "pfl.federation.robust" in AGGREGATORS.builtins and "pfl.metrics.protocol_registry" in PROTOCOLS.builtins
+    assert AGGREGATORS.names()[:6] == ["mean", "median", "trimmed_mean", "krum", "multi_krum", "norm_clip"]
+    assert PROTOCOLS.names()[:4] == ["local", "sg", "global", "new"]
+    reg: Registry = Registry("rule", "group.rule", "mod.rule", builtins=("tests.nonexistent_module",))
+    with pytest.raises(ModuleNotFoundError):
+        reg.names()
