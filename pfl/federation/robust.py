@@ -39,8 +39,8 @@ from torch import Tensor
 from pfl.config import ServerConfig
 from pfl.errors import ConfigError, require
 from pfl.methods.base import Method, ServerContext, Upload
+from pfl.methods.model_rows import row_gram, squared_distances
 from pfl.methods.registry import methods
-from pfl.methods.stores import row_gram, squared_distances
 
 
 def coordinate_median(states: Tensor) -> Tensor:

@@ -1,4 +1,4 @@
-"""Tests of pfl/methods/stores.py."""
+"""Tests of pfl/methods/model_rows.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests of pfl/methods/reports.py."""
+"""Tests of pfl/methods/costs.py."""
 
 from __future__ import annotations
 
