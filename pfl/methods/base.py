@@ -29,9 +29,10 @@ from pfl.methods.choices import check_choices
 from pfl.methods.costs import SCALAR_BYTES, Reports, Times
 
 # What server and client state hold, as methods store them: tensors (models, rows of models, momentum),
-# numbers (counters, statistics), strings (an agent's settings) and lists and dicts of them (FedPG's
-# gradient history, PAGE's agent). Every value is something ``torch.load(weights_only=True)`` reads back.
-StateValue: TypeAlias = "Tensor | bool | int | float | str | None | list[StateValue] | dict[str, StateValue]"
+# numbers (counters, statistics), strings (an agent's settings) and lists and dicts of them, the dicts
+# keyed by name or by client id (FedPG's gradient history, PAGE's agent). Every value is something
+# ``torch.load(weights_only=True)`` reads back.
+StateValue: TypeAlias = "Tensor | bool | int | float | str | None | list[StateValue] | dict[str | int, StateValue]"
 State: TypeAlias = dict[str, StateValue]
 
 
@@ -306,7 +307,7 @@ def _decide_averages_uploads(cls: type[Method]) -> None:
         return
     if cls.averages_uploads:
         warnings.warn(
-            f"{cls.__qualname__} overrides aggregate without stating averages_uploads, so it is False and "
+            f"{cls.__name__} overrides aggregate without stating averages_uploads, so it is False and "
             "server.aggregator accepts only mean: set the class attribute averages_uploads = True if its "
             "aggregate still takes the weighted mean of Upload.state (False to say it does not)",
             MethodFlagWarning,
@@ -402,6 +403,7 @@ class Method:
         return server["global"]
 
     def global_state(self, server: ServerContext) -> Tensor | None:
+        """The model evaluation scores as the G-model: ``server["global"]``, or None without one."""
         return server.get("global") if self.has_global_model else None
 
     def metrics(self, server: ServerContext) -> dict[str, float]:
