@@ -33,7 +33,9 @@ from pfl.methods.costs import SCALAR_BYTES, Reports, Times
 # keyed by name or by client id (FedPG's gradient history, PAGE's agent). Every value is something
 # ``torch.load(weights_only=True)`` reads back.
 StateValue: TypeAlias = "Tensor | bool | int | float | str | None | list[StateValue] | dict[str | int, StateValue]"
-State: TypeAlias = dict[str, StateValue]
+# A State's values are StateValues; the dict is typed Any so that a hook reads its own entries (a model
+# tensor, its dict of tensors) without narrowing a union at every read (tests/methods check the values).
+State: TypeAlias = dict[str, Any]
 
 
 class MethodFlagWarning(UserWarning):

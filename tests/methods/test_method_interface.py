@@ -187,18 +187,18 @@ def _conforms(value: Any, tp: Any, alias: Any) -> bool:
     return isinstance(value, tp)
 
 
-def test_state_types_what_methods_store():
-    def hook(state: State) -> StateValue: ...
+def test_state_value_types_what_methods_store():
+    def hook(value: StateValue) -> State: ...
 
     hints = typing.get_type_hints(hook, vars(base))
-    value = hints["return"]
-    assert typing.get_args(hints["state"])[1] == value
+    value, state_type = hints["value"], dict[str, hints["value"]]
+    assert typing.get_args(hints["return"])[0] is str  # a State is keyed by name
     loop = make_loop(tiny_config("sfedpg", trainer={"rounds": 1}))  # dicts and counters
     loop.run_round()
     state = loop.server.state
     assert any(isinstance(v, dict) for v in state.values()) and any(isinstance(v, int) for v in state.values())
-    assert _conforms(state, hints["state"], value)  # the history: tensors keyed by client id
-    assert not _conforms({"bad": object()}, hints["state"], value)
-    assert not _conforms({1: torch.zeros(1)}, hints["state"], value)  # the top level is keyed by name
+    assert _conforms(state, state_type, value)  # the history: tensors keyed by client id
+    assert not _conforms({"bad": object()}, state_type, value)
+    assert not _conforms({1: torch.zeros(1)}, state_type, value)  # the top level is keyed by name
     assert _conforms(torch.zeros(2), value, value) and _conforms([1.0, {"a": "b"}], value, value)
     assert not isinstance(state["global"], int) and isinstance(state["global"], Tensor)
