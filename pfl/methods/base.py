@@ -145,8 +145,9 @@ class ServerContext:
 
 @dataclass
 class ClientContext:
-    """One client as a method sees it during a round: its id, its persistent state, its training
-    settings and data splits, and the engine calls a local update needs."""
+    """One client as a method sees it during a round: its id, its persistent state, the run's seed and
+    task, its training settings and data splits, and the engine calls a local update needs. ``worker``
+    is the engine behind them, there for code that needs more; no method shipped with pfl reads it."""
 
     cid: int
     round: int
