@@ -389,9 +389,7 @@ def validate(cfg: RunConfig) -> None:
     validate_server(cfg.server)
     validate_data_config(cfg.data)
     check_model_config(cfg.model)
-    check_run = getattr(cfg.method, "check_run", None)
-    if check_run is not None:  # the method's own checks against rounds, data, ...
-        check_run(cfg)
+    cfg.method.check_run(cfg)  # the method's own checks against rounds, data, ...
 
 
 def validate_eval(e: EvalConfig) -> None:

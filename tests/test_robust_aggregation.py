@@ -20,6 +20,7 @@ from pfl.federation.robust import (
 )
 from pfl.federation.transforms import UploadStep, apply_transforms
 from pfl.methods import Upload, methods
+from pfl.methods.base import MethodFlagWarning
 from pfl.methods.fedavg import FedAvg
 from pfl.runner.args import parse_fit_args
 from tests.conftest import make_loop, tiny_config
@@ -215,9 +216,11 @@ def test_methods_that_average_their_uploads():
 
 
 def test_a_new_aggregate_states_whether_it_averages():
-    class Own(FedAvg):
-        def aggregate(self, server, uploads):
-            pass
+    with pytest.warns(MethodFlagWarning, match="Own overrides aggregate without stating averages_uploads"):
+
+        class Own(FedAvg):
+            def aggregate(self, server, uploads):
+                pass
 
     class OwnMean(FedAvg):
         averages_uploads = True

@@ -6,7 +6,7 @@ before the server sees them.
   model becomes z ~ N(0, σ²I); in update space it becomes r + z, i.e. the pseudo-gradient r − state
   is N(0, σ²I) — the paper's "Gaussian parameters (or gradients for gradient-based methods)".
   ``attack.space: auto`` picks update space for methods whose server works on pseudo-gradients
-  (class attribute ``uploads_gradients = True``: FedPG, S-FedPG, FedMGDA+) and parameter space
+  (``Method.uploads_gradients``: FedPG, S-FedPG, FedMGDA+) and parameter space
   otherwise. σ = ``attack.scale`` (default 1; the paper gives no value).
 - A2 (``attack.kind: scale``): the upload becomes r + s·(state − r) with s = ``attack.scale``
   (default 100): the paper's 100·(w_new − w) + w, i.e. 100·g for a gradient-based method.
@@ -78,7 +78,7 @@ class Attack:
         self.malicious = frozenset(malicious_clients(seed, num_clients, cfg.fraction).tolist())
         space = cfg.space
         if space == "auto":
-            space = "update" if getattr(method, "uploads_gradients", False) else "parameters"
+            space = "update" if method.uploads_gradients else "parameters"
         self.space = space
 
     @classmethod

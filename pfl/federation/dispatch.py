@@ -3,7 +3,7 @@
 A dispatcher takes the sampled clients and their payloads, runs ``method.local_update`` for each (in
 client-id order), checks the results for divergence and returns the uploads (sorted by id) and the
 fits' statistics. Which one a run uses is decided once, when the run is assembled
-(``pfl.runner.experiment``); the loop only calls ``dispatch``.
+(``pfl.runner.assembly.build_loop``); the loop only calls ``dispatch``.
 """
 
 from __future__ import annotations

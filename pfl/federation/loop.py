@@ -1,6 +1,6 @@
 """FederatedLoop: the rounds of a run — sample, dispatch, aggregate, server step, evaluate, checkpoint.
 
-The loop receives built parts (``pfl.runner.experiment.build_loop`` assembles them from a config, as
+The loop receives built parts (``pfl.runner.assembly.build_loop`` assembles them from a config, as
 Lightning Fabric's build-your-own-trainer receives its model and optimizers): the method (local update
 and server hooks), a worker (the engine), the server's context and optimizer, the upload transforms
 (an attack, the robust aggregator: ``pfl.federation.transforms``), the client store, the evaluation

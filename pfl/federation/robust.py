@@ -43,8 +43,8 @@ from pfl.config import AGGREGATORS, ServerConfig
 from pfl.errors import ConfigError, require
 from pfl.federation.transforms import UploadStep
 from pfl.methods.base import Method, ServerContext, Upload
+from pfl.methods.model_rows import row_gram, squared_distances
 from pfl.methods.registry import methods
-from pfl.methods.stores import row_gram, squared_distances
 
 
 def coordinate_median(states: Tensor) -> Tensor:

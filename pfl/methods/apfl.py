@@ -58,7 +58,7 @@ class APFL(FedAvg):
         flat = client.flat
         v = client.state.get("v", client.params(client.init_state)).clone().requires_grad_(True)
         a = self.mix
-        loss, squeeze = client.worker.module.loss, client.worker.task == "regression"  # MSE on (B,) outputs
+        loss, squeeze = client.loss, client.task == "regression"  # MSE on (B,) outputs
 
         def loss_fn(net: nn.Module, x: Tensor, y: Tensor) -> Tensor:
             mixed = a * v + (1 - a) * flat.params.detach()  # w's own step uses only its own loss

@@ -3,19 +3,20 @@
 Server hooks receive a ``ServerContext`` (the round, the federation's size, the model layout and the
 server's state dict); the local update receives a ``ClientContext`` (the client's id, its persistent
 state, its training settings and data, and ``fit`` to train from a vector) and returns an ``Upload``.
-Server and client state are plain dicts of tensors, so they checkpoint and move between processes
-as they are. A method never owns a model: it asks the client context to train from a vector and
-reads the trained vector back.
+Server and client state are plain dicts (``State``: tensors, numbers, strings and lists and dicts
+of them), so they checkpoint and move between processes as they are. A method never owns a model: it
+asks the client context to train from a vector and reads the trained vector back.
 """
 
 from __future__ import annotations
 
 import inspect
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 
 import torch
 from torch import Tensor
@@ -34,9 +35,20 @@ from pfl.engine.worker import (
 )
 from pfl.errors import require
 from pfl.methods.choices import check_choices
-from pfl.methods.reports import SCALAR_BYTES, Reports, Times
+from pfl.methods.costs import SCALAR_BYTES, Reports, Times
 
-State = dict[str, Tensor]
+# What server and client state hold, as methods store them: tensors (models, rows of models, momentum),
+# numbers (counters, statistics), strings (an agent's settings) and lists and dicts of them, the dicts
+# keyed by name or by client id (FedPG's gradient history, PAGE's agent). Every value is something
+# ``torch.load(weights_only=True)`` reads back.
+StateValue: TypeAlias = "Tensor | bool | int | float | str | None | list[StateValue] | dict[str | int, StateValue]"
+# A State's values are StateValues; the dict is typed Any so that a hook reads its own entries (a model
+# tensor, its dict of tensors) without narrowing a union at every read (tests/methods check the values).
+State: TypeAlias = dict[str, Any]
+
+
+class MethodFlagWarning(UserWarning):
+    """A capability flag a subclass did not state was set for it by a rule (``Method.__init_subclass__``)."""
 
 
 @dataclass
@@ -126,10 +138,11 @@ class ServerContext:
     def device(self) -> torch.device:
         return self.layout.device
 
-    def __getitem__(self, key: str) -> Tensor:
+    def __getitem__(self, key: str) -> Any:
+        # Any, not StateValue: a hook knows which of its entries are tensors (every model entry is).
         return self.state[key]
 
-    def __setitem__(self, key: str, value: Tensor) -> None:
+    def __setitem__(self, key: str, value: StateValue) -> None:
         self.state[key] = value
 
     def __contains__(self, key: str) -> bool:
@@ -141,8 +154,9 @@ class ServerContext:
 
 @dataclass
 class ClientContext:
-    """One client as a method sees it during a round: its id, its persistent state, its training
-    settings and data splits, and the engine calls a local update needs."""
+    """One client as a method sees it during a round: its id, its persistent state, the run's seed and
+    task, its training settings and data splits, and the engine calls a local update needs. ``worker``
+    is the engine behind them, there for code that needs more; no method shipped with pfl reads it."""
 
     cid: int
     round: int
@@ -150,6 +164,21 @@ class ClientContext:
     state: State
     init_state: Tensor
     fits: list[FitStats] = field(default_factory=list)
+
+    # -- the run -------------------------------------------------------------------------------
+    @property
+    def seed(self) -> int:
+        """The run's seed, for keyed client-side randomness (``pfl.seeding``: derive it with the client id)."""
+        return self.worker.seed
+
+    @property
+    def task(self) -> str:
+        """The data's task: "classification" or "regression"."""
+        return self.worker.task
+
+    def loss(self, out: Tensor, y: Tensor) -> Tensor:
+        """The task's mean loss of outputs ``out`` against targets ``y`` (what ``fit`` minimises by default)."""
+        return self.worker.module.loss(out, y)
 
     # -- settings -------------------------------------------------------------------------------
     @property
@@ -219,6 +248,11 @@ class ClientContext:
         """Batches of one epoch over the train split (``client.drop_last`` honoured), as ``batches`` draws them."""
         return batches_per_epoch(self.num_samples, self.batch_size, self.worker.settings.drop_last)
 
+    def train_samples(self) -> tuple[Tensor, Tensor]:
+        """Inputs and targets of the client's train split (on the training device)."""
+        data, idx = self.worker.data, self.train_idx
+        return data.x[idx], data.y[idx]
+
     def batches(self, purpose: str = "train", epochs: int | None = None) -> Iterator[Tensor]:
         """The index batches ``fit`` would draw for this (client, round, purpose)."""
         return self.worker.batches(self.cid, self.round, purpose, self.epochs if epochs is None else epochs)
@@ -281,46 +315,59 @@ class ClientContext:
         self.fits.append(FitStats(n, n * epochs, steps, float("nan"), time.perf_counter() - started))
 
 
+def _decide_averages_uploads(cls: type[Method]) -> None:
+    """The one flag a subclass does not simply inherit: a class that overrides ``aggregate`` averages
+    the uploads only if it says so, since a robust aggregator rewriting the uploads of a server that
+    does something else would change the method without an error. When the parent averaged, the class
+    is told once, as it is defined."""
+    if "aggregate" not in cls.__dict__ or "averages_uploads" in cls.__dict__:
+        return
+    if cls.averages_uploads:
+        warnings.warn(
+            f"{cls.__name__} overrides aggregate without stating averages_uploads, so it is False and "
+            "server.aggregator accepts only mean: set the class attribute averages_uploads = True if its "
+            "aggregate still takes the weighted mean of Upload.state (False to say it does not)",
+            MethodFlagWarning,
+            stacklevel=3,
+        )
+    cls.averages_uploads = False
+
+
 class Method:
     """Base class. Subclasses set ``name``/``description``, register with ``@register`` and implement
     the hooks they change. Their hyper-parameters are the ``__init__`` arguments, stored as
     attributes of the same name (that is what ``hparams`` reports and configs set)."""
 
-    # How runs, reports and W&B tags name the method (and its ``--method NAME`` once registered). A class
-    # that sets none (itself or through a parent that sets one) is named after itself, lowercased
-    # (``MyMethod`` -> ``mymethod``); ``@register`` still asks for a name given on purpose.
+    # What a method declares: its capability flags (class attributes) and its optional hooks (methods
+    # below), each with its default here; the loop, evaluation, attacks and config checks read them
+    # only as declared on this class (docs/methods.md, "What a method declares").
+
     name: ClassVar[str] = ""
+    """How runs, reports, W&B tags and ``--method NAME`` call the method; unset: the class name, lowercased."""
     name_from_class: ClassVar[bool] = False
+    """Whether ``name`` was derived from the class name (set by ``__init_subclass__``, never by hand)."""
     description: ClassVar[str] = ""
+    """One line for ``pfl methods`` and ``--help``."""
     has_global_model: ClassVar[bool] = True
-    # False for methods whose only model is the global one (FedAvg, FedProx, ...): FedPG's
-    # ``eval.pm_source: local_update`` then scores the model each client trained before aggregation.
+    """Whether the server keeps one global model (``server["global"]``) that evaluation scores as the G-model."""
     has_personal_model: ClassVar[bool] = True
-    # Method-level optimizer settings (None: the run's ``client.momentum`` / ``client.keep_momentum``).
-    # A method that lets configs set them subclasses ``ClientOptimizerMethod`` (or takes them as
-    # ``__init__`` arguments of these names and calls ``set_client_optimizer``); they then win over
-    # ``client.*`` for the whole run (every fit of the method, new clients included) and appear in
-    # ``hparams``.
+    """False when the only model is the global one (FedAvg, FedProx, ...): P-models are then the global model."""
     client_momentum: float | None = None
+    """The method's SGD momentum for every local fit (None: the run's ``client.momentum``)."""
     keep_momentum: bool | None = None
-    # False for a method whose clients' local updates depend on each other within a round (state the
-    # method shares between its clients' updates, draws from torch's global generator outside fits):
-    # ``trainer.vectorize`` runs the updates interleaved in lockstep (``pfl.engine.lockstep``), which
-    # is exact only for independent ones. Inherited like any class attribute.
+    """Whether a client's "train" fit keeps its momentum across rounds (None: ``client.keep_momentum``)."""
     vectorizable: ClassVar[bool] = True
-    # True for a method whose server takes a weighted mean of the uploaded states (``Upload.state``, in
-    # the coordinates of ``upload_reference``) as its model or its shared part: a robust aggregator
-    # (``server.aggregator``, pfl.federation.robust) can then stand in for that mean by rewriting the
-    # uploads. A class that overrides ``aggregate`` states it for itself (False unless it does).
+    """Whether the clients' local updates are independent within a round, so lockstep runs them exactly."""
     averages_uploads: ClassVar[bool] = True
-    # Parent ``__init__`` arguments a class fixes in its ``super().__init__`` call: not options of the
-    # class (its config cannot set them), so ``hparams`` leaves them out.
+    """Whether ``aggregate`` takes a weighted mean of ``Upload.state``; a new ``aggregate`` must state it."""
+    uploads_gradients: ClassVar[bool] = False
+    """Whether the server works on pseudo-gradients w − w_i, so attacks in ``auto`` space perturb updates."""
     fixed_options: ClassVar[tuple[str, ...]] = ()
+    """Parent ``__init__`` arguments the class fixes in its ``super().__init__`` call (left out of ``hparams``)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "aggregate" in cls.__dict__:
-            cls.averages_uploads = bool(cls.__dict__.get("averages_uploads", False))
+        _decide_averages_uploads(cls)
         # A parent's default name is not the subclass's: each unnamed class is named after itself.
         cls.name_from_class = not cls.__dict__.get("name") and (not cls.name or cls.name_from_class)
         if cls.name_from_class:
@@ -373,6 +420,7 @@ class Method:
         return server["global"]
 
     def global_state(self, server: ServerContext) -> Tensor | None:
+        """The model evaluation scores as the G-model: ``server["global"]``, or None without one."""
         return server.get("global") if self.has_global_model else None
 
     def metrics(self, server: ServerContext) -> dict[str, float]:
@@ -420,6 +468,11 @@ class Method:
         if not self.has_personal_model and self.has_global_model:
             return server["global"]
         return client.state.get("personal", client.init_state)
+
+    def routing(self, server: ServerContext, client: ClientContext) -> tuple[Tensor, Tensor, float] | None:
+        """An inference rule that routes uncertain samples to the server: (client-side model, full model,
+        entropy threshold), scored as ``route.*`` metrics on classification (SplitGP); None: none."""
+        return None
 
     def adapt_new_client(self, server: ServerContext, client: ClientContext, epochs: int) -> Tensor:
         """The model of a client that never took part (``eval.new_client_epochs`` of fine-tuning):

@@ -97,7 +97,7 @@ class DapFL(DDPGMethod):
         if "agent" in client.state:
             agent = self._pool.load(self.config, client.state["agent"])
         else:
-            agent = self._pool.new(self.config, derive_seed(client.worker.seed, "dapfl", client.cid))
+            agent = self._pool.new(self.config, derive_seed(client.seed, "dapfl", client.cid))
         observed = client.state.get("obs", torch.tensor([received.acc, received.loss + self.penalty]))
         action = self.client_action(agent, observed, client)
         lr, epochs = self.range.hparams(action)

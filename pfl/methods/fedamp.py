@@ -11,8 +11,8 @@ from torch import Tensor
 from pfl.engine.terms import Proximal
 from pfl.errors import require
 from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload
+from pfl.methods.model_rows import row_gram, squared_distances
 from pfl.methods.registry import register
-from pfl.methods.stores import row_gram, squared_distances
 from pfl.optim.propagation import propagate
 
 
@@ -49,6 +49,7 @@ class FedAMP(Method):
     name = "fedamp"
     description = "personalized cloud models by attention over parameter distances + proximal local term"
     has_global_model = False
+    averages_uploads = False  # one cloud model per client
 
     def __init__(self, alpha_k: float = 1.0, sigma: float = 100.0, lam: float = 1.0):
         require(alpha_k > 0 and math.isfinite(alpha_k), "method.alpha_k", f"must be finite and > 0 (got {alpha_k})")

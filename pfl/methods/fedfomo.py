@@ -69,6 +69,7 @@ class FedFomo(ClientOptimizerMethod):
     name = "fedfomo"
     description = "first-order model optimization: personalized weighted download of other clients' models"
     has_global_model = False
+    averages_uploads = False  # each client weighs the models it downloaded
 
     def __init__(
         self,
@@ -127,7 +128,7 @@ class FedFomo(ClientOptimizerMethod):
             return client.val_idx, None
         train = client.train_idx
         k = min(len(train) - 1, max(1, int(round(self.val_frac * len(train)))))
-        gen = torch_generator(client.worker.seed, "fomo", "val", client.cid)  # the same part every round
+        gen = torch_generator(client.seed, "fomo", "val", client.cid)  # the same part every round
         perm = torch.randperm(len(train), generator=gen).to(train.device)
         held = torch.zeros(len(train), dtype=torch.bool, device=train.device)
         held[perm[:k]] = True

@@ -50,6 +50,7 @@ class FedMGDAPlus(Method):
     description = "MGDA on normalised client updates, weights within epsilon of FedAvg's (cvxopt QP)"
     has_personal_model = False
     uploads_gradients = True  # attacks in "auto" space perturb the pseudo-gradient w − w_i
+    averages_uploads = False  # a min-norm combination of normalised updates
 
     def __init__(
         self,

@@ -16,8 +16,8 @@ from torch import Tensor
 from pfl.engine.terms import Proximal, Term, add_scaled_, coefficient
 from pfl.errors import require
 from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload
+from pfl.methods.model_rows import clipped_cosine, row_gram
 from pfl.methods.registry import register
-from pfl.methods.stores import clipped_cosine, row_gram
 from pfl.optim.propagation import (
     PAPER_EPS,
     new_client_row,
@@ -123,6 +123,7 @@ class FedORA(Method):
     name = "fedora"
     description = "parameter propagation over a data-subspace similarity graph + selective regularization"
     has_global_model = False
+    averages_uploads = False  # one model per client, propagated over a graph
 
     def __init__(
         self,
@@ -317,14 +318,12 @@ class FedORA(Method):
     def client_basis(self, client: ClientContext, labels: bool) -> Tensor:
         """The client's top-p subspace basis (D, p) of its training samples: [x, onehot(y)] with labels
         (regression: [x, y], the target as one real column), x alone without."""
-        data = client.worker.data
-        idx = client.train_idx
-        x = data.x[idx].reshape(len(idx), -1).to("cpu", _F64)
-        y = data.y[idx].cpu()
+        x, y = client.train_samples()
+        x, y = x.reshape(len(x), -1).to("cpu", _F64), y.cpu()
         if labels and y.is_floating_point():
             x = torch.cat([x, self.label_scale * y.to(_F64)[:, None]], dim=1)
         use_y = y if labels and not y.is_floating_point() else None
-        basis = subspace_basis(x, use_y, data.num_classes, self.p, center=self.center, label_scale=self.label_scale)
+        basis = subspace_basis(x, use_y, client.num_classes, self.p, center=self.center, label_scale=self.label_scale)
         return basis.to(client.init_state.device)
 
     # -- new clients (Section 4.3, Algorithm 2) ---------------------------------------------------------

@@ -18,8 +18,8 @@ from torch import Tensor
 
 from pfl.errors import require
 from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload, weighted_mean
+from pfl.methods.costs import SCALAR_BYTES
 from pfl.methods.registry import register
-from pfl.methods.reports import SCALAR_BYTES
 from pfl.optim.descent import (
     CommonDirectionInfo,
     armijo_line_search,
@@ -88,6 +88,7 @@ class FedPG(Method):
     description = "common descent direction of all clients + fairness (min-norm, cvxopt); non-conflicting P-models"
     has_personal_model = True
     uploads_gradients = True  # attacks in "auto" space perturb the pseudo-gradient w − w_i
+    averages_uploads = False  # a common descent direction of pseudo-gradients
 
     def __init__(
         self,

@@ -34,6 +34,7 @@ class FedU(Method):
     name = "fedu"
     description = "local training + a Laplacian-regularisation step pulling each model towards its neighbours"
     has_global_model = False
+    averages_uploads = False  # one model per client, pulled towards its neighbours
 
     def __init__(self, lam: float = 0.1, eta: float = 0.05, graph: Graph = "full"):
         require(lam >= 0, "method.lam", f"must be >= 0 (got {lam})")

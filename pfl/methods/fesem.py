@@ -9,8 +9,8 @@ from torch import Tensor
 from pfl.errors import require
 from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload, weighted_mean
 from pfl.methods.ifca import lowest_loss_cluster
+from pfl.methods.model_rows import cluster_starts
 from pfl.methods.registry import register
-from pfl.methods.stores import cluster_starts
 from pfl.seeding import torch_generator
 
 
@@ -31,6 +31,7 @@ class FeSEM(Method):
     name = "fesem"
     description = "stochastic EM clustering of client models by parameter distance, one model per cluster"
     has_global_model = False
+    averages_uploads = False  # one model per cluster
 
     def __init__(self, clusters: int = 4):
         require(clusters >= 1, "method.clusters", f"must be >= 1 (got {clusters})")

@@ -8,8 +8,8 @@ from torch import Tensor
 
 from pfl.errors import require
 from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload, weighted_mean
+from pfl.methods.model_rows import cluster_starts
 from pfl.methods.registry import register
-from pfl.methods.stores import cluster_starts
 
 
 def lowest_loss_cluster(client: ClientContext, models: Tensor) -> int:
@@ -36,6 +36,7 @@ class IFCA(Method):
     name = "ifca"
     description = "k cluster models, each client trains the one with the lowest loss on its data"
     has_global_model = False
+    averages_uploads = False  # one model per cluster
 
     def __init__(self, clusters: int = 4):
         require(clusters >= 1, "method.clusters", f"must be >= 1 (got {clusters})")

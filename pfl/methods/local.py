@@ -14,6 +14,7 @@ class Local(ClientOptimizerMethod):
     name = "local"
     description = "each client trains alone (the reference for gain, R-Acc and PTR)"
     has_global_model = False
+    averages_uploads = False  # no server model
 
     def init_server(self, server: ServerContext) -> State:
         return {}

@@ -242,14 +242,14 @@ class PAGE(DDPGMethod):
     def _client_agent(self, client: ClientContext) -> DDPGAgent:
         if "agent" in client.state:
             return self._pool.load(self.client_config, client.state["agent"])
-        return self._pool.new(self.client_config, derive_seed(client.worker.seed, "page", "client", client.cid))
+        return self._pool.new(self.client_config, derive_seed(client.seed, "page", "client", client.cid))
 
     def local_update(self, client: ClientContext, payload: State) -> Upload:
         g = payload["global"]
         lr, epochs = client.lr, client.epochs
         agent, action, reward = None, None, None
         if self.tunes_client and self.actions == "random":
-            action = uniform_action(2, client.worker.seed, "page", "random", client.cid, client.round)
+            action = uniform_action(2, client.seed, "page", "random", client.cid, client.round)
         elif self.tunes_client:
             with self.timed("client_eval"):
                 received = torch.tensor([self._client_score(client, g).acc])  # the received model's accuracy

@@ -63,6 +63,7 @@ class PFedHN(Method):
     name = "pfedhn"
     description = "server hypernetwork emits each client's model; trained on the clients' updates"
     has_global_model = False
+    averages_uploads = False  # uploads train a hypernetwork
     _shell: tuple[tuple, HyperNetwork] | None = None
 
     def __init__(

@@ -236,9 +236,8 @@ class PLGULF(FedAvg):
         xi, personal, universal = self.split_layers(theta_prev, w, client)
         theta = self.personal_start(theta_prev, w, personal, client.flat)
         leaf = client.params(theta).detach().requires_grad_(True)  # shares theta's storage
-        settings = client.worker.settings
         optimizer = torch.optim.SGD(
-            [leaf], lr=client.lr, momentum=client.momentum, weight_decay=settings.weight_decay
+            [leaf], lr=client.lr, momentum=client.momentum, weight_decay=client.weight_decay
         )  # fresh momentum each round, as the fit's optimizer for w_i
         perturb = self.rho > 0 and len(universal) > 0
         context: dict[str, Any] = sam_context(

@@ -207,7 +207,7 @@ def score_clients(
     global_state = method.global_state(server) if with_global else None
     shared = _shared_tensors(server, global_state)
     scorer = _Scorer(worker, shared, block_bytes)
-    routing = getattr(method, "routing", None) if task == "classification" else None
+    routes = task == "classification"  # entropy routing needs class probabilities
     routed: dict[int, dict[str, float]] = {}
     for cid in cids:
         split = data.clients[cid]
@@ -221,7 +221,7 @@ def score_clients(
             segments.update(s=sets.s[cid], g=sets.g[cid])
         for seg, idx in segments.items():
             scorer.add(state, f"{cid}:{seg}", idx)
-        rule = routing(server, ctx) if routing is not None else None
+        rule = method.routing(server, ctx) if routes else None
         if rule is not None:
             routed[cid] = routed_row(worker, rule, {k: v for k, v in segments.items() if k != "val"})
         if global_state is not None:

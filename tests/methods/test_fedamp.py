@@ -23,6 +23,7 @@ class LocalProx(Method):
     """Local training with FedAMP's proximal term towards the client's own previous model."""
 
     name = "local_prox_test"
+    averages_uploads = False
     has_global_model = False
 
     def __init__(self, mu: float):

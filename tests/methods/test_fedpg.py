@@ -11,8 +11,8 @@ import torch
 from pfl.engine.flat import ModelLayout
 from pfl.errors import ConfigError
 from pfl.methods import ServerContext, Upload
+from pfl.methods import costs as costs_module
 from pfl.methods import fedpg as fedpg_module
-from pfl.methods import reports as reports_module
 from pfl.methods.fedpg import FedPG, SFedPG
 from pfl.metrics.comm import nbytes
 from pfl.optim.descent import fairness_gradient, fairness_value
@@ -402,7 +402,7 @@ def test_round_stats_count_dropped_clients_and_split_lambda_by_row_kind():
 
 def test_timings_are_per_round_means_reset_at_each_report(monkeypatch):
     clock = iter(range(10_000))
-    monkeypatch.setattr(reports_module, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    monkeypatch.setattr(costs_module, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
     for cls, searches in ((FedPG, False), (SFedPG, True)):
         method = cls()
         server = bare_server(method, 4, num_clients=2)
@@ -428,7 +428,7 @@ def test_timings_are_per_round_means_reset_at_each_report(monkeypatch):
 def test_client_time_is_the_local_updates_wall_clock(monkeypatch):
     loop = make_loop(tiny_config("fedpg", trainer={"fraction": 0.5}))
     clock = iter(range(5, 10_000))
-    monkeypatch.setattr(reports_module, "time", types.SimpleNamespace(perf_counter=lambda: 10.0 * next(clock)))
+    monkeypatch.setattr(costs_module, "time", types.SimpleNamespace(perf_counter=lambda: 10.0 * next(clock)))
     for cid in (0, 1):
         loop.method.local_update(loop.client(cid), {"global": loop.server["global"]})
     times = loop.method.take_times(loop.server)

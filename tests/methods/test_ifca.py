@@ -51,7 +51,7 @@ def test_ifca_new_client_fine_tunes_the_cluster_with_the_lowest_loss():
 
 
 def test_cluster_starts_are_layerwise_permutations_of_the_init():
-    from pfl.methods.stores import cluster_starts
+    from pfl.methods.model_rows import cluster_starts
 
     loop = make_loop(tiny_config("ifca"))
     init, layout = loop.init_state, loop.server.layout

@@ -10,8 +10,8 @@ import torch
 import yaml
 
 from pfl.errors import ConfigError
+from pfl.methods.costs import Times
 from pfl.methods.page import PAGE
-from pfl.methods.reports import Times
 from pfl.optim.ddpg import client_action_to_hparams, server_action_to_weights
 from tests.conftest import make_loop, tiny_config
 from tests.methods.registry_properties import RegistryProperties

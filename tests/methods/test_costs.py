@@ -1,4 +1,4 @@
-"""Tests of pfl/methods/reports.py."""
+"""Tests of pfl/methods/costs.py."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from pfl.methods import Method
-from pfl.methods import reports as reports_module
+from pfl.methods import costs as costs_module
 from tests.methods_helpers import _bare_server
 
 
 def _ticking_clock(monkeypatch, step: float = 1.0) -> None:
     """perf_counter returns 0, step, 2·step, ...: a timed block takes one step."""
     clock = iter(range(10_000))
-    monkeypatch.setattr(reports_module, "time", types.SimpleNamespace(perf_counter=lambda: step * next(clock)))
+    monkeypatch.setattr(costs_module, "time", types.SimpleNamespace(perf_counter=lambda: step * next(clock)))
 
 
 def test_server_timed_adds_seconds_per_phase_and_round_and_take_resets(monkeypatch):
@@ -34,8 +34,8 @@ def test_server_timed_adds_seconds_per_phase_and_round_and_take_resets(monkeypat
     assert times.seconds == {"solve": 8.0, "search": 2.0} and times.counts == {"solve": 4, "search": 1}
     assert times.rounds == 3  # rounds 3, 4 and 5, each counted once however many blocks ran in it
     assert times.per_round("m") == {"time.m.solve_s_per_round": 8.0 / 3, "time.m.search_s_per_round": 2.0 / 3}
-    assert server.take_times() == reports_module.Times()  # reset by the take
-    assert reports_module.Times({"x": 1.0}, {"x": 1}, 0).per_round("m") == {}  # no round: no per-round mean
+    assert server.take_times() == costs_module.Times()  # reset by the take
+    assert costs_module.Times({"x": 1.0}, {"x": 1}, 0).per_round("m") == {}  # no round: no per-round mean
 
 
 def test_client_side_phases_join_the_servers_and_its_rounds(monkeypatch):

@@ -1,4 +1,4 @@
-"""What hooks report besides their results: wall-clock seconds per named phase and the bytes of the
+"""What a method's hooks cost besides their results: wall-clock seconds per named phase and the bytes of the
 server<->client exchanges outside the payload/upload pair (a line search asking clients for losses, a
 direction sent down). A hook only wraps a phase in ``timed(name)`` or performs the exchange; the
 framework turns the sums into metrics and resets them. Reports describe the machine (timings) or one
