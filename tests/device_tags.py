@@ -10,6 +10,11 @@ tensors with untagged ones raises as CUDA does: CPU tensors of one element and n
 allowed as scalars in elementwise ops, never in ``cat`` / ``stack``; a tensor indexed with host
 indices, copies (``copy_``, ``.to``) and writes into a tensor are allowed. ``.device`` of a tagged
 tensor reads ``DEVICE``, so code that creates tensors on "the device of x" creates tagged ones.
+
+``loop_on_device(cfg)`` builds a run's loop on that device (a stand-in for Lightning Fabric's device):
+its model, data, states and uploads are tagged, so a whole run checks its placement. Where torch
+makes tensors the mode cannot see (autograd's gradients, functorch's vmapped step) they are tagged as
+CUDA would place them: beside their tensor, on the device.
 """
 
 from __future__ import annotations
@@ -19,12 +24,18 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from lightning.fabric.plugins.precision import Precision
+from lightning.fabric.strategies import Strategy
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 DEVICE = torch.device("cpu", 0)
 HOST = torch.device("cpu")
 JOINS = {torch.cat, torch.concat, torch.concatenate, torch.stack, torch.hstack, torch.vstack, torch.column_stack}
+# Calls that compute nothing from the values, and torch.optim's multi-tensor kernels, whose gradients
+# autograd makes untagged (on CUDA they are the parameters' device).
+INSPECTIONS = {torch._has_compatible_shallow_copy_type}
+GRADIENTS = {Tensor.grad.__get__, Tensor._grad.__get__}
 COPIES = {Tensor.copy_, Tensor.to, Tensor.cpu, Tensor.__setitem__, Tensor.__getitem__, Tensor.set_}
 
 
@@ -74,6 +85,8 @@ def _device_arg(func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _mismatch(func: Any, args: tuple, kwargs: dict) -> str | None:
+    if func in INSPECTIONS or getattr(func, "__name__", "").startswith("_foreach"):
+        return None
     tensors = list(_tensors((args, kwargs)))
     tagged = [t for t in tensors if is_on_device(t)]
     if not tagged or len(tagged) == len(tensors):
@@ -124,11 +137,58 @@ class _TrainingDevice(TorchFunctionMode):
         out = func(*args, **kwargs)
         if isinstance(target, torch.device) and isinstance(out, Tensor):
             return on_device(out) if target == DEVICE else on_host(out)
+        if func in GRADIENTS and isinstance(out, Tensor) and is_on_device(args[0]):
+            return on_device(out)  # autograd made it (untagged), beside its tensor on the device
         return out
 
 
 @contextmanager
 def training_device() -> Iterator[torch.device]:
-    """Within the block, ``DEVICE`` is a device that tags its tensors (the module docstring)."""
-    with _TrainingDevice():
-        yield DEVICE
+    """Within the block, ``DEVICE`` is a device that tags its tensors (the module docstring). Modules
+    moved there get tagged parameters (``nn.Module.to`` makes new ones instead of swapping ``.data``)."""
+    overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:
+        with _TrainingDevice():
+            yield DEVICE
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
+
+
+class _StandInStrategy:
+    backward = Strategy.backward  # Fabric's hooks are the plain ones: the worker calls backward itself
+    precision = Precision()
+
+
+class StandInFabric:
+    """What the worker reads of Lightning Fabric, for one process training on ``DEVICE``."""
+
+    world_size, global_rank, is_global_zero = 1, 0, True
+    strategy = _StandInStrategy()
+    device = DEVICE
+
+
+def loop_on_device(cfg: Any) -> Any:
+    """The run's loop as ``build_loop`` assembles it, trained on ``DEVICE`` (call inside ``training_device``).
+    Vectorized training is trained as on CUDA: functorch hands its results back untagged, so the
+    stacked step's are tagged here."""
+    from pfl.data.config import build_data
+    from pfl.runner.assembly import build_loop
+
+    loop = build_loop(cfg, build_data(cfg.data, cfg.seed), None, StandInFabric(), announce_path=False)
+    lockstep = getattr(loop.dispatcher, "lockstep", None)
+    if lockstep is not None:
+        for name in ("step", "unpadded_step"):
+            step = getattr(lockstep.trainer, name)
+            setattr(lockstep.trainer, name, lambda *args, step=step: tuple(on_device(out) for out in step(*args)))
+        run = lockstep.run  # each client's update runs in a thread of its own: the mode is per thread
+        lockstep.run = lambda updates: run([_in_mode(update) for update in updates])
+    return loop
+
+
+def _in_mode(update: Any) -> Any:
+    def run(worker: Any) -> Any:
+        with _TrainingDevice():
+            return update(worker)
+
+    return run
