@@ -1,6 +1,7 @@
-"""Every registered method trains and is evaluated on a stand-in for a CUDA device (tests/device_tags.py):
-no tensor of the host meets one of the training device where CUDA would refuse it. Sequentially and,
-where the method's fits stack, in lockstep (the vectorized path a CUDA run takes by default)."""
+"""Every registered method trains, is evaluated (every protocol, held-out clients included) and resumes
+on a stand-in for a CUDA device (tests/device_tags.py): no tensor of the host meets one of the training
+device where CUDA would refuse it. Sequentially and, where the method's fits stack, in lockstep (the
+vectorized path a CUDA run takes by default)."""
 
 from __future__ import annotations
 
@@ -24,15 +25,21 @@ VARIANTS = [
 ]
 
 
+# Validation splits (the agents score on them), held-out clients and every evaluation protocol.
+DATA = {"val_frac": 0.2, "new_clients": 0.34, "global_test_frac": 0.1}
+EVAL = {"protocols": ["local", "sg", "global", "new"], "pm_source": "local_update", "select": "best_val"}
+
+
 def run_on_device(name: str, options: dict, vectorize: bool) -> None:
-    cfg = tiny_config(name, options, data={"val_frac": 0.2}, trainer={"vectorize": vectorize, "rounds": 2})
+    cfg = tiny_config(name, options, data=DATA, eval=EVAL, trainer={"vectorize": vectorize, "rounds": 2})
     if vectorize and cfg.method.vectorize_problems():
         pytest.skip(f"{name}'s clients train one at a time")
     with training_device():
         loop = loop_on_device(cfg)
         for _ in range(2):  # the second round reads what the first one stored
             loop.run_round()
-        loop.evaluate()
+            loop.history.append({"round": loop.round, **loop.evaluate()})
+        loop.summary(loop.history[-1])
         model = loop.method.global_state(loop.server)
         assert model is None or is_on_device(model)
 
@@ -54,7 +61,7 @@ def test_a_resumed_run_reads_its_host_made_state_back_on_the_device(name):
     ones (PAGE's agents and accuracies, S-FedPG's ids) included; the next round reads them there."""
 
     def config():
-        return tiny_config(name, OPTIONS.get(name, {}), data={"val_frac": 0.2}, trainer={"rounds": 3})
+        return tiny_config(name, OPTIONS.get(name, {}), data=DATA, eval=EVAL, trainer={"rounds": 3})
 
     with training_device():
         loop = loop_on_device(config())
