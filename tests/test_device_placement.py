@@ -80,3 +80,23 @@ def tensors(tree):
     if isinstance(tree, (list, tuple)):
         return [t for v in tree for t in tensors(v)]
     return [tree] if hasattr(tree, "device") else []
+
+
+AGGREGATORS = [{"server": {"aggregator": a, "krum_f": 1}} for a in ("median", "trimmed_mean", "krum", "multi_krum")]
+OPTIMIZERS = [{"server": {"optimizer": o, "momentum": 0.9}} for o in ("sgd", "adam", "adagrad", "yogi")]
+ATTACKS = [{"attack": {"kind": k, "fraction": 0.34}} for k in ("gaussian", "scale")]
+# FedPG's server takes no mean of the uploads: no robust aggregator applies to it.
+SERVER_CASES = [("fedavg", g) for g in (*AGGREGATORS, {"server": {"aggregator": "norm_clip"}}, *OPTIMIZERS, *ATTACKS)]
+SERVER_CASES += [("fedpg", g) for g in (*OPTIMIZERS, *ATTACKS)]
+
+
+@pytest.mark.parametrize("name, groups", SERVER_CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(SERVER_CASES)])
+def test_robust_aggregators_server_optimizers_and_attacks_keep_to_the_device(name, groups):
+    trainer = {"vectorize": False, "rounds": 2, "clients_per_round": 6}  # 6 clients a round: Krum takes f = 1
+    cfg = tiny_config(name, data={"val_frac": 0.2}, eval=EVAL, trainer=trainer, **groups)
+    with training_device():
+        loop = loop_on_device(cfg)
+        for _ in range(2):
+            loop.run_round()
+            loop.evaluate()
+        assert is_on_device(loop.server["global"])
