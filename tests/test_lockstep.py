@@ -484,3 +484,24 @@ def test_a_gradient_scaler_stays_refused_in_one_line():
     for precision in ("16-mixed", "16"):
         (line,) = model_problems(w, precision)
         assert line == f"precision {precision} uses a gradient scaler; use bf16-mixed or a *-true precision"
+
+
+def test_stacked_fits_with_per_client_lr_epochs_and_momentum_keep_to_the_training_device():
+    """PAGE's and Dap-FL's clients train with their own lr and epochs in one stacked fit: every tensor
+    the step builds (learning-rate column, momentum, the active-client mask, batches, losses) meets
+    the device's parameters on the device (tests/device_tags.py stands in for CUDA)."""
+    from tests.device_tags import is_on_device, training_device
+
+    loop = make_loop(tiny_config("fedavg", client={"momentum": 0.9}))
+    w = loop.worker
+    with training_device() as dev:
+        w.device, w.data = dev, w.data.to(dev)
+        start = loop.init_state.to(dev)
+        specs = [FitSpec(epochs=2, lr=0.05), FitSpec(epochs=1, lr=0.1), FitSpec(epochs=3, lr=0.02)]
+        requests = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in enumerate(specs)]
+        trainer = StackedTrainer(w)
+        vmapped = trainer.step  # functorch hands back untagged tensors; on CUDA they are the device's
+        trainer.step = lambda *args: tuple(out.to(dev) for out in vmapped(*args))
+        trainer.train(requests)
+        assert all(is_on_device(r.out) and is_on_device(r.buffer_out) for r in requests)
+        assert len({r.stats.steps for r in requests}) == 3 and all(r.stats.loss > 0 for r in requests)

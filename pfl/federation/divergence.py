@@ -100,9 +100,25 @@ def finite_sum(objs: Iterable[Any]) -> Tensor:
     for tensor in _floating(list(objs), []):
         total = tensor.sum()
         sums.append((total.abs() if total.is_complex() else total).double())
+    return total_of(sums)
+
+
+def total_of(sums: list[Tensor]) -> Tensor:
+    """The sum of 0-dim tensors that may live on different devices (a state can hold host tensors,
+    e.g. PAGE's and Dap-FL's agents, beside the training device's): summed per device, then the
+    per-device totals on the first device met that is not the host (a copy of one number to it; the
+    other way round would wait for the device's queued work)."""
     if len(sums) == 1:
         return sums[0]
-    return torch.stack(sums).sum() if sums else torch.zeros((), dtype=torch.float64)
+    if not sums:
+        return torch.zeros((), dtype=torch.float64)
+    devices = list(dict.fromkeys(s.device for s in sums))
+    if len(devices) == 1:
+        return torch.stack(sums).sum()
+    host = torch.device("cpu")
+    target = next((d for d in devices if d != host), host)
+    totals = [torch.stack([s for s in sums if s.device == d]).sum() for d in devices]
+    return torch.stack([t.to(target) for t in totals]).sum()
 
 
 def all_finite(objs: Iterable[Any]) -> bool:
@@ -127,7 +143,7 @@ def check_round(
     clients = sorted(clients)
     if sums is None:
         sums = [finite_sum([uploads.get(c), states.get(c, {})]) for c in clients]
-    finite = bool(torch.isfinite(torch.stack(list(sums)).sum())) if clients else True
+    finite = bool(torch.isfinite(total_of(list(sums)))) if clients else True
     if finite and not any(infinite_loss(losses.get(c, ())) for c in clients):
         return
     for cid in clients:

@@ -315,8 +315,8 @@ class SFedPG(FedPG):
 
         def losses_at(eta: float) -> Tensor:  # η down and one loss up per client
             candidate[:p] = w[:p] + eta * d
-            losses = [server.ask_loss(cid, candidate, sent=SCALAR_BYTES) for cid in cids]
-            return torch.tensor(losses, dtype=torch.float64)
+            answers = [server.ask_loss(cid, candidate, sent=SCALAR_BYTES) for cid in cids]
+            return torch.tensor(answers, dtype=torch.float64, device=losses.device)  # beside the uploaded ones
 
         previous = server.get("previous_ids")
         prev_all_present = previous is None or set(previous.tolist()) <= set(cids)

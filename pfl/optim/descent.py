@@ -372,8 +372,10 @@ def armijo_line_search(
     require(isinstance(s, int) and s >= 0, "line_search.s", f"must be an integer ≥ 0, got {s}")
     require(0.0 < beta < 1.0, "line_search.beta", f"must lie in (0, 1), got {beta}")
     require(sigma > 0 and math.isfinite(sigma), "line_search.sigma", f"must be a positive number, got {sigma}")
+    # The losses' device holds the search: the slopes and every oracle answer are brought to it (an
+    # oracle may build its answer from numbers on the host).
     l0 = losses.detach().to(torch.float64).reshape(-1)
-    sl = slopes.detach().to(torch.float64).reshape(-1)
+    sl = slopes.detach().to(l0).reshape(-1)
     require(l0.numel() >= 1 and sl.numel() == l0.numel(), "line_search.slopes", "one slope g_i·d per client loss")
     require(bool(torch.isfinite(l0).all()), "line_search.losses", "contains NaN or inf")
     f0 = fairness_value(l0) if fairness_slope is not None else 0.0
@@ -382,7 +384,7 @@ def armijo_line_search(
     tried: list[tuple[float, float]] = []
     seen: list[tuple[float, Tensor]] = []
     for step in line_search_candidates(eta, s, sigma, prev_all_present):
-        new = losses_at(step).detach().to(torch.float64).reshape(-1)
+        new = losses_at(step).detach().to(l0).reshape(-1)
         require(
             new.numel() == l0.numel(), "line_search.losses_at", f"must return {l0.numel()} losses, got {new.numel()}"
         )

@@ -17,6 +17,7 @@ from pfl.methods.fedpg import FedPG, SFedPG
 from pfl.metrics.comm import nbytes
 from pfl.optim.descent import fairness_gradient, fairness_value
 from tests.conftest import make_loop, tiny_config
+from tests.device_tags import is_on_device, training_device
 from tests.methods.registry_properties import RegistryProperties
 from tests.methods_helpers import bare_server, exchanged_round
 
@@ -562,3 +563,22 @@ def test_fedpg_refuses_an_unknown_solver_or_rescale_with_the_choices():
             with pytest.raises(ConfigError) as err:
                 cls(**{field: "zzz"})  # close to none of them: the choices are listed
             assert str(err.value) == f"method.{field}: unknown value 'zzz' (choose one of {allowed})"
+
+
+@pytest.mark.parametrize("cls", [FedPG, SFedPG])
+def test_the_server_step_keeps_to_the_training_device(cls):
+    """The server's model, the uploads and their losses on the training device (a CUDA run), the
+    clients' trial losses answered as numbers: the solve, the search and the step mix no host tensor in."""
+    p, m = 6, 3
+    with training_device() as dev:
+        layout = ModelLayout(p, 0, (("0", slice(0, p)),), dev)
+        method = cls(gamma=0.3)
+        server = ServerContext(0, m, m, layout, torch.zeros(p, dtype=torch.float64, device=dev))
+        server.state = method.init_server(server)
+        centers = {c: v.to(dev) for c, v in quadratic_problem(3, m, p)[0].items()}
+        server.client_loss = lambda c, state: float(0.5 * (state - centers[c]).pow(2).sum())
+        w = server["global"].clone()
+        losses = {c: torch.tensor([server.client_loss(c, w)], dtype=torch.float64, device=dev) for c in range(m)}
+        method.aggregate(server, {c: Upload(centers[c], 1.0, {"loss": losses[c]}) for c in range(m)})
+        assert is_on_device(server["global"]) and all(is_on_device(v) for v in server["personal"].values())
+        assert float((server["global"] - w).norm()) > 0 and server["stats"]["conflicts"] == 0

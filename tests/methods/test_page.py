@@ -378,3 +378,27 @@ def test_page_explores_with_the_client_agents_only_and_refuses_other_lags():
         with pytest.raises(ConfigError) as err:
             PAGE(**{field: 2})
         assert str(err.value) == f"method.{field}: unknown value 2 (choose one of 0, 1)"
+
+
+def test_the_server_agent_reads_a_resumed_state_on_the_training_device():
+    """A resumed run's server state is on the training device (checkpoint.restore moves it there), the
+    uploads too; the server agent answers on the host and the aggregate stays on the device."""
+    from pfl.engine.flat import ModelLayout
+    from pfl.engine.worker import EvalStats
+    from pfl.federation.store import tree_map
+    from pfl.methods import ServerContext, Upload
+    from tests.device_tags import is_on_device, training_device
+
+    p, k = 4, 3
+    method = PAGE(**FAST_AGENTS)
+    with training_device() as dev:
+        layout = ModelLayout(p, 0, (("0", slice(0, p)),), dev)
+        server = ServerContext(0, k, k, layout, torch.zeros(p, device=dev))
+        server.val_evaluator = lambda state: EvalStats(int(4 * float(state.sum())) % 5, 1.0 + float(state[0]), 5)
+        server.state = tree_map(lambda t: t.to(dev), method.init_server(server))
+        for r in range(3):  # past the warm-up: the agent acts and learns
+            server.round = r
+            uploads = {c: Upload(torch.full((p,), 0.1 * (c + r), device=dev), 1.0) for c in range(k)}
+            method.aggregate(server, uploads)
+            server.state = tree_map(lambda t: t.to(dev), server.state)  # as every resume would leave it
+        assert is_on_device(server["global"]) and float(server["weights"].sum()) == pytest.approx(1.0)

@@ -725,3 +725,24 @@ def test_action_mapping_edges():
 def test_server_weights_for_one_client_and_for_a_small_total():
     assert server_action_to_weights(torch.tensor([0.3])).tolist() == [1.0]
     torch.testing.assert_close(server_action_to_weights(torch.tensor([-0.8, -1.0])), torch.tensor([1.0, 0.0]))
+
+
+def test_an_agent_stays_on_the_host_when_its_state_and_inputs_come_from_the_training_device():
+    """A resumed run or a spilled client store hands PAGE's and Dap-FL's agents their saved state and
+    observations on the training device; the agent (host networks, host generator) reads them and
+    answers on the host."""
+    from pfl.federation.store import tree_map
+    from tests.device_tags import is_on_device, training_device
+
+    c = DDPGConfig(state_dim=2, action_dim=2, warmup=1, batch_size=2)
+    saved = DDPGAgent(c, 0)
+    fill(saved, 3)
+    with training_device() as dev:
+        state = tree_map(lambda t: t.to(dev), saved.state_dict())
+        agent = DDPGAgent(c, 5)
+        agent.load_state_dict(state)
+        obs = torch.tensor([0.5, 0.25], device=dev)
+        actions = [agent.act(obs) for _ in range(2)]  # the warm-up's, then the actor's
+        agent.remember(obs, actions[-1].to(dev), torch.tensor(1.0, device=dev), obs)
+        assert agent.learn() and not any(is_on_device(a) for a in actions)
+        assert not any(is_on_device(t) for t in params(agent)) and not any(is_on_device(t) for t in agent.buffer.states)

@@ -21,6 +21,7 @@ from pfl.optim.descent import (
     personal_directions,
 )
 from pfl.optim.minnorm import gram_matrix, min_norm
+from tests.device_tags import is_on_device, training_device
 
 F64 = torch.float64
 
@@ -561,3 +562,16 @@ def test_line_search_refuses_bad_settings_before_any_trial(monkeypatch):
         with pytest.raises(ConfigError, match=field):
             search(oracle, **kw)
     assert oracle.calls == []
+
+
+def test_the_line_search_holds_on_the_losses_device_whatever_the_oracle_answers_on():
+    """S-FedPG's uploaded losses and slopes live on the training device; its oracle builds the trial
+    losses from numbers on the host: the search compares them on the losses' device."""
+    with training_device() as dev:
+        losses = torch.tensor([1.0, 1.0], dtype=F64, device=dev)
+        slopes = torch.tensor([-1.0, -1.0], dtype=F64, device=dev)
+        r = armijo_line_search(
+            lambda eta: torch.tensor([1.0 - eta, 1.0 - eta], dtype=F64),  # on the host
+            eta=0.1, s=1, beta=0.5, sigma=1.0, prev_all_present=True, losses=losses, slopes=slopes,
+        )  # fmt: skip
+        assert r.rule == "armijo" and r.eta == 0.2 and is_on_device(r.losses)
