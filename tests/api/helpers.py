@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pfl
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 CONFIG = str(ROOT / "conf" / "default.yaml")

@@ -15,7 +15,7 @@ from pfl.data import DataConfig, build_data
 from pfl.errors import ConfigError
 from pfl.runner.args import parse_fit_args
 
-CONF = Path(__file__).parent.parent / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 OVERRIDES = ["--data.num_clients", "8", "--data.val_frac", "0.1", "--data.new_clients", "0.25", "--seed", "3"]
 
 

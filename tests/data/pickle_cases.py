@@ -1,9 +1,9 @@
 """Hostile and mutated pickles for the restricted unpickler, run in a child process so that a crash
 (a segfault from numpy reading file bytes as pointers) is an exit status, not a dead test run.
 
-``python tests/pickle_cases.py payloads`` loads each handwritten payload and prints one line each,
+``python tests/data/pickle_cases.py payloads`` loads each handwritten payload and prints one line each,
 ``NAME REFUSED <message>`` or ``NAME LOADED <digest>``, then the names of the functions BUILD could rename;
-``python tests/pickle_cases.py fuzz CASES SEED`` mutates valid pickles CASES times and prints a JSON
+``python tests/data/pickle_cases.py fuzz CASES SEED`` mutates valid pickles CASES times and prints a JSON
 summary: every case must load or be refused with a one-line ConfigError naming the file.
 """
 

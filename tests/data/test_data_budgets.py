@@ -19,7 +19,7 @@ from pfl.data.npz import MAX_INFERRED_CLASSES, ReadBudget
 from pfl.errors import ConfigError
 from pfl.models import ModelConfig, build_model
 from pfl.models import size as size_module
-from tests.test_data_validation import QUIET, npz_dir, refused_by_fit, samples
+from tests.data.test_data_validation import QUIET, npz_dir, refused_by_fit, samples
 
 MB = 1 << 20
 

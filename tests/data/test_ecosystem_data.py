@@ -18,7 +18,7 @@ from pfl.data import DataConfig, build_data
 from pfl.data.config import validate_data_config
 from pfl.data.ecosystem import dataset_label
 from pfl.errors import ConfigError
-from tests.test_data_loaders import write_idx
+from tests.data.test_data_loaders import write_idx
 
 RNG = np.random.default_rng(0)
 QUIET = ["--tracking.wandb", "false", "--trainer.progress", "false", "--model.hidden", "[8]"]

@@ -1,6 +1,6 @@
 """The restricted unpickler is memory safe: hostile pickles built only from admitted globals, and
 thousands of mutated valid ones, are refused with a one-line error or load as plain data; never a
-crash, a hang or a process-wide change. Each runs in a child process (tests/pickle_cases.py), so a
+crash, a hang or a process-wide change. Each runs in a child process (tests/data/pickle_cases.py), so a
 segfault is a failed test with its exit status, not a dead test run."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pickle_cases import FALSE, PAYLOADS, glob, num, tup
 
 from pfl.data.disk import load_standard
-from tests.cli_runs import child_env
+from tests.data.pickle_cases import FALSE, PAYLOADS, glob, num, tup
+from tests.helpers.cli_runs import child_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FUZZ_CASES = 10_000
 
 # what each payload asks for, as the refusal names it

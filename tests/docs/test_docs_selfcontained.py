@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("pfl", "conf", "docs", "bench", "README.md", "CONTRIBUTING.md")
 LINKED = ("docs/*.md", "README.md", "CONTRIBUTING.md")
 

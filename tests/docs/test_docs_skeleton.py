@@ -17,8 +17,8 @@ from pfl.federation.loop import comparable_metrics
 from pfl.methods import class_path, method_class, methods
 from tests.conftest import make_loop, tiny_config
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "methods.md"
-MARKER = "<!-- runnable: tests/test_docs_skeleton.py"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "methods.md"
+MARKER = "<!-- runnable: tests/docs/test_docs_skeleton.py"
 MODULE = "prox_pull"  # the file name the page tells the reader to save it under
 TRAINER = {"rounds": 2, "fraction": 0.5}
 

@@ -23,7 +23,7 @@ from pfl.methods.pgfed import AuxiliaryRisk
 from pfl.seeding import seed_everything
 from tests.conftest import make_loop, tiny_config
 
-PERFORMANCE = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
+PERFORMANCE = Path(__file__).resolve().parents[2] / "docs" / "performance.md"
 
 # Momentum kept across rounds, weight decay, augmentation and validation splits are on in the
 # registry-wide comparison (drop_last and the rest: the stacked-fit tests below).

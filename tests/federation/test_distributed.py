@@ -14,10 +14,10 @@ from pfl.config import validate
 from pfl.errors import ConfigError
 from pfl.federation.checkpoint import load_checkpoint
 from pfl.federation.distributed import Cohort, balance
-from tests.cli_runs import child_env
 from tests.conftest import tiny_config
+from tests.helpers.cli_runs import child_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARGS = [
     "--config", "conf/method/ditto.yaml", "--data.num_clients", "8", "--trainer.fraction", "0.5",
     "--trainer.rounds", "3", "--trainer.eval_every", "1", "--model.hidden", "[32]", "--client.epochs", "1",

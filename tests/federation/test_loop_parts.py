@@ -24,7 +24,7 @@ from pfl.methods import methods
 from pfl.methods.fedavg import FedAvg
 from tests.conftest import make_loop, tiny_config
 
-LOOP = Path(__file__).resolve().parents[1] / "pfl" / "federation" / "loop.py"
+LOOP = Path(__file__).resolve().parents[2] / "pfl" / "federation" / "loop.py"
 
 
 def test_the_loop_class_is_short_and_names_no_method():

@@ -13,10 +13,10 @@ import torch
 
 from pfl.federation.checkpoint import CHECKPOINT, load_checkpoint
 from pfl.federation.loop import comparable_metrics
-from tests.cli_runs import child_env
 from tests.conftest import make_loop, tiny_config
+from tests.helpers.cli_runs import child_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARGS = [
     "--config", "conf/method/ditto.yaml", "--data.num_clients", "8", "--trainer.fraction", "0.5",
     "--trainer.rounds", "300", "--trainer.eval_every", "50", "--trainer.checkpoint_every", "1",

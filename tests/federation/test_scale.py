@@ -29,10 +29,10 @@ from pfl.federation.loop import comparable_metrics
 from pfl.federation.store import DiskStore, MemoryStore, tree_bytes, tree_equal
 from pfl.methods import methods
 from pfl.metrics.evaluate import evaluate_federation, score_clients
-from tests.cli_runs import child_env
 from tests.conftest import make_loop, tiny_config
+from tests.helpers.cli_runs import child_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _state(k: int, n: int = 64) -> dict:

@@ -21,6 +21,6 @@ def fit(root: Path, name: str, *extra: str) -> int:
 def child_env(**extra: str) -> dict[str, str]:
     """The environment of a ``python -m pfl`` child process: this checkout's pfl first on PYTHONPATH, the
     caller's entries kept (a machine may reach its torch or other dependencies only through them), one thread."""
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", **extra}

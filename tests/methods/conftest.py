@@ -22,5 +22,5 @@ def fedavg_run() -> tuple[dict[str, float], int]:
 
 @pytest.fixture
 def bn_model() -> ModelConfig:
-    """The MLP with one BatchNorm layer (tests/methods_helpers.py's ``bn_mlp``): a model with float buffers."""
-    return ModelConfig(name="tests.methods_helpers:bn_mlp")
+    """The MLP with one BatchNorm layer (tests/methods/helpers.py's ``bn_mlp``): a model with float buffers."""
+    return ModelConfig(name="tests.methods.helpers:bn_mlp")

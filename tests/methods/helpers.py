@@ -83,7 +83,7 @@ def _trained(threshold: float | None, **groups):
 
 
 # -- PAGE, Dap-FL and their shared RL tuning (tests/methods/test_{page,dapfl,rl_tuning}.py) --------------
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 RANGE = {"lr_min": 0.01, "lr_max": 0.1, "epoch_max": 3}
 FAST_AGENTS = {"warmup": 2, "ddpg_batch_size": 2, **RANGE}
 
@@ -213,7 +213,7 @@ def _bare_server(p: int = 3) -> ServerContext:
 
 
 # The method configs, conf/method/<name>.yaml.
-CONF = Path(__file__).resolve().parents[1] / "conf" / "method"
+CONF = Path(__file__).resolve().parents[2] / "conf" / "method"
 
 
 # (has_global_model, has_personal_model): what the evaluation reports for each method (gm.*, P-models).

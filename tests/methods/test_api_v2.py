@@ -25,7 +25,7 @@ from pfl.methods import method_class
 from pfl.methods.ditto import Ditto
 from tests.conftest import make_loop, tiny_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HALF = {"rounds": 3, "fraction": 0.5}
 
 

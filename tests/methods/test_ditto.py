@@ -6,14 +6,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
+from tests.methods.helpers import (
     _grads,
     _one_client_loop,
     check_defaults_are_the_paper_config_and_flags_are_declared,
     check_hyperparameters_are_checked_at_their_bounds,
 )
-from tests.methods_reference import drawn_batches, flat_params, initial_net
+from tests.methods.reference import drawn_batches, flat_params, initial_net
+from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):

@@ -8,8 +8,8 @@ import torch
 from pfl.errors import ConfigError
 from pfl.methods.fedala import FedALA
 from tests.conftest import make_loop, tiny_config
+from tests.methods.helpers import check_hyperparameters_are_checked_at_their_bounds
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import check_hyperparameters_are_checked_at_their_bounds
 
 
 class TestRegistryProperties(RegistryProperties):
@@ -33,7 +33,7 @@ def _ala_by_hand(cfg, loop, cid, g, own, weights, passes, stop_after):
     import torch.nn.functional as F
     from torch.func import functional_call
 
-    from tests.methods_reference import drawn_batches, initial_net
+    from tests.methods.reference import drawn_batches, initial_net
 
     flat, data, m = loop.worker.flat, loop.worker.data, loop.method
     net = initial_net(cfg, loop)

@@ -11,8 +11,8 @@ from pfl.engine.terms import Proximal
 from pfl.methods import ClientContext, Method, ServerContext, State, Upload
 from pfl.methods.fedamp import attention_weights
 from tests.conftest import make_loop, tiny_config
+from tests.methods.helpers import check_hyperparameters_are_checked_at_their_bounds, exchanged_round, personal, run
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import check_hyperparameters_are_checked_at_their_bounds, exchanged_round, personal, run
 
 
 class TestRegistryProperties(RegistryProperties):

@@ -7,8 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import make_loop, tiny_config
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
+from tests.methods.helpers import (
     HALF,
     _one_client_loop,
     check_defaults_are_the_paper_config_and_flags_are_declared,
@@ -16,7 +15,8 @@ from tests.methods_helpers import (
     check_hyperparameters_are_checked_at_their_bounds,
     exchanged_round,
 )
-from tests.methods_reference import drawn_batches, flat_params, initial_net
+from tests.methods.reference import drawn_batches, flat_params, initial_net
+from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):

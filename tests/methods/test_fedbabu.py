@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from tests.conftest import make_loop, tiny_config
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
+from tests.methods.helpers import (
     HALF,
     check_defaults_are_the_paper_config_and_flags_are_declared,
     check_every_baseline_of_the_pgfed_code_has_an_official_config,
@@ -15,6 +14,7 @@ from tests.methods_helpers import (
     check_registered_runs_and_resumes_identically,
     exchanged_round,
 )
+from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from tests.conftest import make_loop, tiny_config
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
+from tests.methods.helpers import (
     HALF,
     _fit,
     _grads,
@@ -17,7 +16,8 @@ from tests.methods_helpers import (
     check_registered_runs_and_resumes_identically,
     exchanged_round,
 )
-from tests.methods_reference import drawn_batches, initial_net
+from tests.methods.reference import drawn_batches, initial_net
+from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):

@@ -10,8 +10,7 @@ from torch.func import functional_call
 from pfl.methods.base import ClientContext
 from pfl.seeding import torch_generator
 from tests.conftest import make_loop, tiny_config
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
+from tests.methods.helpers import (
     _fit,
     _full_grad,
     check_defaults_are_the_paper_config_and_flags_are_declared,
@@ -20,6 +19,7 @@ from tests.methods_helpers import (
     check_registered_runs_and_resumes_identically,
     exchanged_round,
 )
+from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
+from tests.methods.helpers import (
     _fit,
     check_defaults_are_the_paper_config_and_flags_are_declared,
     check_every_baseline_of_the_pgfed_code_has_an_official_config,
     check_hyperparameters_are_checked_at_their_bounds,
     check_registered_runs_and_resumes_identically,
 )
+from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):

@@ -17,8 +17,8 @@ from pfl.methods.fedpg import FedPG, SFedPG
 from pfl.metrics.comm import nbytes
 from pfl.optim.descent import fairness_gradient, fairness_value
 from tests.conftest import make_loop, tiny_config
+from tests.methods.helpers import bare_server, exchanged_round
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import bare_server, exchanged_round
 
 
 class TestRegistryProperties(RegistryProperties):

@@ -7,8 +7,7 @@ import torch
 
 from pfl.methods.base import ClientContext
 from tests.conftest import make_loop, tiny_config
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
+from tests.methods.helpers import (
     HALF,
     SYNTHETIC,
     _fit,
@@ -17,6 +16,7 @@ from tests.methods_helpers import (
     check_hyperparameters_are_checked_at_their_bounds,
     check_registered_runs_and_resumes_identically,
 )
+from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):

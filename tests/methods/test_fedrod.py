@@ -9,8 +9,7 @@ from torch import nn
 
 from pfl.methods.heads import split_head
 from tests.conftest import make_loop, tiny_config
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
+from tests.methods.helpers import (
     HALF,
     _one_client,
     check_defaults_are_the_paper_config_and_flags_are_declared,
@@ -18,7 +17,8 @@ from tests.methods_helpers import (
     check_hyperparameters_are_checked_at_their_bounds,
     check_registered_runs_and_resumes_identically,
 )
-from tests.methods_reference import drawn_batches, flat_params, initial_net
+from tests.methods.reference import drawn_batches, flat_params, initial_net
+from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.methods.helpers import check_hyperparameters_are_checked_at_their_bounds
+from tests.methods.helpers import fit_half_momentum as _fit
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import check_hyperparameters_are_checked_at_their_bounds
-from tests.methods_helpers import fit_half_momentum as _fit
 
 
 class TestRegistryProperties(RegistryProperties):

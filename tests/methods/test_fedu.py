@@ -9,8 +9,8 @@ from pfl.errors import ConfigError
 from pfl.methods.fedu import FedU
 from pfl.seeding import torch_generator
 from tests.conftest import make_loop, tiny_config
+from tests.methods.helpers import check_hyperparameters_are_checked_at_their_bounds, exchanged_round, personal, run
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import check_hyperparameters_are_checked_at_their_bounds, exchanged_round, personal, run
 
 
 class TestRegistryProperties(RegistryProperties):

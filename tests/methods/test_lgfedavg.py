@@ -7,8 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import make_loop, tiny_config
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
+from tests.methods.helpers import (
     HALF,
     SYNTHETIC,
     _fit,
@@ -19,7 +18,8 @@ from tests.methods_helpers import (
     check_registered_runs_and_resumes_identically,
     exchanged_round,
 )
-from tests.methods_reference import drawn_batches, flat_params, initial_net
+from tests.methods.reference import drawn_batches, flat_params, initial_net
+from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):

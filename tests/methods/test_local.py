@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
+from tests.methods.helpers import (
     check_defaults_are_the_paper_config_and_flags_are_declared,
     check_every_baseline_of_the_pgfed_code_has_an_official_config,
 )
+from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):

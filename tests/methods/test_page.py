@@ -14,9 +14,9 @@ from pfl.methods.page import PAGE
 from pfl.methods.reports import Times
 from pfl.optim.ddpg import client_action_to_hparams, server_action_to_weights
 from tests.conftest import make_loop, tiny_config
+from tests.methods.helpers import FAST_AGENTS, RANGE, VAL, fixed_client_action, reference_round
+from tests.methods.helpers import REPO_ROOT as ROOT
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import FAST_AGENTS, RANGE, VAL, fixed_client_action, reference_round
-from tests.methods_helpers import REPO_ROOT as ROOT
 
 
 class TestRegistryProperties(RegistryProperties):

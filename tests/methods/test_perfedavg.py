@@ -10,8 +10,7 @@ from pfl.models import build_model
 from pfl.runner.args import parse_fit_args
 from pfl.seeding import seed_everything, torch_generator
 from tests.conftest import make_loop, tiny_config
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
+from tests.methods.helpers import (
     CONF,
     _grads,
     _one_client_loop,
@@ -20,7 +19,8 @@ from tests.methods_helpers import (
     check_hyperparameters_are_checked_at_their_bounds,
     check_registered_runs_and_resumes_identically,
 )
-from tests.methods_reference import drawn_batches, initial_net
+from tests.methods.reference import drawn_batches, initial_net
+from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):

@@ -11,8 +11,7 @@ import torch.nn.functional as F
 from pfl.models import build_model
 from pfl.seeding import seed_everything, torch_generator
 from tests.conftest import make_loop, tiny_config
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
+from tests.methods.helpers import (
     HALF,
     _full_grad,
     check_defaults_are_the_paper_config_and_flags_are_declared,
@@ -22,6 +21,7 @@ from tests.methods_helpers import (
     exchanged_round,
     tensor_bytes,
 )
+from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):

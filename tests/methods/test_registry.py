@@ -15,7 +15,7 @@ from pfl.errors import ConfigError
 from pfl.methods import Method, class_path, method_class, methods, register
 from pfl.methods import registry as reg
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "method"
+CONF = Path(__file__).resolve().parents[2] / "conf" / "method"
 
 
 @pytest.fixture
@@ -130,7 +130,7 @@ def test_class_path_is_the_registered_name_or_else_the_import_path():
 
 
 def test_the_readmes_methods_table_names_every_registered_method():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme[readme.index("## Methods") : readme.index("Server optimizers are configuration")]
     built_in = {name for name, cls in methods().items() if cls.__module__.startswith("pfl.methods.")}
     missing = built_in - set(re.findall(r"`([a-z_]+)`", section))

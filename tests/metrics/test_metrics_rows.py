@@ -16,7 +16,7 @@ from pfl.metrics.evaluate import (
     summarize_rows,
     union_of,
 )
-from tests.test_metrics_eval import known_federation
+from tests.metrics.test_metrics_eval import known_federation
 
 
 def _rows(**extra):

@@ -14,7 +14,7 @@ from pfl.runner.args import parse_fit_args
 from pfl.runner.claims import fedora
 from pfl.runner.claims.fedora import FEDORA_BIG, FEDORA_RUNS, K_GRID, chosen_k, chosen_k_notes, ptr_contrasts
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def data_config(base: list[str]):

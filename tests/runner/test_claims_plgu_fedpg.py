@@ -9,7 +9,7 @@ import yaml
 
 from pfl.runner.claims import fedpg, plgu
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def seeds(per_label: dict[str, dict[str, list[float]]]) -> dict:

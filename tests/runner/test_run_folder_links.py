@@ -18,8 +18,8 @@ from pfl.runner.outputs import RunFiles
 from pfl.runner.rundir import LOCK, RunLock
 from pfl.runner.wandb_run import WandbIdentity, WandbRun
 from pfl.safe_files import write_atomic
-from tests.cli_runs import fit
 from tests.conftest import make_loop, tiny_config
+from tests.helpers.cli_runs import fit
 
 SECRET = "export PATH=/usr/bin\n"
 

@@ -32,11 +32,11 @@ from pfl.runner.experiment import apply_threads
 from pfl.runner.outputs import RunFiles
 from pfl.runner.rundir import LOCK, REPLACED, RunClaim, RunLock, busy_owner
 from pfl.runner.sweep import run_parallel, run_status
-from tests.cli_runs import TINY, child_env, fit
 from tests.conftest import tiny_config
+from tests.helpers.cli_runs import TINY, child_env, fit
 
-ROOT = Path(__file__).resolve().parents[1]
-SELF = "tests.test_run_safety"
+ROOT = Path(__file__).resolve().parents[2]
+SELF = "tests.runner.test_run_safety"
 
 
 def hashes(folder: Path) -> dict[str, str]:

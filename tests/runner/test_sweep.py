@@ -10,7 +10,7 @@ import pytest
 from pfl.errors import ConfigError
 from pfl.runner.sweep import command_argv, expand, plan, run_names
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SWEEPS = sorted((ROOT / "sweeps").glob("*.yaml"))
 
 

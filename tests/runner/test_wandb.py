@@ -20,9 +20,9 @@ from pfl.runner import wandb_run
 from pfl.runner.args import parse_fit_args
 from pfl.runner.experiment import run_experiment
 from pfl.runner.sweep import RunProgress, command_argv, load_sweep, plan
-from tests.cli_runs import child_env
+from tests.helpers.cli_runs import child_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = [
     "--data.num_clients", "6", "--model.hidden", "[16]", "--trainer.rounds", "4", "--trainer.eval_every", "1",
     "--trainer.progress", "false",
@@ -325,7 +325,7 @@ def test_unsupported_macro_and_every_sweep_file_has_a_project(tmp_path, monkeypa
 
 
 def test_run_progress_lines_and_bar_carry_elapsed_and_eta(monkeypatch, capsys):
-    from tests.test_ecosystem_data import Terminal
+    from tests.data.test_ecosystem_data import Terminal
 
     now = [0.0]
     monkeypatch.setattr("pfl.runner.sweep.time.perf_counter", lambda: now[0])
