@@ -176,9 +176,8 @@ def test_shakespeare_clients_are_roles_and_samples_are_text_windows():
 
 @pytest.mark.parametrize("method", ["fedavg", "fedrod"])
 def test_char_lstm_trains_on_shakespeare(tiny, method):
-    from conftest import make_loop
-
     from pfl.models import ModelConfig
+    from tests.conftest import make_loop
 
     cfg = tiny(
         method,
@@ -214,7 +213,7 @@ def test_bad_data_config_names_the_field(change, field):
 
 
 def test_loop_trains_and_evaluates_only_the_training_clients(tiny):
-    from conftest import make_loop
+    from tests.conftest import make_loop
 
     cfg = tiny(data={"num_clients": 10, "new_clients": 0.3, "val_frac": 0.1}, trainer={"rounds": 1})
     loop = make_loop(cfg)
