@@ -1,13 +1,11 @@
-"""Helpers shared by the method tests: a round that keeps what was exchanged, small runs, hand gradients,
-the BatchNorm model, the method configs and the methods' declared flags."""
+"""Helpers shared by the method tests: a round that keeps what was exchanged, small runs, hand gradients
+and the BatchNorm model."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 import torch.nn.functional as F
 from jsonargparse import ArgumentParser
@@ -210,76 +208,3 @@ def bn_mlp(cfg, input_shape, num_classes):
 def _bare_server(p: int = 3) -> ServerContext:
     layout = ModelLayout(p, 0, (("0", slice(0, p)),), torch.device("cpu"))
     return ServerContext(0, 4, 2, layout, torch.zeros(p, dtype=torch.float64))
-
-
-# The method configs, conf/method/<name>.yaml.
-CONF = Path(__file__).resolve().parents[2] / "conf" / "method"
-
-
-# (has_global_model, has_personal_model): what the evaluation reports for each method (gm.*, P-models).
-FLAGS = {"local": (False, True), "fedavg": (True, False), "fedprox": (True, False), "feddyn": (True, False)}
-FLAGS |= {n: (False, True) for n in ("fedper", "fedrep", "lgfedavg", "fedfomo")}
-FLAGS |= {n: (True, True) for n in ("ditto", "apfl", "fedrod", "pfedme", "perfedavg", "fedbabu", "pgfed", "pgfedmo")}
-FLAGS |= {"pgfed_ce": (True, True)}
-
-
-# -- checks a method's mirror file runs for its own names (parametrized there) --------------------------
-
-
-def check_defaults_are_the_paper_config_and_flags_are_declared(name):
-    import yaml
-
-    from pfl.methods import method_class
-
-    conf = dict(yaml.safe_load((CONF / f"{name}.yaml").read_text())["method"])
-    cls = method_class(conf.pop("name"))
-    default = cls()
-    assert {k: getattr(default, k) for k in conf} == conf  # the class defaults are the paper's, as documented
-    hparams = default.hparams()
-    assert hparams.items() >= conf.items()
-    inherited = {k: v for k, v in hparams.items() if k not in conf}
-    assert inherited.items() <= {"finetune_epochs": 0, "share_buffers": True}.items()
-    fixed = {k: getattr(default, k) for k in cls.fixed_options}  # passed to the parent: neutral values
-    assert fixed.items() <= {"finetune_epochs": 0, "share_buffers": True}.items() and fixed.keys() == set(
-        cls.fixed_options
-    )
-    assert (cls.has_global_model, cls.has_personal_model) == FLAGS[name]
-    assert cls.name == name and len(cls.description) > 20
-
-
-def check_every_baseline_of_the_pgfed_code_has_an_official_config(name):
-    import yaml
-
-    from pfl.methods import method_class
-
-    conf = yaml.safe_load((CONF / f"{name}_official.yaml").read_text())
-    args = dict(conf["method"])
-    method = method_class(args.pop("name"))(**args)
-    assert conf["client"]["drop_last"] is True  # their loaders drop the last incomplete batch
-    if hasattr(method, "client_momentum") and name not in ("perfedavg", "pfedme"):
-        assert method.client_momentum in (0.0, 0.9)  # stated, so --client.momentum cannot change it
-    paper = yaml.safe_load((CONF / f"{name}.yaml").read_text())["method"]
-    assert paper["name"] == conf["method"]["name"] and paper != conf["method"]
-
-
-def check_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
-    from pfl.errors import ConfigError
-    from pfl.methods import method_class
-
-    cls = method_class(name)
-    assert getattr(cls(**{field: ok}), field) == ok
-    with pytest.raises(ConfigError, match=f"method.{field}"):
-        cls(**{field: bad})
-
-
-def check_registered_runs_and_resumes_identically(name):
-    assert name in methods()
-    cfg = tiny_config(name, trainer=HALF)
-    a = make_loop(cfg)
-    a.run_round(), a.run_round()
-    b = make_loop(cfg)
-    b.load_state_dict(copy.deepcopy(a.state_dict()))
-    a.run_round(), b.run_round()
-    assert a.evaluate()["pm.l_acc.mean"] == b.evaluate()["pm.l_acc.mean"]
-    for key, value in a.server.state.items():
-        assert torch.equal(value, b.server[key]), key

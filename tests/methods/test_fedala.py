@@ -8,12 +8,20 @@ import torch
 from pfl.errors import ConfigError
 from pfl.methods.fedala import FedALA
 from tests.conftest import make_loop, tiny_config
-from tests.methods.helpers import check_hyperparameters_are_checked_at_their_bounds
 from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):
     METHODS = ("fedala",)
+    BOUNDS = (
+        ("fedala", "eta", 0.0, -0.01),
+        ("fedala", "rand_percent", 0.5, 0.0),
+        ("fedala", "rand_percent", 100.0, 100.01),
+        ("fedala", "layer_idx", 0, -1),
+        ("fedala", "threshold", 0.0, -0.01),
+        ("fedala", "num_pre_loss", 1, 0),
+        ("fedala", "max_start_epochs", 1, 0),
+    )
 
 
 def test_fedala_with_weights_fixed_at_one_downloads_the_global_model():
@@ -135,19 +143,3 @@ def test_fedala_evaluates_the_model_the_client_trained_from_its_ala_mix():
         client = loop.client(cid)
         assert loop.method.personal_state(loop.server, client) is client.state["personal"]
     assert not torch.equal(loop.client(0).state["personal"], loop.server["global"])
-
-
-BOUNDS = [
-    ("fedala", "eta", 0.0, -0.01),
-    ("fedala", "rand_percent", 0.5, 0.0),
-    ("fedala", "rand_percent", 100.0, 100.01),
-    ("fedala", "layer_idx", 0, -1),
-    ("fedala", "threshold", 0.0, -0.01),
-    ("fedala", "num_pre_loss", 1, 0),
-    ("fedala", "max_start_epochs", 1, 0),
-]
-
-
-@pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
-def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
-    check_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad)
