@@ -243,8 +243,8 @@ def save_then_die(self):
     save(self)
     if self.round == KILL_AT:
         # die like a SIGKILL: no clean-up; first wait (bounded) until W&B's log holds the rounds
-        sys.path.insert(0, {tests!r})
-        from test_wandb import history, records
+        sys.path.insert(0, {root!r})
+        from tests.runner.test_wandb import history, records
         logs = list(Path(self.run_dir, "wandb").glob("offline-run-*/run-*.wandb"))
         for _ in range(600):
             if logs and len(history(records(logs[0]))) >= KILL_AT:
@@ -262,7 +262,7 @@ sys.exit(main(sys.argv[1:]))
 def test_killed_then_resumed_run_is_one_wandb_run_with_the_whole_history(offline):
     rounds, kill_at = 6, 3
     script = offline / "killer.py"
-    script.write_text(textwrap.dedent(KILLER.format(kill_at=kill_at, tests=str(ROOT / "tests"))))
+    script.write_text(textwrap.dedent(KILLER.format(kill_at=kill_at, root=str(ROOT))))
     args = [*TINY, "--trainer.rounds", str(rounds), "--tracking.root", str(offline), "--tracking.name", "victim"]
     env = child_env()
     env.pop("WANDB_SERVICE", None)  # its own W&B service, as a separate `pfl fit` has (not this process's)
