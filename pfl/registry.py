@@ -84,6 +84,9 @@ class Registry(Generic[T]):
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
+    def __len__(self) -> int:
+        return len(self.entries())
+
     def get(self, name: str) -> T:
         """The entry registered as ``name``, or the one defined at the import path ``name``
         (``package.module.attribute``, imported here); a ConfigError naming the field otherwise."""

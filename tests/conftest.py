@@ -55,7 +55,7 @@ def tiny():
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
     """A finished 2-round run through the command line, made once per test module; tests copy it."""
-    from tests.cli_runs import fit
+    from tests.helpers.cli_runs import fit
 
     root = tmp_path_factory.mktemp("finished")
     assert fit(root, "done") == 0

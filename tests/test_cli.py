@@ -100,7 +100,7 @@ def test_a_reader_that_goes_away_ends_the_listing_quietly():
     import subprocess
     import sys
 
-    from tests.cli_runs import child_env
+    from tests.helpers.cli_runs import child_env
 
     child = subprocess.Popen(
         [sys.executable, "-m", "pfl", "methods"],

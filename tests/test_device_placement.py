@@ -1,5 +1,5 @@
 """Every registered method trains, is evaluated (every protocol, held-out clients included) and resumes
-on a stand-in for a CUDA device (tests/device_tags.py): no tensor of the host meets one of the training
+on a stand-in for a CUDA device (tests/helpers/device_tags.py): no tensor of the host meets one of the training
 device where CUDA would refuse it. Sequentially and, where the method's fits stack, in lockstep (the
 vectorized path a CUDA run takes by default)."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from pfl.methods.registry import methods
 from tests.conftest import tiny_config
-from tests.device_tags import is_on_device, loop_on_device, training_device
+from tests.helpers.device_tags import is_on_device, loop_on_device, training_device
 
 FAST_AGENTS = {"warmup": 1, "ddpg_batch_size": 2}  # PAGE's and Dap-FL's agents act and learn in round 2
 OPTIONS = {"page": FAST_AGENTS, "dapfl": FAST_AGENTS}

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.cli_runs import child_env
+from tests.helpers.cli_runs import child_env
 
 HEAVY = ("torch", "lightning", "torchvision", "torchmetrics", "jsonargparse", "wandb", "pandas", "matplotlib", "timm")
 PROBE = """

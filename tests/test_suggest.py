@@ -9,7 +9,7 @@ from pfl.cli import main
 from pfl.errors import ConfigError
 from pfl.methods.ditto import Ditto
 from pfl.suggest import choice_fix, close_matches, did_you_mean
-from tests.cli_runs import TINY
+from tests.helpers.cli_runs import TINY
 
 
 def test_close_matches_ignore_case_and_keep_the_options_spelling():

@@ -12,7 +12,7 @@ import torch
 
 import pfl
 from pfl.errors import ConfigError
-from tests.api_helpers import tiny_fit
+from tests.api.helpers import tiny_fit
 
 
 def test_fit_leaves_no_global_state_behind(tmp_path):

@@ -9,7 +9,7 @@ import sys
 
 from pfl.api.overrides import to_argv
 from pfl.federation.loop import comparable_metrics
-from tests.api_helpers import CONFIG, ROOT, TINY, tiny_fit
+from tests.api.helpers import CONFIG, ROOT, TINY, tiny_fit
 
 
 def test_two_fits_in_one_process_equal_two_command_line_runs(tmp_path):

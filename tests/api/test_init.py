@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import pfl
-from tests.api_helpers import ROOT
+from tests.api.helpers import ROOT
 
 
 def test_import_pfl_stays_light_and_exports_the_api():

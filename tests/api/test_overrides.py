@@ -6,7 +6,7 @@ import pytest
 
 import pfl
 from pfl.errors import ConfigError
-from tests.api_helpers import CONFIG, tiny_fit
+from tests.api.helpers import CONFIG, tiny_fit
 
 
 @pytest.mark.parametrize(

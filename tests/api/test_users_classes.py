@@ -26,7 +26,7 @@ from pfl.methods import ClientContext, Method, ServerContext, State, Upload, wei
 from pfl.methods.ditto import Ditto
 from pfl.runner.args import parse_fit_args
 from pfl.runner.wandb_run import run_identity
-from tests.api_helpers import ROOT, tiny_fit
+from tests.api.helpers import ROOT, tiny_fit
 
 HERE = __name__  # the import path of the classes below
 

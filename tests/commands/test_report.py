@@ -7,8 +7,8 @@ import pytest
 
 from pfl.cli import main
 from pfl.metrics.report import report
-from tests.report_helpers import two_methods_three_seeds
-from tests.report_plots_helpers import drawn
+from tests.helpers.report_plots import drawn
+from tests.helpers.reports import two_methods_three_seeds
 
 
 def test_the_command_passes_its_options_to_the_table(tmp_path, capsys):

@@ -12,7 +12,7 @@ from pfl.methods import Upload
 from pfl.methods.fedavg import FedAvg
 from pfl.methods.fedpg import FedPG
 from tests.conftest import make_loop, tiny_config
-from tests.methods_helpers import exchanged_round
+from tests.methods.helpers import exchanged_round
 
 
 def test_malicious_clients_are_drawn_once_from_the_seed():
@@ -68,7 +68,7 @@ def test_gaussian_attack_on_a_gradient_method_draws_the_pseudo_gradient():
 def test_a_parameters_only_upload_is_scaled_around_the_global_parameters_not_zero():
     # FedAvg with share_buffers false is sent the whole model (with BatchNorm statistics) and uploads
     # its parameters only: no payload tensor has the upload's shape, and the reference is the method's.
-    model = ModelConfig(name="tests.methods_helpers:bn_mlp")
+    model = ModelConfig(name="tests.methods.helpers:bn_mlp")
     local_buffers = {"share_buffers": False}
     cfg = dict(model=model, trainer={"rounds": 1})
     attacked = make_loop(tiny_config("fedavg", local_buffers, attack={"kind": "scale", "fraction": 0.34}, **cfg))

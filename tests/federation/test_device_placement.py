@@ -1,4 +1,4 @@
-"""Tensors of the training device and of the host meeting in the loop's own checks (tests/device_tags.py
+"""Tensors of the training device and of the host meeting in the loop's own checks (tests/helpers/device_tags.py
 stands in for a CUDA device on a CPU machine)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from pfl.errors import TrainingDiverged
 from pfl.federation import divergence
 from pfl.methods import Upload
-from tests.device_tags import DEVICE, is_on_device, training_device
+from tests.helpers.device_tags import DEVICE, is_on_device, training_device
 
 
 def test_the_stand_in_device_refuses_what_cuda_refuses_and_allows_what_it_allows():

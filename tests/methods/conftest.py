@@ -1,4 +1,5 @@
-"""Runs each method file's ``TestRegistryProperties`` once per method it names (``METHODS``)."""
+"""Runs each method file's ``TestRegistryProperties`` once per method it names (``METHODS``), or once per
+entry of the data attribute a property is marked with (``registry_properties.over``)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from tests.methods.defaults_learn import run_defaults
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    methods = getattr(metafunc.cls, "METHODS", None)
-    if methods is not None and "name" in metafunc.fixturenames:
-        metafunc.parametrize("name", methods)
+    if getattr(metafunc.cls, "METHODS", None) is None or "name" not in metafunc.fixturenames:
+        return
+    attribute, argnames = getattr(metafunc.function, "parametrized_by", ("METHODS", "name"))
+    metafunc.parametrize(argnames, getattr(metafunc.cls, attribute))
 
 
 @pytest.fixture(scope="session")
@@ -22,5 +24,5 @@ def fedavg_run() -> tuple[dict[str, float], int]:
 
 @pytest.fixture
 def bn_model() -> ModelConfig:
-    """The MLP with one BatchNorm layer (tests/methods_helpers.py's ``bn_mlp``): a model with float buffers."""
-    return ModelConfig(name="tests.methods_helpers:bn_mlp")
+    """The MLP with one BatchNorm layer (tests/methods/helpers.py's ``bn_mlp``): a model with float buffers."""
+    return ModelConfig(name="tests.methods.helpers:bn_mlp")

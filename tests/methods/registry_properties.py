@@ -14,22 +14,39 @@ registered method is covered exactly once, so a new method gets these checks whe
 - its class defaults are the settings of ``conf/method/<name>.yaml``, and ``hparams()`` (what summary.json
   and W&B record) are exactly the options its config can set;
 - its defaults learn on the default experiment (``tests/methods/defaults_learn.py``).
+
+Some properties hold for a part of the methods only, and the class names which: each runs once per entry of
+its data attribute, and a class whose attribute is empty does not have the test at all:
+
+- ``RESUMED_FROM_A_COPY``: two rounds, a deep copy of the state loaded into a fresh loop, and the next round
+  is the same in both;
+- ``OFFICIAL_CONFIGS``: the PGFed code's baselines, each with a ``conf/method/<name>_official.yaml``;
+- ``PAPER_DEFAULTS``: the class defaults are its paper's config, what ``hparams()`` adds to it is neutral,
+  and it declares its models;
+- ``BOUNDS``: ``(name, field, ok, bad)``, a hyperparameter accepted at ``ok`` and refused with a
+  ``ConfigError`` naming ``method.<field>`` at ``bad``.
 """
 
 from __future__ import annotations
 
+import copy
 import io
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 
+from pfl.errors import ConfigError
 from pfl.federation.loop import comparable_metrics
-from pfl.methods import method_class
+from pfl.methods import method_class, methods
 from tests.conftest import make_loop, tiny_config
 from tests.methods.defaults_learn import META_INITIALIZATION, floors, run_defaults
 
 TINY = {"rounds": 3, "fraction": 0.5}
+HALF = {"fraction": 0.5}
 # Per-FedAvg's outer step (the paper's β = 0.005) barely moves a 3-round run; a larger one shows it trains.
 ARGS = {"perfedavg": {"outer_lr": 0.05}}
 # PAGE's and Dap-FL's agents score on validation splits (method.reward_split: validation).
@@ -61,10 +78,33 @@ def _state_equal(a, b) -> bool:
     return a == b
 
 
+def over(attribute: str, argnames: str = "name") -> Callable[[Callable], Callable]:
+    """Runs the property once per entry of the class attribute ``attribute`` (``argnames`` unpacks an entry)
+    instead of once per name in ``METHODS``; ``tests/methods/conftest.py`` reads it."""
+
+    def mark(test: Callable) -> Callable:
+        test.parametrized_by = (attribute, argnames)
+        return test
+
+    return mark
+
+
 class RegistryProperties:
-    """Base of each method file's ``TestRegistryProperties``; ``METHODS`` names the methods to check."""
+    """Base of each method file's ``TestRegistryProperties``; ``METHODS`` names the methods to check, the
+    attributes below name those a partial property is checked for."""
 
     METHODS: tuple[str, ...] = ()
+    RESUMED_FROM_A_COPY: tuple[str, ...] = ()
+    OFFICIAL_CONFIGS: tuple[str, ...] = ()
+    PAPER_DEFAULTS: tuple[str, ...] = ()
+    BOUNDS: tuple[tuple[str, str, Any, Any], ...] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in dir(cls):
+            attribute = getattr(getattr(cls, name), "parametrized_by", (None,))[0]
+            if attribute is not None and not getattr(cls, attribute):
+                setattr(cls, name, None)  # no entries: no test (pytest collects only functions)
 
     def test_trains_end_to_end_and_is_deterministic(self, name):
         first = make_loop(_config(name, ARGS.get(name)))
@@ -131,3 +171,54 @@ class RegistryProperties:
         floor = floors(reference, classes)
         low = {key: round(value, 4) for key, value in checked.items() if not value >= floor[key]}
         assert not low, f"{name} ends at {low}, under a third of FedAvg's gain over chance ({floor})"
+
+    @over("RESUMED_FROM_A_COPY")
+    def test_registered_runs_and_resumes_identically(self, name):
+        assert name in methods()
+        cfg = tiny_config(name, trainer=HALF)
+        a = make_loop(cfg)
+        a.run_round(), a.run_round()
+        b = make_loop(cfg)
+        b.load_state_dict(copy.deepcopy(a.state_dict()))
+        a.run_round(), b.run_round()
+        assert a.evaluate()["pm.l_acc.mean"] == b.evaluate()["pm.l_acc.mean"]
+        for key, value in a.server.state.items():
+            assert torch.equal(value, b.server[key]), key
+
+    @over("OFFICIAL_CONFIGS")
+    def test_every_baseline_of_the_pgfed_code_has_an_official_config(self, name):
+        import yaml
+
+        conf = yaml.safe_load((CONF / f"{name}_official.yaml").read_text())
+        args = dict(conf["method"])
+        method = method_class(args.pop("name"))(**args)
+        assert conf["client"]["drop_last"] is True  # their loaders drop the last incomplete batch
+        if hasattr(method, "client_momentum") and name not in ("perfedavg", "pfedme"):
+            assert method.client_momentum in (0.0, 0.9)  # stated, so --client.momentum cannot change it
+        paper = yaml.safe_load((CONF / f"{name}.yaml").read_text())["method"]
+        assert paper["name"] == conf["method"]["name"] and paper != conf["method"]
+
+    @over("PAPER_DEFAULTS")
+    def test_defaults_are_the_paper_config_and_flags_are_declared(self, name):
+        import yaml
+
+        conf = dict(yaml.safe_load((CONF / f"{name}.yaml").read_text())["method"])
+        cls = method_class(conf.pop("name"))
+        default = cls()
+        assert {k: getattr(default, k) for k in conf} == conf  # the class defaults are the paper's, as documented
+        hparams = default.hparams()
+        assert hparams.items() >= conf.items()
+        neutral = {"finetune_epochs": 0, "share_buffers": True}
+        inherited = {k: v for k, v in hparams.items() if k not in conf}
+        assert inherited.items() <= neutral.items()
+        fixed = {k: getattr(default, k) for k in cls.fixed_options}  # passed to the parent: neutral values
+        assert fixed.items() <= neutral.items() and fixed.keys() == set(cls.fixed_options)
+        assert (cls.has_global_model, cls.has_personal_model) == FLAGS.get(name, (True, True))
+        assert cls.name == name and len(cls.description) > 20
+
+    @over("BOUNDS", "name, field, ok, bad")
+    def test_hyperparameters_are_checked_at_their_bounds(self, name, field, ok, bad):
+        cls = method_class(name)
+        assert getattr(cls(**{field: ok}), field) == ok
+        with pytest.raises(ConfigError, match=f"method.{field}"):
+            cls(**{field: bad})

@@ -11,27 +11,26 @@ from torch.func import functional_call
 
 from pfl.data import DataConfig
 from tests.conftest import make_loop, tiny_config
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
+from tests.methods.helpers import (
     HALF,
     _fit,
     _one_client,
-    check_defaults_are_the_paper_config_and_flags_are_declared,
-    check_every_baseline_of_the_pgfed_code_has_an_official_config,
-    check_hyperparameters_are_checked_at_their_bounds,
-    check_registered_runs_and_resumes_identically,
     exchanged_round,
 )
-from tests.methods_reference import drawn_batches, flat_params, initial_net
+from tests.methods.reference import drawn_batches, flat_params, initial_net
+from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):
     METHODS = ("apfl",)
-
-
-@pytest.mark.parametrize("name", ["apfl"])
-def test_registered_runs_and_resumes_identically(name):
-    check_registered_runs_and_resumes_identically(name)
+    RESUMED_FROM_A_COPY = ("apfl",)
+    OFFICIAL_CONFIGS = ("apfl",)
+    PAPER_DEFAULTS = ("apfl",)
+    BOUNDS = (
+        ("apfl", "mix", 0.0, -0.01),
+        ("apfl", "mix", 1.0, 1.01),
+        ("apfl", "eval_mix", "local", "mixed"),
+    )
 
 
 def test_apfl_mixing_zero_is_fedavg_on_the_personal_side():
@@ -111,25 +110,3 @@ def test_apfl_evaluates_every_client_on_the_mixture_with_the_latest_global_model
     exchanged_round(local)
     cid = next(iter(local.clients))
     assert local.method.personal_state(local.server, local.client(cid)) is local.clients[cid]["personal"]
-
-
-@pytest.mark.parametrize("name", ["apfl"])
-def test_every_baseline_of_the_pgfed_code_has_an_official_config(name):
-    check_every_baseline_of_the_pgfed_code_has_an_official_config(name)
-
-
-@pytest.mark.parametrize("name", ["apfl"])
-def test_defaults_are_the_paper_config_and_flags_are_declared(name):
-    check_defaults_are_the_paper_config_and_flags_are_declared(name)
-
-
-BOUNDS = [
-    ("apfl", "mix", 0.0, -0.01),
-    ("apfl", "mix", 1.0, 1.01),
-    ("apfl", "eval_mix", "local", "mixed"),
-]
-
-
-@pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
-def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
-    check_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad)

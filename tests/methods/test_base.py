@@ -28,9 +28,9 @@ from pfl.metrics.comm import nbytes
 from pfl.models import ModelConfig, build_model
 from pfl.runner.args import build_fit_parser
 from tests.conftest import make_loop, tiny_config
-from tests.methods_helpers import REGISTERED as NAMES
-from tests.methods_helpers import _bare_server, _one_client, method_options
-from tests.methods_reference import drawn_batches, flat_params, initial_net
+from tests.methods.helpers import REGISTERED as NAMES
+from tests.methods.helpers import _bare_server, _one_client, method_options
+from tests.methods.reference import drawn_batches, flat_params, initial_net
 
 
 class Mine(ClientOptimizerMethod):

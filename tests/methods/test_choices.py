@@ -12,7 +12,7 @@ from pfl.errors import ConfigError
 from pfl.methods import Method, fedmgda, fedora, fedpg, method_class, pfedhn, rl_tuning
 from pfl.methods.choices import choices
 from pfl.optim import capped_simplex, ddpg, descent, hypernet, minnorm, propagation
-from tests.methods_helpers import REGISTERED as NAMES
+from tests.methods.helpers import REGISTERED as NAMES
 
 
 class Picky(Method):

@@ -9,7 +9,7 @@ import torch
 
 from pfl.methods import Method
 from pfl.methods import costs as costs_module
-from tests.methods_helpers import _bare_server
+from tests.methods.helpers import _bare_server
 
 
 def _ticking_clock(monkeypatch, step: float = 1.0) -> None:

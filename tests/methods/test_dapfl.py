@@ -12,8 +12,8 @@ from pfl.methods.page import PAGE
 from pfl.optim.ddpg import client_action_to_hparams
 from pfl.runner.args import build_fit_parser
 from tests.conftest import make_loop, tiny_config
+from tests.methods.helpers import FAST_AGENTS, RANGE, VAL, exchanged_round, fixed_client_action, reference_round
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import FAST_AGENTS, RANGE, VAL, exchanged_round, fixed_client_action, reference_round
 
 
 class TestRegistryProperties(RegistryProperties):
@@ -73,7 +73,7 @@ def test_dapfl_agents_explore_with_noise_after_the_warmup():
 def test_dapfl_states_and_score_add_the_penalty_to_the_losses():
     """A visible penalty (0.5): s^0 = (acc(g), loss(g) + penalty), s^1 = (acc(g), loss(θ) + penalty),
     q = acc(g) − loss(θ) − penalty."""
-    from tests.methods_helpers import exchanged_round
+    from tests.methods.helpers import exchanged_round
 
     penalty = 0.5
     loop = make_loop(tiny_config("dapfl", {**FAST_AGENTS, "penalty": penalty, "reward_split": "test"}))

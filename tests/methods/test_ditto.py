@@ -6,18 +6,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
+from tests.methods.helpers import (
     _grads,
     _one_client_loop,
-    check_defaults_are_the_paper_config_and_flags_are_declared,
-    check_hyperparameters_are_checked_at_their_bounds,
 )
-from tests.methods_reference import drawn_batches, flat_params, initial_net
+from tests.methods.reference import drawn_batches, flat_params, initial_net
+from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):
     METHODS = ("ditto",)
+    PAPER_DEFAULTS = ("ditto",)
+    BOUNDS = (
+        ("ditto", "lam", 0.0, -0.01),
+        ("ditto", "personal_epochs", 1, 0),
+        ("ditto", "prox", "gradient", "exactly"),
+    )
 
 
 @pytest.mark.parametrize("prox", ["exact", "gradient", "autograd"])
@@ -45,20 +49,3 @@ def test_ditto_personal_model_matches_a_hand_written_loop(prox):
     expected = torch.cat([v[n].reshape(-1) for n in names])
     torch.testing.assert_close(loop.clients[0]["personal"], expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(loop.server["global"], flat_params(net), rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("name", ["ditto"])
-def test_defaults_are_the_paper_config_and_flags_are_declared(name):
-    check_defaults_are_the_paper_config_and_flags_are_declared(name)
-
-
-BOUNDS = [
-    ("ditto", "lam", 0.0, -0.01),
-    ("ditto", "personal_epochs", 1, 0),
-    ("ditto", "prox", "gradient", "exactly"),
-]
-
-
-@pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
-def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
-    check_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad)

@@ -9,11 +9,19 @@ from pfl.errors import ConfigError
 from pfl.methods.fedala import FedALA
 from tests.conftest import make_loop, tiny_config
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import check_hyperparameters_are_checked_at_their_bounds
 
 
 class TestRegistryProperties(RegistryProperties):
     METHODS = ("fedala",)
+    BOUNDS = (
+        ("fedala", "eta", 0.0, -0.01),
+        ("fedala", "rand_percent", 0.5, 0.0),
+        ("fedala", "rand_percent", 100.0, 100.01),
+        ("fedala", "layer_idx", 0, -1),
+        ("fedala", "threshold", 0.0, -0.01),
+        ("fedala", "num_pre_loss", 1, 0),
+        ("fedala", "max_start_epochs", 1, 0),
+    )
 
 
 def test_fedala_with_weights_fixed_at_one_downloads_the_global_model():
@@ -33,7 +41,7 @@ def _ala_by_hand(cfg, loop, cid, g, own, weights, passes, stop_after):
     import torch.nn.functional as F
     from torch.func import functional_call
 
-    from tests.methods_reference import drawn_batches, initial_net
+    from tests.methods.reference import drawn_batches, initial_net
 
     flat, data, m = loop.worker.flat, loop.worker.data, loop.method
     net = initial_net(cfg, loop)
@@ -147,19 +155,3 @@ def test_fedala_evaluates_the_model_the_client_trained_from_its_ala_mix():
         client = loop.client(cid)
         assert loop.method.personal_state(loop.server, client) is client.state["personal"]
     assert not torch.equal(loop.client(0).state["personal"], loop.server["global"])
-
-
-BOUNDS = [
-    ("fedala", "eta", 0.0, -0.01),
-    ("fedala", "rand_percent", 0.5, 0.0),
-    ("fedala", "rand_percent", 100.0, 100.01),
-    ("fedala", "layer_idx", 0, -1),
-    ("fedala", "threshold", 0.0, -0.01),
-    ("fedala", "num_pre_loss", 1, 0),
-    ("fedala", "max_start_epochs", 1, 0),
-]
-
-
-@pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
-def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
-    check_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad)

@@ -11,12 +11,18 @@ from pfl.engine.terms import Proximal
 from pfl.methods import ClientContext, Method, ServerContext, State, Upload
 from pfl.methods.fedamp import attention_weights
 from tests.conftest import make_loop, tiny_config
+from tests.methods.helpers import exchanged_round, personal, run
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import check_hyperparameters_are_checked_at_their_bounds, exchanged_round, personal, run
 
 
 class TestRegistryProperties(RegistryProperties):
     METHODS = ("fedamp",)
+    BOUNDS = (
+        ("fedamp", "alpha_k", 1e-6, 0.0),
+        ("fedamp", "alpha_k", 1.0, float("inf")),
+        ("fedamp", "sigma", 1e-6, 0.0),
+        ("fedamp", "lam", 0.0, -0.01),
+    )
 
 
 class LocalProx(Method):
@@ -74,16 +80,3 @@ def test_fedamp_cloud_models_are_the_attention_mix_of_the_uploaded_models():
     xi = attention_weights(torch.cdist(models, models) ** 2, 1.0, 100.0, seen)
     assert not torch.allclose(xi, torch.eye(6, dtype=torch.float64))
     torch.testing.assert_close(loop.server["cloud"], (xi @ models).to(loop.server["cloud"].dtype))
-
-
-BOUNDS = [
-    ("fedamp", "alpha_k", 1e-6, 0.0),
-    ("fedamp", "alpha_k", 1.0, float("inf")),
-    ("fedamp", "sigma", 1e-6, 0.0),
-    ("fedamp", "lam", 0.0, -0.01),
-]
-
-
-@pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
-def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
-    check_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad)

@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.nn.functional as F
 
 from tests.conftest import make_loop, tiny_config
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
+from tests.methods.helpers import (
     HALF,
     _one_client_loop,
-    check_defaults_are_the_paper_config_and_flags_are_declared,
-    check_every_baseline_of_the_pgfed_code_has_an_official_config,
-    check_hyperparameters_are_checked_at_their_bounds,
     exchanged_round,
 )
-from tests.methods_reference import drawn_batches, flat_params, initial_net
+from tests.methods.reference import drawn_batches, flat_params, initial_net
+from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):
     METHODS = ("fedavg",)
+    OFFICIAL_CONFIGS = ("fedavg",)
+    PAPER_DEFAULTS = ("fedavg",)
+    BOUNDS = (
+        ("fedavg", "finetune_epochs", 0, -1),
+        ("fedavg", "client_momentum", 0.0, -0.01),
+        ("fedavg", "client_momentum", 0.99, 1.0),
+    )
 
 
 def test_fedavg_finetuned_personal_model_is_sgd_from_the_global_model_on_the_finetune_batches():
@@ -73,25 +76,3 @@ def test_local_buffers_stay_on_each_client(bn_model):
     cid = next(iter(up_local))
     start = local.method.start(local.client(cid), local.server["global"])
     assert torch.equal(start[p:], local.clients[cid]["buffers"]) and torch.equal(start[:p], local.server["global"][:p])
-
-
-@pytest.mark.parametrize("name", ["fedavg"])
-def test_every_baseline_of_the_pgfed_code_has_an_official_config(name):
-    check_every_baseline_of_the_pgfed_code_has_an_official_config(name)
-
-
-@pytest.mark.parametrize("name", ["fedavg"])
-def test_defaults_are_the_paper_config_and_flags_are_declared(name):
-    check_defaults_are_the_paper_config_and_flags_are_declared(name)
-
-
-BOUNDS = [
-    ("fedavg", "finetune_epochs", 0, -1),
-    ("fedavg", "client_momentum", 0.0, -0.01),
-    ("fedavg", "client_momentum", 0.99, 1.0),
-]
-
-
-@pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
-def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
-    check_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad)

@@ -6,27 +6,25 @@ import pytest
 import torch
 
 from tests.conftest import make_loop, tiny_config
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
+from tests.methods.helpers import (
     HALF,
     _fit,
     _grads,
-    check_defaults_are_the_paper_config_and_flags_are_declared,
-    check_every_baseline_of_the_pgfed_code_has_an_official_config,
-    check_hyperparameters_are_checked_at_their_bounds,
-    check_registered_runs_and_resumes_identically,
     exchanged_round,
 )
-from tests.methods_reference import drawn_batches, initial_net
+from tests.methods.reference import drawn_batches, initial_net
+from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):
     METHODS = ("feddyn",)
-
-
-@pytest.mark.parametrize("name", ["feddyn"])
-def test_registered_runs_and_resumes_identically(name):
-    check_registered_runs_and_resumes_identically(name)
+    RESUMED_FROM_A_COPY = ("feddyn",)
+    OFFICIAL_CONFIGS = ("feddyn",)
+    PAPER_DEFAULTS = ("feddyn",)
+    BOUNDS = (
+        ("feddyn", "alpha", 0.0, -0.01),
+        ("feddyn", "weighting", "samples", "median"),
+    )
 
 
 def test_feddyn_alpha_zero_is_fedavg():
@@ -85,24 +83,3 @@ def test_feddyn_local_objective_is_the_dynamic_regulariser_over_rounds():
             theta = _sgd_from(net, w, batches, data, lr, lambda t, g=g, w=w: -g + alpha * (t - w))
             torch.testing.assert_close(up.state, theta, rtol=1e-5, atol=1e-6)
     assert seen_g > 0
-
-
-@pytest.mark.parametrize("name", ["feddyn"])
-def test_every_baseline_of_the_pgfed_code_has_an_official_config(name):
-    check_every_baseline_of_the_pgfed_code_has_an_official_config(name)
-
-
-@pytest.mark.parametrize("name", ["feddyn"])
-def test_defaults_are_the_paper_config_and_flags_are_declared(name):
-    check_defaults_are_the_paper_config_and_flags_are_declared(name)
-
-
-BOUNDS = [
-    ("feddyn", "alpha", 0.0, -0.01),
-    ("feddyn", "weighting", "samples", "median"),
-]
-
-
-@pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
-def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
-    check_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad)

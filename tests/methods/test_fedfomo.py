@@ -10,25 +10,27 @@ from torch.func import functional_call
 from pfl.methods.base import ClientContext
 from pfl.seeding import torch_generator
 from tests.conftest import make_loop, tiny_config
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
+from tests.methods.helpers import (
     _fit,
     _full_grad,
-    check_defaults_are_the_paper_config_and_flags_are_declared,
-    check_every_baseline_of_the_pgfed_code_has_an_official_config,
-    check_hyperparameters_are_checked_at_their_bounds,
-    check_registered_runs_and_resumes_identically,
     exchanged_round,
 )
+from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):
     METHODS = ("fedfomo",)
-
-
-@pytest.mark.parametrize("name", ["fedfomo"])
-def test_registered_runs_and_resumes_identically(name):
-    check_registered_runs_and_resumes_identically(name)
+    RESUMED_FROM_A_COPY = ("fedfomo",)
+    OFFICIAL_CONFIGS = ("fedfomo",)
+    PAPER_DEFAULTS = ("fedfomo",)
+    BOUNDS = (
+        ("fedfomo", "num_models", 0, -1),
+        ("fedfomo", "val_frac", 0.01, 0.0),
+        ("fedfomo", "val_frac", 0.99, 1.0),
+        ("fedfomo", "epsilon", 0.0, -0.01),
+        ("fedfomo", "epsilon", 1.0, 1.01),
+        ("fedfomo", "epsilon_decay", 0.0, -0.01),
+    )
 
 
 def test_fedfomo_with_only_its_own_model_is_local():
@@ -211,28 +213,3 @@ def test_fedfomo_distances_are_over_the_parameters_only(bn_model, monkeypatch):
     payloads, _ = exchanged_round(loop)
     expected = [[float((m[:p] - own[cid][:p]).norm()) for m in pl["models"]] for cid, pl in payloads.items()]
     assert seen == expected and loop.worker.flat.num_buffers > 0
-
-
-@pytest.mark.parametrize("name", ["fedfomo"])
-def test_every_baseline_of_the_pgfed_code_has_an_official_config(name):
-    check_every_baseline_of_the_pgfed_code_has_an_official_config(name)
-
-
-@pytest.mark.parametrize("name", ["fedfomo"])
-def test_defaults_are_the_paper_config_and_flags_are_declared(name):
-    check_defaults_are_the_paper_config_and_flags_are_declared(name)
-
-
-BOUNDS = [
-    ("fedfomo", "num_models", 0, -1),
-    ("fedfomo", "val_frac", 0.01, 0.0),
-    ("fedfomo", "val_frac", 0.99, 1.0),
-    ("fedfomo", "epsilon", 0.0, -0.01),
-    ("fedfomo", "epsilon", 1.0, 1.01),
-    ("fedfomo", "epsilon_decay", 0.0, -0.01),
-]
-
-
-@pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
-def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
-    check_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad)

@@ -13,8 +13,8 @@ from pfl.engine.flat import ModelLayout
 from pfl.errors import ConfigError
 from pfl.federation.attacks import Attack
 from pfl.methods import ServerContext, Upload, method_class
+from tests.methods.helpers import bare_server
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import bare_server
 
 
 class TestRegistryProperties(RegistryProperties):

@@ -17,8 +17,8 @@ from pfl.models import ModelConfig
 from pfl.optim.propagation import new_client_row, principal_angle_similarity, propagation_matrix, subspace_basis
 from pfl.runner.args import parse_fit_args
 from tests.conftest import make_loop, tiny_config
+from tests.methods.helpers import NEW, VAL, exchanged_round, new_client_context, personal, run
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import NEW, VAL, exchanged_round, new_client_context, personal, run
 
 
 class TestRegistryProperties(RegistryProperties):
@@ -355,7 +355,7 @@ def test_parameter_graph_is_recomputed_every_round_from_the_parameters_only(bn_m
 
 @pytest.fixture
 def bn_model():
-    return ModelConfig(name="tests.methods_helpers:bn_mlp")
+    return ModelConfig(name="tests.methods.helpers:bn_mlp")
 
 
 def test_a_single_seen_client_has_self_similarity_p():

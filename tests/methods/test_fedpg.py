@@ -17,9 +17,9 @@ from pfl.methods.fedpg import FedPG, SFedPG
 from pfl.metrics.comm import nbytes
 from pfl.optim.descent import fairness_gradient, fairness_value
 from tests.conftest import make_loop, tiny_config
-from tests.device_tags import is_on_device, training_device
+from tests.helpers.device_tags import is_on_device, training_device
+from tests.methods.helpers import bare_server, exchanged_round
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import bare_server, exchanged_round
 
 
 class TestRegistryProperties(RegistryProperties):

@@ -7,25 +7,20 @@ import torch
 
 from pfl.methods.base import ClientContext
 from tests.conftest import make_loop, tiny_config
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
+from tests.methods.helpers import (
     HALF,
     SYNTHETIC,
     _fit,
-    check_defaults_are_the_paper_config_and_flags_are_declared,
-    check_every_baseline_of_the_pgfed_code_has_an_official_config,
-    check_hyperparameters_are_checked_at_their_bounds,
-    check_registered_runs_and_resumes_identically,
 )
+from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):
     METHODS = ("fedrep",)
-
-
-@pytest.mark.parametrize("name", ["fedrep"])
-def test_registered_runs_and_resumes_identically(name):
-    check_registered_runs_and_resumes_identically(name)
+    RESUMED_FROM_A_COPY = ("fedrep",)
+    OFFICIAL_CONFIGS = ("fedrep",)
+    PAPER_DEFAULTS = ("fedrep",)
+    BOUNDS = (("fedrep", "head_epochs", 0, -1),)
 
 
 @pytest.mark.parametrize("data", [{}, SYNTHETIC])
@@ -77,23 +72,3 @@ def test_fedrep_new_client_learns_its_head_on_the_frozen_body_then_optionally_th
         adapted = loop.method.adapt_new_client(loop.server, ctx, 2)
         assert not torch.equal(adapted[head], loop.init_state[head])
         assert torch.equal(adapted[: head.start], loop.server["global"][: head.start]) != adapt_body
-
-
-@pytest.mark.parametrize("name", ["fedrep"])
-def test_every_baseline_of_the_pgfed_code_has_an_official_config(name):
-    check_every_baseline_of_the_pgfed_code_has_an_official_config(name)
-
-
-@pytest.mark.parametrize("name", ["fedrep"])
-def test_defaults_are_the_paper_config_and_flags_are_declared(name):
-    check_defaults_are_the_paper_config_and_flags_are_declared(name)
-
-
-BOUNDS = [
-    ("fedrep", "head_epochs", 0, -1),
-]
-
-
-@pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
-def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
-    check_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad)

@@ -9,25 +9,23 @@ from torch import nn
 
 from pfl.methods.heads import split_head
 from tests.conftest import make_loop, tiny_config
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
+from tests.methods.helpers import (
     HALF,
     _one_client,
-    check_defaults_are_the_paper_config_and_flags_are_declared,
-    check_every_baseline_of_the_pgfed_code_has_an_official_config,
-    check_hyperparameters_are_checked_at_their_bounds,
-    check_registered_runs_and_resumes_identically,
 )
-from tests.methods_reference import drawn_batches, flat_params, initial_net
+from tests.methods.reference import drawn_batches, flat_params, initial_net
+from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):
     METHODS = ("fedrod",)
-
-
-@pytest.mark.parametrize("name", ["fedrod"])
-def test_registered_runs_and_resumes_identically(name):
-    check_registered_runs_and_resumes_identically(name)
+    RESUMED_FROM_A_COPY = ("fedrod",)
+    OFFICIAL_CONFIGS = ("fedrod",)
+    PAPER_DEFAULTS = ("fedrod",)
+    BOUNDS = (
+        ("fedrod", "head_lr", 1e-6, 0.0),
+        ("fedrod", "head_init", "init", "ones"),
+    )
 
 
 def test_fedrod_personal_model_adds_the_personal_head_and_the_generic_model_ignores_it():
@@ -97,24 +95,3 @@ def test_fedrod_untrained_client_is_evaluated_with_its_initial_head():
         pm = loop.method.personal_state(loop.server, loop.client(0))
         expected = loop.init_state[head] * (2 if head_init == "init" else 1)
         torch.testing.assert_close(pm[head], expected)
-
-
-@pytest.mark.parametrize("name", ["fedrod"])
-def test_every_baseline_of_the_pgfed_code_has_an_official_config(name):
-    check_every_baseline_of_the_pgfed_code_has_an_official_config(name)
-
-
-@pytest.mark.parametrize("name", ["fedrod"])
-def test_defaults_are_the_paper_config_and_flags_are_declared(name):
-    check_defaults_are_the_paper_config_and_flags_are_declared(name)
-
-
-BOUNDS = [
-    ("fedrod", "head_lr", 1e-6, 0.0),
-    ("fedrod", "head_init", "init", "ones"),
-]
-
-
-@pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
-def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
-    check_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad)

@@ -9,12 +9,13 @@ from pfl.errors import ConfigError
 from pfl.methods.fedu import FedU
 from pfl.seeding import torch_generator
 from tests.conftest import make_loop, tiny_config
+from tests.methods.helpers import exchanged_round, personal, run
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import check_hyperparameters_are_checked_at_their_bounds, exchanged_round, personal, run
 
 
 class TestRegistryProperties(RegistryProperties):
     METHODS = ("fedu",)
+    BOUNDS = (("fedu", "eta", 1e-6, 0.0),)
 
 
 def test_fedu_without_coupling_is_local_bit_for_bit():
@@ -41,16 +42,6 @@ def test_fedu_takes_one_laplacian_step_over_the_sampled_clients(graph):
         assert torch.allclose(loop.server["models"][i], uploads[i].state - 0.1 * 0.5 * pull, atol=1e-6)
     for i in set(range(6)) - set(cids):
         assert torch.equal(loop.server["models"][i], loop.init_state)
-
-
-BOUNDS = [
-    ("fedu", "eta", 1e-6, 0.0),
-]
-
-
-@pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
-def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
-    check_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad)
 
 
 def test_fedu_refuses_an_unknown_graph_before_training():

@@ -7,8 +7,8 @@ import torch
 from pfl.methods import weighted_mean_of
 from pfl.seeding import torch_generator
 from tests.conftest import make_loop, tiny_config
+from tests.methods.helpers import NEW, exchanged_round, new_client_context, run
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import NEW, exchanged_round, new_client_context, run
 
 
 class TestRegistryProperties(RegistryProperties):

@@ -7,8 +7,8 @@ import torch
 
 from pfl.federation.loop import comparable_metrics
 from tests.conftest import make_loop, tiny_config
+from tests.methods.helpers import NEW, VAL, exchanged_round, new_client_context, personal, run
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import NEW, VAL, exchanged_round, new_client_context, personal, run
 
 
 class TestRegistryProperties(RegistryProperties):

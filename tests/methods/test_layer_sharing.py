@@ -8,7 +8,7 @@ import torch
 from pfl.methods.base import ClientContext
 from pfl.metrics.evaluate import evaluate_new_clients, score_segments
 from tests.conftest import make_loop, tiny_config
-from tests.methods_helpers import HALF, exchanged_round
+from tests.methods.helpers import HALF, exchanged_round
 
 
 def test_layer_counts_are_checked():

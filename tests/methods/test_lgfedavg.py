@@ -7,28 +7,23 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import make_loop, tiny_config
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
+from tests.methods.helpers import (
     HALF,
     SYNTHETIC,
     _fit,
     _one_client_loop,
-    check_defaults_are_the_paper_config_and_flags_are_declared,
-    check_every_baseline_of_the_pgfed_code_has_an_official_config,
-    check_hyperparameters_are_checked_at_their_bounds,
-    check_registered_runs_and_resumes_identically,
     exchanged_round,
 )
-from tests.methods_reference import drawn_batches, flat_params, initial_net
+from tests.methods.reference import drawn_batches, flat_params, initial_net
+from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):
     METHODS = ("lgfedavg",)
-
-
-@pytest.mark.parametrize("name", ["lgfedavg"])
-def test_registered_runs_and_resumes_identically(name):
-    check_registered_runs_and_resumes_identically(name)
+    RESUMED_FROM_A_COPY = ("lgfedavg",)
+    OFFICIAL_CONFIGS = ("lgfedavg",)
+    PAPER_DEFAULTS = ("lgfedavg",)
+    BOUNDS = (("lgfedavg", "global_layers", 0, -1),)
 
 
 def test_lgfedavg_with_all_layers_global_is_fedavg():
@@ -73,23 +68,3 @@ def test_lgfedavg_alternating_steps_match_the_authors_loop(data):
                 p.grad.zero_()  # zeroed, not None: momentum still moves the frozen part
             opt.step()
     torch.testing.assert_close(loop.clients[0]["personal"], flat_params(net), rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("name", ["lgfedavg"])
-def test_every_baseline_of_the_pgfed_code_has_an_official_config(name):
-    check_every_baseline_of_the_pgfed_code_has_an_official_config(name)
-
-
-@pytest.mark.parametrize("name", ["lgfedavg"])
-def test_defaults_are_the_paper_config_and_flags_are_declared(name):
-    check_defaults_are_the_paper_config_and_flags_are_declared(name)
-
-
-BOUNDS = [
-    ("lgfedavg", "global_layers", 0, -1),
-]
-
-
-@pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
-def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
-    check_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad)

@@ -14,9 +14,9 @@ from pfl.methods.costs import Times
 from pfl.methods.page import PAGE
 from pfl.optim.ddpg import client_action_to_hparams, server_action_to_weights
 from tests.conftest import make_loop, tiny_config
+from tests.methods.helpers import FAST_AGENTS, RANGE, VAL, fixed_client_action, reference_round
+from tests.methods.helpers import REPO_ROOT as ROOT
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import FAST_AGENTS, RANGE, VAL, fixed_client_action, reference_round
-from tests.methods_helpers import REPO_ROOT as ROOT
 
 
 class TestRegistryProperties(RegistryProperties):
@@ -387,7 +387,7 @@ def test_the_server_agent_reads_a_resumed_state_on_the_training_device():
     from pfl.engine.worker import EvalStats
     from pfl.federation.store import tree_map
     from pfl.methods import ServerContext, Upload
-    from tests.device_tags import is_on_device, training_device
+    from tests.helpers.device_tags import is_on_device, training_device
 
     p, k = 4, 3
     method = PAGE(**FAST_AGENTS)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.nn.functional as F
 
@@ -10,26 +9,23 @@ from pfl.models import build_model
 from pfl.runner.args import parse_fit_args
 from pfl.seeding import seed_everything, torch_generator
 from tests.conftest import make_loop, tiny_config
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
-    CONF,
+from tests.methods.helpers import (
     _grads,
     _one_client_loop,
-    check_defaults_are_the_paper_config_and_flags_are_declared,
-    check_every_baseline_of_the_pgfed_code_has_an_official_config,
-    check_hyperparameters_are_checked_at_their_bounds,
-    check_registered_runs_and_resumes_identically,
 )
-from tests.methods_reference import drawn_batches, initial_net
+from tests.methods.reference import drawn_batches, initial_net
+from tests.methods.registry_properties import CONF, RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):
     METHODS = ("perfedavg",)
-
-
-@pytest.mark.parametrize("name", ["perfedavg"])
-def test_registered_runs_and_resumes_identically(name):
-    check_registered_runs_and_resumes_identically(name)
+    RESUMED_FROM_A_COPY = ("perfedavg",)
+    OFFICIAL_CONFIGS = ("perfedavg",)
+    PAPER_DEFAULTS = ("perfedavg",)
+    BOUNDS = (
+        ("perfedavg", "inner_lr", 0.0, -0.01),
+        ("perfedavg", "outer_lr", 1e-6, 0.0),
+    )
 
 
 def test_perfedavg_zero_inner_step_is_sgd_on_every_second_batch():
@@ -100,24 +96,3 @@ def test_perfedavg_step_sizes_default_to_the_client_lr():
         )
     method = parse_fit_args(["--config", str(CONF / "perfedavg.yaml")])[0].method
     assert (method.inner_lr, method.outer_lr) == (None, None)
-
-
-@pytest.mark.parametrize("name", ["perfedavg"])
-def test_every_baseline_of_the_pgfed_code_has_an_official_config(name):
-    check_every_baseline_of_the_pgfed_code_has_an_official_config(name)
-
-
-@pytest.mark.parametrize("name", ["perfedavg"])
-def test_defaults_are_the_paper_config_and_flags_are_declared(name):
-    check_defaults_are_the_paper_config_and_flags_are_declared(name)
-
-
-BOUNDS = [
-    ("perfedavg", "inner_lr", 0.0, -0.01),
-    ("perfedavg", "outer_lr", 1e-6, 0.0),
-]
-
-
-@pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
-def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
-    check_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad)

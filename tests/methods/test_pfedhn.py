@@ -9,11 +9,11 @@ from pfl.errors import ConfigError
 from pfl.methods import method_class
 from pfl.optim.hypernet import HyperNetwork, layer_sizes
 from tests.conftest import make_loop, tiny_config
+from tests.methods.helpers import SAM_HALF as HALF
+from tests.methods.helpers import equal_servers as _equal_servers
+from tests.methods.helpers import exchanged_round
+from tests.methods.helpers import fit_half_momentum as _fit
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import SAM_HALF as HALF
-from tests.methods_helpers import equal_servers as _equal_servers
-from tests.methods_helpers import exchanged_round
-from tests.methods_helpers import fit_half_momentum as _fit
 
 
 class TestRegistryProperties(RegistryProperties):
@@ -152,7 +152,7 @@ def test_pfedhn_server_momentum_carries_over_rounds():
 def test_pfedhn_clients_keep_their_trained_buffers():
     from pfl.models import ModelConfig
 
-    loop = make_loop(tiny_config("pfedhn", model=ModelConfig(name="tests.methods_helpers:bn_mlp"), trainer=HALF))
+    loop = make_loop(tiny_config("pfedhn", model=ModelConfig(name="tests.methods.helpers:bn_mlp"), trainer=HALF))
     n, b = loop.flat.num_params, loop.flat.num_buffers
     assert b > 0
     _, uploads = exchanged_round(loop)

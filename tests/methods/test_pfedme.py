@@ -6,28 +6,29 @@ import pytest
 import torch
 
 from tests.conftest import make_loop, tiny_config
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
+from tests.methods.helpers import (
     HALF,
     _fit,
     _grads,
     _one_client_loop,
-    check_defaults_are_the_paper_config_and_flags_are_declared,
-    check_every_baseline_of_the_pgfed_code_has_an_official_config,
-    check_hyperparameters_are_checked_at_their_bounds,
-    check_registered_runs_and_resumes_identically,
     exchanged_round,
 )
-from tests.methods_reference import drawn_batches, initial_net
+from tests.methods.reference import drawn_batches, initial_net
+from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):
     METHODS = ("pfedme",)
-
-
-@pytest.mark.parametrize("name", ["pfedme"])
-def test_registered_runs_and_resumes_identically(name):
-    check_registered_runs_and_resumes_identically(name)
+    RESUMED_FROM_A_COPY = ("pfedme",)
+    OFFICIAL_CONFIGS = ("pfedme",)
+    PAPER_DEFAULTS = ("pfedme",)
+    BOUNDS = (
+        ("pfedme", "lam", 0.0, -0.01),
+        ("pfedme", "inner_steps", 1, 0),
+        ("pfedme", "personal_lr", 1e-6, 0.0),
+        ("pfedme", "beta", 1e-6, 0.0),
+        ("pfedme", "personal_l2", 0.0, -0.01),
+    )
 
 
 def test_pfedme_with_unit_proximal_steps_is_fedavg():
@@ -91,27 +92,3 @@ def test_pfedme_unsampled_clients_personalize_from_the_round_global_model():
     exchanged_round(only)
     for cid in unsampled:
         assert torch.equal(only.method.personal_state(only.server, only.client(cid)), only.init_state)
-
-
-@pytest.mark.parametrize("name", ["pfedme"])
-def test_every_baseline_of_the_pgfed_code_has_an_official_config(name):
-    check_every_baseline_of_the_pgfed_code_has_an_official_config(name)
-
-
-@pytest.mark.parametrize("name", ["pfedme"])
-def test_defaults_are_the_paper_config_and_flags_are_declared(name):
-    check_defaults_are_the_paper_config_and_flags_are_declared(name)
-
-
-BOUNDS = [
-    ("pfedme", "lam", 0.0, -0.01),
-    ("pfedme", "inner_steps", 1, 0),
-    ("pfedme", "personal_lr", 1e-6, 0.0),
-    ("pfedme", "beta", 1e-6, 0.0),
-    ("pfedme", "personal_l2", 0.0, -0.01),
-]
-
-
-@pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
-def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
-    check_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad)

@@ -11,21 +11,28 @@ import torch.nn.functional as F
 from pfl.models import build_model
 from pfl.seeding import seed_everything, torch_generator
 from tests.conftest import make_loop, tiny_config
-from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import (
+from tests.methods.helpers import (
     HALF,
     _full_grad,
-    check_defaults_are_the_paper_config_and_flags_are_declared,
-    check_every_baseline_of_the_pgfed_code_has_an_official_config,
-    check_hyperparameters_are_checked_at_their_bounds,
-    check_registered_runs_and_resumes_identically,
     exchanged_round,
     tensor_bytes,
 )
+from tests.methods.registry_properties import RegistryProperties
 
 
 class TestRegistryProperties(RegistryProperties):
     METHODS = ("pgfed", "pgfed_ce", "pgfedmo")
+    RESUMED_FROM_A_COPY = ("pgfed", "pgfedmo", "pgfed_ce")
+    OFFICIAL_CONFIGS = ("pgfed", "pgfedmo")
+    PAPER_DEFAULTS = ("pgfed", "pgfedmo", "pgfed_ce")
+    BOUNDS = (
+        ("pgfed", "mu", 0.0, -0.01),
+        ("pgfed", "eta2", 0.0, -0.01),
+        ("pgfed", "beta", 0.0, -0.01),
+        ("pgfed", "beta", 0.99, 1.0),
+        ("pgfed", "alpha_init", 0.0, -0.01),
+        ("pgfed_ce", "ce_scalar", "mean", "sum"),
+    )
 
 
 def test_mu_zero_equals_fedavg_locally_trained_models():
@@ -174,11 +181,6 @@ def test_state_lives_in_dicts_resume_is_identical():
         assert torch.equal(a.server[key], b.server[key])
 
 
-@pytest.mark.parametrize("name", ["pgfed", "pgfedmo", "pgfed_ce"])
-def test_registered_runs_and_resumes_identically(name):
-    check_registered_runs_and_resumes_identically(name)
-
-
 def test_pgfed_alpha_stays_nonnegative_by_default():
     for name in ("pgfed", "pgfedmo", "pgfed_ce"):
         loop = make_loop(tiny_config(name, {"mu": 1.0, "eta2": 100.0}, trainer=HALF))
@@ -213,28 +215,3 @@ def test_pgfed_ce_alpha_step_uses_the_server_scalars(ce_scalar):
     for i in range(3):
         assert payloads[i]["dot"].numel() == (3 if ce_scalar == "per_client" else 1)
         torch.testing.assert_close(results[i]["alpha"], expected, rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.parametrize("name", ["pgfed", "pgfedmo"])
-def test_every_baseline_of_the_pgfed_code_has_an_official_config(name):
-    check_every_baseline_of_the_pgfed_code_has_an_official_config(name)
-
-
-@pytest.mark.parametrize("name", ["pgfed", "pgfedmo", "pgfed_ce"])
-def test_defaults_are_the_paper_config_and_flags_are_declared(name):
-    check_defaults_are_the_paper_config_and_flags_are_declared(name)
-
-
-BOUNDS = [
-    ("pgfed", "mu", 0.0, -0.01),
-    ("pgfed", "eta2", 0.0, -0.01),
-    ("pgfed", "beta", 0.0, -0.01),
-    ("pgfed", "beta", 0.99, 1.0),
-    ("pgfed", "alpha_init", 0.0, -0.01),
-    ("pgfed_ce", "ce_scalar", "mean", "sum"),
-]
-
-
-@pytest.mark.parametrize(("name", "field", "ok", "bad"), BOUNDS)
-def test_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad):
-    check_hyperparameters_are_checked_at_their_bounds(name, field, ok, bad)

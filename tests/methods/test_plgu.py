@@ -33,11 +33,11 @@ from pfl.methods.plgu import PLGULF, buffer_slices, buffer_views
 from pfl.models import ModelConfig
 from pfl.runner.args import parse_fit_args
 from tests.conftest import make_loop, tiny_config
+from tests.methods.helpers import SAM_HALF as HALF
+from tests.methods.helpers import SAM_MOMENTUM as MOMENTUM
+from tests.methods.helpers import equal_servers as _equal_servers
+from tests.methods.helpers import fit_half_momentum as _fit
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import SAM_HALF as HALF
-from tests.methods_helpers import SAM_MOMENTUM as MOMENTUM
-from tests.methods_helpers import equal_servers as _equal_servers
-from tests.methods_helpers import fit_half_momentum as _fit
 
 
 class TestRegistryProperties(RegistryProperties):
@@ -295,7 +295,7 @@ def test_every_plgu_experiment_parses_with_every_plgu_method_config(path):
 
 # -- PLGU's buffers, regression, bounds and branches -----------------------------------------------------
 def test_buffer_slices_and_views_follow_the_flat_layout():
-    loop = make_loop(tiny_config("plgu_lf", model=ModelConfig(name="tests.methods_helpers:bn_mlp")))
+    loop = make_loop(tiny_config("plgu_lf", model=ModelConfig(name="tests.methods.helpers:bn_mlp")))
     flat = loop.worker.flat
     assert buffer_slices(flat) == {"2": slice(0, 32)}  # the BatchNorm's running mean and variance
     state = loop.init_state.clone()

@@ -29,8 +29,8 @@ from pfl.methods.rl_tuning import (
 from pfl.optim import ddpg
 from pfl.optim.ddpg import DDPGAgent, DDPGConfig
 from pfl.runner.args import build_fit_parser
-from tests.methods_helpers import REPO_ROOT as ROOT
-from tests.methods_helpers import method_options
+from tests.methods.helpers import REPO_ROOT as ROOT
+from tests.methods.helpers import method_options
 
 
 def _config(**kw) -> DDPGConfig:

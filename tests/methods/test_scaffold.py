@@ -10,9 +10,9 @@ from pfl.errors import ConfigError
 from pfl.federation.robust import Aggregator
 from pfl.methods.scaffold import Scaffold
 from tests.conftest import make_loop, tiny_config
+from tests.methods.helpers import HALF, _grads, exchanged_round
+from tests.methods.reference import drawn_batches, initial_net
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import HALF, _grads, exchanged_round
-from tests.methods_reference import drawn_batches, initial_net
 
 
 class TestRegistryProperties(RegistryProperties):

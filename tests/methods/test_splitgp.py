@@ -11,8 +11,8 @@ from pfl.engine.flat import ModelLayout
 from pfl.errors import ConfigError
 from pfl.methods.splitgp import SplitGP
 from tests.conftest import make_loop, tiny_config
+from tests.methods.helpers import _trained, exchanged_round
 from tests.methods.registry_properties import RegistryProperties
-from tests.methods_helpers import _trained, exchanged_round
 
 
 class TestRegistryProperties(RegistryProperties):

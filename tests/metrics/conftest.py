@@ -1,3 +1,3 @@
-"""The fixture ``runs`` (tests/report_plots_helpers.py): three run folders for the report's figures."""
+"""The fixture ``runs`` (tests/helpers/report_plots.py): three run folders for the report's figures."""
 
-from tests.report_plots_helpers import runs  # noqa: F401
+from tests.helpers.report_plots import runs  # noqa: F401

@@ -12,7 +12,7 @@ from pfl.errors import ConfigError
 from pfl.metrics.compare_plots import clients_figure, curve_figure, curve_points, plot_groups, read_rows
 from pfl.runner.outputs import RunFiles
 from pfl.runner.reproduce import Job, comparison_plots
-from tests.report_plots_helpers import CLIENTS, CURVES, SETTING, band_edges, drawn, write_run
+from tests.helpers.report_plots import CLIENTS, CURVES, SETTING, band_edges, drawn, write_run
 
 
 def test_a_group_is_drawn_as_the_mean_of_its_seeds_with_their_min_max_band(runs):

@@ -6,7 +6,7 @@ import csv
 
 from pfl.cli import main
 from pfl.metrics.compare_plots import clients_figure, curve_figure, plot_groups
-from tests.report_plots_helpers import drawn
+from tests.helpers.report_plots import drawn
 
 TINY = [
     "--data.num_clients", "3", "--trainer.rounds", "2", "--trainer.eval_every", "1", "--model.hidden", "[8]",

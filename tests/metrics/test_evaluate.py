@@ -13,7 +13,7 @@ from pfl.engine.worker import TrainSettings, Worker
 from pfl.metrics.evaluate import EvalSets, predict
 from pfl.runner.experiment import run_experiment
 from tests.conftest import make_loop, tiny_config
-from tests.methods_helpers import _trained
+from tests.methods.helpers import _trained
 
 
 def _equal_test_federation(clients: int, test_size: int) -> Worker:

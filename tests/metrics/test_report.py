@@ -13,7 +13,7 @@ import pytest
 from pfl.cli import main
 from pfl.errors import ConfigError
 from pfl.metrics.report import report
-from tests.report_helpers import SEEDS, config, latex_rows, sample_std, two_methods_three_seeds, write_run
+from tests.helpers.reports import SEEDS, config, latex_rows, sample_std, two_methods_three_seeds, write_run
 
 
 def test_seeds_are_grouped_with_mean_and_sample_std(tmp_path):

@@ -732,7 +732,7 @@ def test_an_agent_stays_on_the_host_when_its_state_and_inputs_come_from_the_trai
     observations on the training device; the agent (host networks, host generator) reads them and
     answers on the host."""
     from pfl.federation.store import tree_map
-    from tests.device_tags import is_on_device, training_device
+    from tests.helpers.device_tags import is_on_device, training_device
 
     c = DDPGConfig(state_dim=2, action_dim=2, warmup=1, batch_size=2)
     saved = DDPGAgent(c, 0)

@@ -21,7 +21,7 @@ from pfl.optim.descent import (
     personal_directions,
 )
 from pfl.optim.minnorm import gram_matrix, min_norm
-from tests.device_tags import is_on_device, training_device
+from tests.helpers.device_tags import is_on_device, training_device
 
 F64 = torch.float64
 

@@ -17,7 +17,7 @@ import pfl.runner.reproduce as rep
 from pfl.errors import EXIT_DIVERGED, ConfigError
 from pfl.runner.claims import Claim, Contrast, LrGrid, beats
 from pfl.runner.suite_estimate import device_label
-from tests.report_plots_helpers import write_run as write_plot_run
+from tests.helpers.report_plots import write_run as write_plot_run
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ["--data.num_clients", "4", "--trainer.rounds", "20", "--tracking.wandb", "false"]

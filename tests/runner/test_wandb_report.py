@@ -20,7 +20,7 @@ def _logged(run_dir: Path, project: str = "proj", group: str = "g") -> str:
 
 
 def test_wandb_logs_the_figures_to_a_new_report_run_beside_the_runs(runs, tmp_path, monkeypatch, capfd):
-    from tests.test_wandb import finished_records, history, offline_logs, run_record
+    from tests.runner.test_wandb import finished_records, history, offline_logs, run_record
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):

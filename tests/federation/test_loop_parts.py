@@ -1,0 +1,118 @@
+"""The loop's parts: the loop is the round over parts it receives built (pfl.runner.assembly), local
+updates run through a dispatcher chosen once, a method says why vectorizing gains it nothing, the learning-rate
+schedule lives in the training settings, and the Checkpointer owns the chain."""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+import pytest
+
+from pfl.engine.worker import TrainSettings
+from pfl.errors import ConfigError
+from pfl.federation.checkpoint import Checkpointer
+from pfl.federation.dispatch import (
+    MultiProcessDispatcher,
+    SequentialDispatcher,
+    VectorizedDispatcher,
+    make_dispatcher,
+)
+from pfl.federation.distributed import Cohort
+from pfl.methods import methods
+from pfl.methods.fedavg import FedAvg
+from tests.conftest import make_loop, tiny_config
+
+LOOP = Path(__file__).resolve().parents[2] / "pfl" / "federation" / "loop.py"
+
+
+def test_the_loop_class_is_short_and_names_no_method():
+    tree = ast.parse(LOOP.read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "FederatedLoop"]
+    assert cls.end_lineno - cls.lineno + 1 <= 200
+    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert not strings & set(methods()), strings & set(methods())
+
+
+def test_vectorizable_is_inherited_and_a_method_says_why_it_gains_nothing():
+    assert all(cls.vectorizable for cls in methods().values())  # every method's clients are independent
+
+    class Child(FedAvg):
+        name = "child"
+
+    class Shared(FedAvg):
+        name = "shared"
+        vectorizable = False
+
+    assert Child.vectorizable and Child().vectorize_problems() == []
+    assert Shared().vectorize_problems() == ["shared's clients' local updates depend on each other within a round"]
+    assert methods()["ditto"](prox="autograd").vectorize_problems() == [
+        "ditto's prox=autograd personal fit is a custom objective (use exact or gradient): its clients train one "
+        "at a time, so trainer.vectorize gains nothing"
+    ]
+    assert methods()["ditto"]().vectorize_problems() == []
+
+
+def test_a_method_that_gains_nothing_from_vectorize_is_refused_by_name_before_training():
+    with pytest.raises(ConfigError, match=r"trainer.vectorize.*apfl's fits .* gains nothing"):
+        make_loop(tiny_config("apfl", trainer={"vectorize": True}))
+
+
+def test_the_dispatcher_is_chosen_once_from_the_settings():
+    sequential = make_loop(tiny_config("fedavg"))
+    assert type(sequential.dispatcher) is SequentialDispatcher
+    vectorized = make_loop(tiny_config("fedavg", trainer={"vectorize": True}))
+    assert type(vectorized.dispatcher) is VectorizedDispatcher
+    loop = sequential
+    two = Cohort(0, 2, gather=lambda obj: [obj, obj])
+    parts = (loop.worker, loop.clients, loop.init_state)
+    several = make_dispatcher(*parts, cohort=two, sizes=[1] * loop.server.num_clients)
+    assert type(several) is MultiProcessDispatcher and type(several.local) is SequentialDispatcher
+
+
+def test_a_dispatch_returns_every_sampled_clients_upload_in_id_order():
+    loop = make_loop(tiny_config("ditto", trainer={"fraction": 0.5}))
+    sampled = loop.sampled_clients().tolist()
+    payloads = {cid: loop.method.payload(loop.server, cid) for cid in sampled}
+    uploads, fits = loop.dispatcher.dispatch(loop.method, 0, sampled, payloads)
+    assert list(uploads) == sorted(sampled) and len(fits) == 2 * len(sampled)  # ditto: personal + global fit
+    assert all("personal" in loop.clients[cid] for cid in sampled)
+
+
+def test_the_learning_rate_schedule_is_the_settings_own():
+    settings = TrainSettings(lr=0.2, lr_decay=0.5)
+    settings.start_round(3)
+    assert settings.lr == 0.2 * 0.5**3 and settings.first_lr == 0.2
+    settings.start_round(0)
+    assert settings.lr == 0.2
+    loop = make_loop(tiny_config("fedavg", client={"lr": 0.2, "lr_decay": 0.5}))
+    loop.run_round(), loop.run_round()
+    assert loop.worker.settings.lr == 0.2 * 0.5  # the lr of the last round run (round 1)
+
+
+def test_the_checkpointer_owns_the_chain_and_its_schedule(tmp_path):
+    checkpointer = Checkpointer(checkpoint_every=3)
+    assert checkpointer.chain is None and checkpointer.due(1)  # nothing measured yet: the first one is due
+    checkpointer.run_dir = tmp_path
+    assert checkpointer.chain is not None and checkpointer.chain.run_dir == tmp_path
+    checkpointer.save_cost = 1e9  # expensive: only the cap on lost rounds applies
+    assert not checkpointer.due(2) and checkpointer.due(3)
+    checkpointer.run_dir = None
+    assert checkpointer.chain is None
+
+
+def test_client_learning_rate_decays_per_round():
+    loop = make_loop(tiny_config("fedavg", client={"lr": 0.2, "lr_decay": 0.5}))
+    seen = []
+    update = loop.method.local_update
+
+    def recording(client, payload):
+        seen.append((client.round, client.lr))
+        return update(client, payload)
+
+    loop.method.local_update = recording
+    for _ in range(3):
+        loop.run_round()
+    assert {r: lr for r, lr in seen} == {0: 0.2, 1: 0.1, 2: 0.05}
+    assert not math.isnan(loop.evaluate()["pm.l_acc.mean"])

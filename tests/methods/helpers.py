@@ -1,0 +1,210 @@
+"""Helpers shared by the method tests: a round that keeps what was exchanged, small runs, hand gradients
+and the BatchNorm model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from jsonargparse import ArgumentParser
+from torch import nn
+from torch.func import functional_call
+
+from pfl.engine.flat import ModelLayout
+from pfl.federation.loop import FederatedLoop
+from pfl.methods import ClientContext, ServerContext, Upload, methods, weighted_mean
+from tests.conftest import make_loop, tiny_config
+
+
+def exchanged_round(loop: FederatedLoop) -> tuple[dict[int, dict], dict[int, dict[str, Any]]]:
+    """One round exactly as ``FederatedLoop.run_round`` does it, returning (payloads, results)."""
+    sampled = loop.sampled_clients()
+    payloads, results = {}, {}
+    for cid in sampled.tolist():
+        payloads[cid] = {k: v.clone() for k, v in loop.method.payload(loop.server, cid).items()}
+        results[cid] = loop.method.local_update(loop.client(cid), payloads[cid])
+    loop.method.aggregate(loop.server, results)
+    for cid in sampled.tolist():
+        if not loop.clients.get(cid):
+            loop.clients.pop(cid, None)
+    loop.round += 1
+    return payloads, results
+
+
+def tensor_bytes(exchanged: Any) -> int:
+    """Bytes of the tensors in a payload dict or an upload (the weight is not sent)."""
+    if isinstance(exchanged, Upload):
+        return tensor_bytes({"state": exchanged.state, **exchanged.extras})
+    return sum(v.numel() * v.element_size() for v in exchanged.values() if isinstance(v, torch.Tensor))
+
+
+# -- FedPG / FedMGDA+: a bare server over a P-dimensional parameter vector --------------------------
+def bare_server(method, p: int, num_clients: int = 8, round_idx: int = 0) -> ServerContext:
+    layout = ModelLayout(p, 0, (("0", slice(0, p)),), torch.device("cpu"))
+    server = ServerContext(round_idx, num_clients, num_clients, layout, torch.zeros(p, dtype=torch.float64))
+    server.state = method.init_server(server)
+    return server
+
+
+# -- FedORA and the baselines of its table (IFCA, FeSEM, FedAMP, FedU) --------------------------------
+VAL = {"val_frac": 0.2}  # a validation split: FedORA selects on it, PAGE's and Dap-FL's agents score on it
+
+
+def run(loop, rounds):
+    for _ in range(rounds):
+        loop.run_round()
+    return loop
+
+
+def personal(loop):
+    return torch.stack(
+        [loop.method.personal_state(loop.server, loop.client(c)) for c in range(loop.server.num_clients)]
+    )
+
+
+NEW = {"val_frac": 0.2, "num_clients": 8, "new_clients": 0.25}
+
+
+def new_client_context(loop, j):
+    return ClientContext(loop.server.num_clients + j, loop.round, loop.worker, {}, loop.init_state)
+
+
+# -- SplitGP's routed evaluation ---------------------------------------------------------------------
+def _trained(threshold: float | None, **groups):
+    loop = make_loop(tiny_config("splitgp", {"entropy_threshold": threshold}, **groups))
+    loop.run_round()
+    loop.run_round()
+    metrics = loop.evaluate()
+    return loop, metrics, loop.client_rows
+
+
+# -- PAGE, Dap-FL and their shared RL tuning (tests/methods/test_{page,dapfl,rl_tuning}.py) --------------
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RANGE = {"lr_min": 0.01, "lr_max": 0.1, "epoch_max": 3}
+FAST_AGENTS = {"warmup": 2, "ddpg_batch_size": 2, **RANGE}
+
+
+def fixed_client_action(cid: int) -> torch.Tensor:
+    """Agent-space actions spread over the range: lr 0.0145 + 0.0045·cid, epochs 1, 1, 2, 2, 2, 3."""
+    return torch.tensor([-0.9 + 0.1 * cid, -0.9 + 0.3 * cid])
+
+
+def reference_round(loop, global_state, hparams, weights):
+    """One FedAvg round with per-client learning rates, epochs and aggregation weights, trained on
+    a separate loop over the same federation and seed (so the same keyed batches)."""
+    trained = []
+    for cid in range(loop.server.num_clients):
+        ctx = ClientContext(cid, loop.round, loop.worker, {}, loop.init_state)
+        lr, epochs = hparams[cid]
+        trained.append(ctx.fit(global_state, lr=lr, epochs=epochs))
+    loop.round += 1
+    return weighted_mean(trained, weights), trained
+
+
+# -- FedSAM, PLGU and pFedHN (tests/methods/test_{fedsam,plgu,pfedhn}.py) -------------------------------
+SAM_HALF = {"fraction": 0.5}
+SAM_MOMENTUM = {"momentum": 0.9, "weight_decay": 1e-3}
+
+
+def fit_half_momentum(name: str, args: dict | None = None, **groups) -> FederatedLoop:
+    """A whole tiny run, half the clients a round, the client optimizer with momentum and weight decay."""
+    loop = make_loop(tiny_config(name, args, **{"trainer": SAM_HALF, "client": SAM_MOMENTUM, **groups}))
+    loop.fit()
+    return loop
+
+
+def equal_servers(a: FederatedLoop, b: FederatedLoop) -> bool:
+    """The two server states hold the same keys and bit-identical tensors (one level of nesting)."""
+    if a.server.state.keys() != b.server.state.keys():
+        return False
+    for key, value in a.server.state.items():
+        other = b.server[key]
+        if isinstance(value, dict):
+            if value.keys() != other.keys() or not all(torch.equal(value[k], other[k]) for k in value):
+                return False
+        elif not torch.equal(value, other):
+            return False
+    return True
+
+
+# -- every registered method's options (tests/methods/test_{base,choices,rl_tuning}.py) ------------------
+REGISTERED = list(methods())
+
+
+def method_options(cls: type) -> dict[str, Any]:
+    """The ``method.*`` options jsonargparse builds for ``cls``: name → default."""
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(cls, "method")
+    return {a.dest.removeprefix("method."): a.default for a in parser._actions if a.dest.startswith("method.")}
+
+
+HALF = {"fraction": 0.5}
+
+
+# FedProx's synthetic data: every input feature varies, so the first weight (input feature 0) has a
+# gradient; on digits feature 0 is a corner pixel, always 0, and freezing it or not shows nowhere.
+SYNTHETIC = {"source": "synthetic", "num_clients": 6}
+
+
+def _fit(name, args=None, **groups):
+    loop = make_loop(tiny_config(name, args, **{"trainer": HALF, **groups}))
+    loop.fit()
+    return loop
+
+
+def _one_client_loop(name, args, rounds=1, data=None, **client):
+    cfg = tiny_config(
+        name,
+        args,
+        data={"num_clients": 1, "min_samples": 1, **(data or {})},
+        client={"epochs": 1, "batch_size": 16, "lr": 0.1, **client},
+        trainer={"rounds": rounds},
+    )
+    loop = make_loop(cfg)
+    loop.fit()
+    return cfg, loop
+
+
+def _grads(net, params, x, y):
+    loss = F.cross_entropy(functional_call(net, params, (x,)), y)
+    return torch.autograd.grad(loss, list(params.values()))
+
+
+ONE_CLIENT = {"num_clients": 1, "min_samples": 1}
+
+
+def _one_client(name, args, rounds=1, **client):
+    cfg = tiny_config(
+        name,
+        args,
+        data=ONE_CLIENT,
+        client={"epochs": 1, "batch_size": 16, "lr": 0.1, **client},
+        trainer={"rounds": rounds},
+    )
+    loop = make_loop(cfg)
+    loop.fit()
+    return cfg, loop
+
+
+def _full_grad(loop, cid, state, idx=None):
+    """∇f and f of client ``cid`` at ``state`` over its train split (or ``idx``), by plain autograd."""
+    flat, data = loop.worker.flat, loop.worker.data
+    params = state[: flat.num_params].clone().requires_grad_(True)
+    idx = data.clients[cid].train if idx is None else idx
+    logits = functional_call(loop.worker.module.net, flat.param_dict(params), (data.x[idx],))
+    loss = F.cross_entropy(logits, data.y[idx])
+    (grad,) = torch.autograd.grad(loss, params)
+    return grad, float(loss.detach())
+
+
+def bn_mlp(cfg, input_shape, num_classes):
+    """An MLP with one BatchNorm layer: 32 float buffers (running mean and variance of 16 features)."""
+    width = int(torch.tensor(input_shape).prod())
+    return nn.Sequential(nn.Flatten(), nn.Linear(width, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, num_classes))
+
+
+def _bare_server(p: int = 3) -> ServerContext:
+    layout = ModelLayout(p, 0, (("0", slice(0, p)),), torch.device("cpu"))
+    return ServerContext(0, 4, 2, layout, torch.zeros(p, dtype=torch.float64))
