@@ -683,17 +683,26 @@ class Checkpointer:
     removed, new history rows, the client rows after an evaluation), or everything when the chain
     is due for a base (``CheckpointChain``)."""
 
-    def __init__(self, checkpoint_every: int = 1, run_dir: Path | None = None):
+    def __init__(
+        self,
+        checkpoint_every: int = 1,
+        run_dir: Path | None = None,
+        settings: dict[str, Any] | None = None,
+        chain: CheckpointChain | None = None,
+    ):
+        """``settings``: what the run was configured with (plain values), recorded in every link so that
+        a resume can tell an edited config.yaml before building anything (``recorded_settings``; None:
+        not recorded). ``chain``: the chain a resume read from ``run_dir``, which the next link extends."""
         self.checkpoint_every = checkpoint_every
         self.chain: CheckpointChain | None = None
+        if chain is not None and run_dir is not None and chain.run_dir == Path(run_dir):
+            self.chain = chain
         self.run_dir = run_dir
         self.seconds = 0.0  # total time spent checkpointing (time.checkpoint_s)
         self._history_saved = 0  # history rows already in the chain
         self._rows_saved = True  # the client rows of the last evaluation are in the chain
         self._saved_round, self._saved_at, self.save_cost = 0, time.perf_counter(), None
-        # What the run was configured with (plain values), recorded in every link so that a resume can
-        # tell an edited config.yaml before building anything (``recorded_settings``); None: not recorded.
-        self.settings: dict[str, Any] | None = None
+        self.settings = settings
 
     @property
     def run_dir(self) -> Path | None:
@@ -701,8 +710,7 @@ class Checkpointer:
 
     @run_dir.setter
     def run_dir(self, path: Path | str | None) -> None:
-        """Where checkpoints go (None: nowhere); may be set after construction. A chain already loaded
-        from that folder by ``resume`` is kept."""
+        """Where checkpoints go (None: nowhere). A chain already read from that folder is kept."""
         self._run_dir = None if path is None else Path(path)
         if self._run_dir is None:
             self.chain = None

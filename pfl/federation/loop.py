@@ -223,11 +223,6 @@ class FederatedLoop:
     def run_dir(self) -> Path | None:
         return self.checkpointer.run_dir
 
-    @run_dir.setter
-    def run_dir(self, path: Path | str | None) -> None:
-        """Where checkpoints go; set once the runner has claimed the run folder."""
-        self.checkpointer.run_dir = path
-
     @property
     def chain(self) -> CheckpointChain | None:
         return self.checkpointer.chain

@@ -31,6 +31,7 @@ __all__ = [
     "CharLSTM",
     "ModelConfig",
     "available_models",
+    "build_checked_model",
     "build_model",
     "check_model_config",
     "register",
@@ -68,6 +69,11 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
     Parameters are initialised from torch's global RNG (the loop seeds it first). A built-in or timm
     model is first measured on the meta device and refused when it cannot fit in memory (``size``)."""
     check_model_config(cfg)
+    return build_checked_model(cfg, input_shape, num_classes)
+
+
+def build_checked_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """``build_model`` of a ``cfg`` that ``check_model_config`` has passed (a validated RunConfig's)."""
     name, shape = cfg.name.strip(), tuple(input_shape)
     entry = lookup(name)
     if entry is not None:
