@@ -8,6 +8,7 @@ models and wrn28_10), ``timm:<arch>`` (a timm backbone), else an import path ``p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 from torch import nn
@@ -33,6 +34,7 @@ __all__ = [
     "available_models",
     "build_checked_model",
     "build_model",
+    "check_model_builds",
     "check_model_config",
     "register",
     "validate_model_config",
@@ -69,18 +71,34 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
     Parameters are initialised from torch's global RNG (the loop seeds it first). A built-in or timm
     model is first measured on the meta device and refused when it cannot fit in memory (``size``)."""
     check_model_config(cfg)
+    check_model_builds(cfg, input_shape, num_classes)
     return build_checked_model(cfg, input_shape, num_classes)
 
 
-def build_checked_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """``build_model`` of a ``cfg`` that ``check_model_config`` has passed (a validated RunConfig's)."""
-    name, shape = cfg.name.strip(), tuple(input_shape)
+def _builder(cfg: ModelConfig, shape: tuple[int, ...], num_classes: int) -> Callable[[], nn.Module] | None:
+    """The built-in or timm model's builder; None for a builder of the user's (an import path)."""
+    name = cfg.name.strip()
     entry = lookup(name)
     if entry is not None:
-        build = partial(entry.build, cfg, shape, num_classes)
-    elif name.startswith(TIMM_PREFIX):
-        build = partial(timm_model, name[len(TIMM_PREFIX) :], cfg, shape, num_classes)
-    else:  # a user builder reads what it likes, and is called once: it may count its calls or draw numbers
-        return import_model(name, cfg, shape, num_classes)
-    check_model_fits(build, f"model {name} (input {shape}, {num_classes} classes)")
-    return build()
+        return partial(entry.build, cfg, shape, num_classes)
+    if name.startswith(TIMM_PREFIX):
+        return partial(timm_model, name[len(TIMM_PREFIX) :], cfg, shape, num_classes)
+    return None
+
+
+def check_model_builds(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> None:
+    """A built-in or timm model that cannot take ``input_shape`` or does not fit in memory is refused,
+    from a build on the meta device (nothing allocated, no random number drawn). A user builder reads
+    what it likes and is called once (it may count its calls or draw numbers): only its real build can tell."""
+    shape = tuple(input_shape)
+    build = _builder(cfg, shape, num_classes)
+    if build is not None:
+        check_model_fits(build, f"model {cfg.name.strip()} (input {shape}, {num_classes} classes)")
+
+
+def build_checked_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """``build_model`` of a ``cfg`` that ``check_model_config`` (a validated RunConfig) and
+    ``check_model_builds`` (a run's plan) have passed."""
+    shape = tuple(input_shape)
+    build = _builder(cfg, shape, num_classes)
+    return import_model(cfg.name.strip(), cfg, shape, num_classes) if build is None else build()

@@ -28,6 +28,7 @@ from pfl.federation.robust import Aggregator
 from pfl.methods import class_path
 from pfl.methods.base import Method
 from pfl.metrics.protocols import s_test_clients
+from pfl.models import check_model_builds
 from pfl.runner.args import RESUME_ALLOWED, check_resume_progress
 
 
@@ -170,6 +171,7 @@ def plan_run(cfg: RunConfig, data: FederatedData, resume_dir: Path | None = None
     validate_target(cfg.eval, task_of(data))
     if "sg" in cfg.eval.protocols and cfg.eval.s_test == "paper":
         s_test_clients(data.num_clients, cfg.eval.s_acc_others)  # ρ = (m - 1)·c > 1, before any training
+    check_model_builds(cfg.model, data.input_shape, data.num_classes)
     per_round = clients_per_round(cfg, data.num_clients)
     aggregator = Aggregator.build(cfg.server, cfg.method, per_round)
     resume, finished = None, False
