@@ -171,7 +171,7 @@ class FitRequest:
             round_idx,
             epochs,
             spec.purpose,
-            s.lr if spec.lr is None else spec.lr,
+            s.lr_at(round_idx) if spec.lr is None else spec.lr,
             s.momentum if spec.momentum is None else spec.momentum,
             tuple(spec.terms),
             torch.empty_like(start),

@@ -125,7 +125,6 @@ class FederatedLoop:
     # -- one round --------------------------------------------------------------------------------
     def run_round(self) -> None:
         self.server.round = self.round
-        self.worker.settings.start_round(self.round)
         sampled = self.sampled_clients().tolist()
         # Payloads are a function of the server state, which every rank holds: each rank knows what
         # every sampled client received, so byte counts agree without a second exchange.

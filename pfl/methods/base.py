@@ -145,7 +145,8 @@ class ClientContext:
     # -- settings -------------------------------------------------------------------------------
     @property
     def lr(self) -> float:
-        return self.worker.settings.lr
+        """The learning rate of this round's fits (``client.lr`` decayed by ``client.lr_decay``)."""
+        return self.worker.settings.lr_at(self.round)
 
     @property
     def epochs(self) -> int:
