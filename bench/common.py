@@ -108,7 +108,7 @@ def rounds_and_saves(
         loop.run_round()
         round_s.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        loop.save()
+        loop.checkpointer.save()
         save_s.append(time.perf_counter() - t0)
         if after_save is not None:
             after_save()

@@ -144,9 +144,9 @@ def build(w: Workload, data: Any, device: torch.device, *, vectorize: bool, comp
 
 def loop_step(loop: FederatedLoop) -> Callable[[], int]:
     def step() -> int:
-        before = loop.train_samples
+        before = loop.progress.train_samples
         loop.run_round()
-        return loop.train_samples - before
+        return loop.progress.train_samples - before
 
     return step
 

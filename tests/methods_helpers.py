@@ -31,7 +31,7 @@ def exchanged_round(loop: FederatedLoop) -> tuple[dict[int, dict], dict[int, dic
     for cid in sampled.tolist():
         if not loop.clients.get(cid):
             loop.clients.pop(cid, None)
-    loop.round += 1
+    loop.progress.round += 1
     return payloads, results
 
 
@@ -101,7 +101,7 @@ def reference_round(loop, global_state, hparams, weights):
         ctx = ClientContext(cid, loop.round, loop.worker, {}, loop.init_state)
         lr, epochs = hparams[cid]
         trained.append(ctx.fit(global_state, lr=lr, epochs=epochs))
-    loop.round += 1
+    loop.progress.round += 1
     return weighted_mean(trained, weights), trained
 
 
@@ -278,7 +278,7 @@ def check_registered_runs_and_resumes_identically(name):
     a = make_loop(cfg)
     a.run_round(), a.run_round()
     b = make_loop(cfg)
-    b.load_state_dict(copy.deepcopy(a.state_dict()))
+    b.checkpointer.load_state_dict(copy.deepcopy(a.checkpointer.state_dict()))
     a.run_round(), b.run_round()
     assert a.evaluate()["pm.l_acc.mean"] == b.evaluate()["pm.l_acc.mean"]
     for key, value in a.server.state.items():

@@ -318,7 +318,7 @@ def test_resume_keeps_communication_totals_and_round_history(tmp_path):
         run_dir=tmp_path,
         callbacks=[FileOutputs(RunFiles(tmp_path))],
     )
-    assert resumed.resume(tmp_path)
+    assert resumed.checkpointer.resume(tmp_path)
     got = resumed.fit()
     assert got["selected_round"] == expected["selected_round"]
     for key in ("comm.up_bytes.total", "comm.down_bytes.total", "pm.l_acc.mean", "pm.s_acc.mean"):

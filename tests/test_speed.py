@@ -85,4 +85,4 @@ def test_every_registered_method_runs_in_the_benchmark_setup():
     for name in methods():
         loop = make_bench_loop(bench_config(name, "mlp", 4, 2, epochs=1), mnist_like(4))
         loop.run_round()
-        assert loop.train_samples > 0
+        assert loop.progress.train_samples > 0

@@ -12,10 +12,11 @@ import torch
 
 from pfl.engine.worker import Worker
 from pfl.federation.attacks import Attack
-from pfl.federation.checkpoint import Checkpointer
+from pfl.federation.checkpoint import Checkpointer, RunState
 from pfl.federation.dispatch import make_dispatcher, vectorize_problems
 from pfl.federation.distributed import Cohort
-from pfl.federation.loop import Callback, FederatedLoop, Schedule
+from pfl.federation.loop import Callback, Checkpointing, FederatedLoop, ProgressBar, Schedule
+from pfl.federation.progress import RunProgress
 from pfl.federation.server_opt import ServerOptimizer
 from pfl.federation.store import make_store
 from pfl.methods.base import ServerContext
@@ -94,8 +95,22 @@ def build_loop(
         worker, clients, init_state, cohort=cohort, sizes=data.sizes("train"),
         vectorize=path.vectorize, trained=trained, compile=t.compile,
     )  # fmt: skip
+    progress = RunProgress()
     resume = plan.resume
-    loop = FederatedLoop(
+    checkpointer = Checkpointer(
+        t.checkpoint_every,
+        run_dir,
+        settings=plan.recorded,
+        chain=None if resume is None else resume.chain,
+        state=RunState(progress, server, clients, evals, worker.device),
+    )
+    if resume is not None and resume.checkpoint is not None:
+        checkpointer.restore(resume.checkpoint)  # the round, history, server, stores and counters it holds
+    if run_dir is not None:
+        callbacks = [*callbacks, Checkpointing(checkpointer)]
+    if t.progress and cohort.is_zero:  # last: started after the others (W&B takes seconds)
+        callbacks = [*callbacks, ProgressBar()]
+    return FederatedLoop(
         method=method,
         worker=worker,
         server=server,
@@ -103,18 +118,13 @@ def build_loop(
         clients=clients,
         evals=evals,
         dispatcher=dispatcher,
-        schedule=Schedule(t.rounds, t.eval_every, cfg.seed, t.progress),
-        checkpointer=Checkpointer(
-            t.checkpoint_every, run_dir, settings=plan.recorded, chain=None if resume is None else resume.chain
-        ),
+        schedule=Schedule(t.rounds, t.eval_every, cfg.seed),
+        checkpointer=checkpointer,
         attack=attack,
         aggregator=plan.aggregator,
+        progress=progress,
         callbacks=callbacks,
-        show_progress=cohort.is_zero,
     )
-    if resume is not None and resume.checkpoint is not None:
-        loop.restore(resume.checkpoint)
-    return loop
 
 
 __all__ = ["build_loop"]

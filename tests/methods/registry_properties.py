@@ -87,10 +87,10 @@ class RegistryProperties:
         straight = make_loop(_config(name))
         straight.run_round()
         buffer = io.BytesIO()
-        torch.save(straight.state_dict(), buffer)
+        torch.save(straight.checkpointer.state_dict(), buffer)
         buffer.seek(0)
         resumed = make_loop(_config(name))
-        resumed.load_state_dict(torch.load(buffer, weights_only=True))
+        resumed.checkpointer.load_state_dict(torch.load(buffer, weights_only=True))
         for _ in range(2):
             straight.run_round(), resumed.run_round()
         assert _state_equal(straight.server.state, resumed.server.state)
