@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+import torch
 from torch import nn
 
 from pfl.errors import ConfigError
@@ -36,6 +37,7 @@ __all__ = [
     "build_model",
     "check_model_builds",
     "check_model_config",
+    "meta_model",
     "register",
     "validate_model_config",
 ]
@@ -94,6 +96,21 @@ def check_model_builds(cfg: ModelConfig, input_shape: tuple[int, ...], num_class
     build = _builder(cfg, shape, num_classes)
     if build is not None:
         check_model_fits(build, f"model {cfg.name.strip()} (input {shape}, {num_classes} classes)")
+
+
+def meta_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module | None:
+    """A built-in or timm model built on the meta device (its structure; nothing allocated, no random
+    number drawn), or None: a user builder (called once, by the run) or a model that cannot be built there."""
+    build = _builder(cfg, tuple(input_shape), num_classes)
+    if build is None:
+        return None
+    try:
+        with torch.device("meta"):
+            return build()
+    except ConfigError:
+        raise
+    except Exception:  # a module that needs real tensors to build: its structure is known once built
+        return None
 
 
 def build_checked_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:

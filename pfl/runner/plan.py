@@ -15,6 +15,7 @@ from typing import Any
 
 from pfl.config import RunConfig, validate_target
 from pfl.data.federated import FederatedData
+from pfl.engine.stacked import net_problems
 from pfl.engine.worker import TrainSettings, task_of
 from pfl.errors import ConfigError
 from pfl.federation.checkpoint import (
@@ -28,8 +29,9 @@ from pfl.federation.robust import Aggregator
 from pfl.methods import class_path
 from pfl.methods.base import Method
 from pfl.metrics.protocols import s_test_clients
-from pfl.models import check_model_builds
+from pfl.models import check_model_builds, meta_model
 from pfl.runner.args import RESUME_ALLOWED, check_resume_progress
+from pfl.runner.training_path import require_vectorizable
 
 
 def flat_config(cfg: RunConfig) -> dict[str, Any]:
@@ -174,6 +176,10 @@ def plan_run(cfg: RunConfig, data: FederatedData, resume_dir: Path | None = None
     check_model_builds(cfg.model, data.input_shape, data.num_classes)
     per_round = clients_per_round(cfg, data.num_clients)
     aggregator = Aggregator.build(cfg.server, cfg.method, per_round)
+    if cfg.trainer.vectorize is True:  # refused now when the method or a built-in model's structure says so
+        net = meta_model(cfg.model, data.input_shape, data.num_classes)
+        model = [] if net is None else net_problems(net, cfg.trainer.precision)
+        require_vectorizable(cfg.method.vectorize_problems() + model)
     resume, finished = None, False
     if resume_dir is not None:
         resume = read_resumption(Path(resume_dir))

@@ -13,10 +13,12 @@ import torch
 
 import pfl.runner.assembly as assembly
 from pfl.data import build_data
+from pfl.engine.stacked import net_problems
 from pfl.errors import ConfigError
 from pfl.federation.checkpoint import Checkpointer, RunState
 from pfl.federation.loop import Checkpointing, ProgressBar, comparable_metrics
 from pfl.federation.progress import RunProgress
+from pfl.models import ModelConfig, meta_model
 from pfl.runner.args import parse_fit_args
 from pfl.runner.assembly import build_loop
 from pfl.runner.plan import plan_run
@@ -51,7 +53,24 @@ def test_data_dependent_errors_come_from_the_plan_before_any_model(monkeypatch):
     cfg = tiny_config("fedavg", eval={"target": 2.0})
     with pytest.raises(ConfigError, match="eval.target"):
         plan_run(cfg, build_data(cfg.data, cfg.seed))
+    for cfg in (
+        tiny_config("ditto", {"prox": "autograd"}, trainer={"vectorize": True}),
+        tiny_config("fedavg", trainer={"vectorize": True, "precision": "16-mixed"}),
+    ):
+        with pytest.raises(ConfigError, match="trainer.vectorize"):
+            plan_run(cfg, build_data(cfg.data, cfg.seed))
     assert built == []
+
+
+def test_a_built_in_models_structure_is_read_on_the_meta_device():
+    net = meta_model(ModelConfig(name="wrn28_10", depth=10, widen=1, dropout=0.3), (3, 8, 8), 10)
+    assert net is not None and all(p.is_meta for p in net.parameters())
+    assert net_problems(net) == ["the model has dropout"]
+    assert meta_model(ModelConfig(name="tests.runner.test_plan:_user_builder"), (4,), 2) is None  # never called
+
+
+def _user_builder(cfg, input_shape, num_classes):
+    raise AssertionError("a user builder is called once, by the run")
 
 
 def test_a_resume_is_checked_and_read_by_the_plan(tmp_path, monkeypatch):
