@@ -2,7 +2,7 @@
 method's incremental checkpoint as a share of its round (``method_shares``).
 
 Every client starts with a personal state (as if each had taken part before), so the federation's
-size is N models whatever the number of rounds measured. Each round is followed by ``loop.save()``
+size is N models whatever the number of rounds measured. Each round is followed by ``loop.checkpointer.save()``
 (a delta, or a base when the chain is due for one); the amortised cost is the total over the
 measured rounds, bases included. The full checkpoint (the whole federation in one file, what every
 round cost before checkpoints were incremental) is timed once per N for comparison.
@@ -44,16 +44,18 @@ def checkpoint_point(num_clients: int, rounds: int, method: str = "ditto", model
         prefill(loop)
         loop.run_round()
         t0 = time.perf_counter()
-        loop.save()  # the first base: the whole federation
+        loop.checkpointer.save()  # the first base: the whole federation
         base_s = time.perf_counter() - t0
-        base_bytes = loop.chain.last_bytes
+        base_bytes = loop.checkpointer.chain.last_bytes
         sizes: list[int] = []
-        round_s, saves = rounds_and_saves(loop, rounds, after_save=lambda: sizes.append(loop.chain.last_bytes))
-        loop.chain.wait()
+        round_s, saves = rounds_and_saves(
+            loop, rounds, after_save=lambda: sizes.append(loop.checkpointer.chain.last_bytes)
+        )
+        loop.checkpointer.chain.wait()
         full = Path(tmp) / "full"
         full.mkdir()
         t0 = time.perf_counter()
-        save_checkpoint(full, loop.state_dict())
+        save_checkpoint(full, loop.checkpointer.state_dict())
         full_s = time.perf_counter() - t0
         full_bytes = (full / "checkpoint.pt").stat().st_size
     return {
@@ -79,9 +81,9 @@ def cost_share(model: str, rounds: int, method: str = "fedavg", num_clients: int
     with tempfile.TemporaryDirectory(prefix="pfl-bench-ckpt-") as tmp:
         loop = make_loop(bench_config(method, model, num_clients, 10), mnist_like(num_clients), run_dir=Path(tmp))
         loop.run_round()
-        loop.save()
+        loop.checkpointer.save()
         round_s, save_s = rounds_and_saves(loop, rounds)
-        loop.chain.wait()
+        loop.checkpointer.chain.wait()
     r, s = statistics.median(round_s), statistics.median(save_s)
     return {"method": method, "model": model, "round_s": r, "checkpoint_s": s, "share": s / r}
 
@@ -100,10 +102,12 @@ def method_share(method: str, rounds: int = 2) -> dict:
     with tempfile.TemporaryDirectory(prefix="pfl-bench-ckpt-") as tmp:
         loop = make_loop(cfg, build_data(cfg.data, cfg.seed), run_dir=Path(tmp))
         loop.run_round()
-        loop.save()  # the base: every later link is a delta
+        loop.checkpointer.save()  # the base: every later link is a delta
         sizes: list[int] = []
-        round_s, save_s = rounds_and_saves(loop, rounds, after_save=lambda: sizes.append(loop.chain.last_bytes))
-        loop.chain.wait()
+        round_s, save_s = rounds_and_saves(
+            loop, rounds, after_save=lambda: sizes.append(loop.checkpointer.chain.last_bytes)
+        )
+        loop.checkpointer.chain.wait()
     r, s = statistics.median(round_s), sum(save_s) / rounds
     return {"method": method, "round_s": r, "checkpoint_s": s, "mb": sum(sizes) / rounds / 2**20, "share": s / r}
 

@@ -21,6 +21,7 @@ from pfl.federation.loop import FederatedLoop
 from pfl.methods import method_class
 from pfl.models import ModelConfig
 from pfl.runner.assembly import build_loop
+from pfl.runner.plan import plan_run
 
 POOL = 5000  # MNIST-5k sized pool
 TRAIN, TEST = 40, 10  # per client: 50 samples, as MNIST-5k split over 100 clients
@@ -93,7 +94,7 @@ def make_loop(cfg: RunConfig, data: FederatedData | None = None, run_dir: Path |
     """The loop as a real run builds it: on a single-device CPU Fabric (checkpoints in ``run_dir``)."""
     fabric = L.Fabric(accelerator="cpu", devices=1, precision="32-true")
     data = data if data is not None else mnist_like(cfg.data.num_clients)
-    return build_loop(cfg, data, run_dir=run_dir, fabric=fabric)
+    return build_loop(plan_run(cfg, data), fabric, run_dir, spill_dir=run_dir)
 
 
 def rounds_and_saves(
@@ -107,7 +108,7 @@ def rounds_and_saves(
         loop.run_round()
         round_s.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        loop.save()
+        loop.checkpointer.save()
         save_s.append(time.perf_counter() - t0)
         if after_save is not None:
             after_save()

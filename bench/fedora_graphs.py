@@ -30,6 +30,7 @@ from pfl.data import build_data
 from pfl.optim.propagation import principal_angle_similarity
 from pfl.runner.args import parse_fit_args
 from pfl.runner.assembly import build_loop
+from pfl.runner.plan import plan_run
 from pfl.runner.reference import ensure_local_reference
 
 DEFAULT = ["--config", "conf/experiment/fedora_rotated_mnist5k.yaml", "--config", "conf/method/fedora.yaml"]
@@ -56,8 +57,7 @@ def main(argv: list[str]) -> dict[str, float]:
     if groups < 2:
         raise SystemExit("bench.fedora_graphs needs data.rotation_groups >= 2")
     data = build_data(cfg.data, cfg.seed)
-    loop = build_loop(cfg, data)
-    loop.evals.reference = ensure_local_reference(cfg, data, None)
+    loop = build_loop(plan_run(cfg, data), reference=ensure_local_reference(cfg, data, None))
     method, lams = loop.method, {}
     real = method.selective_lambda
 

@@ -28,6 +28,7 @@ from pfl.methods import ServerContext, Upload
 from pfl.methods.fedpg import FedPG
 from pfl.models import ModelConfig
 from pfl.runner.assembly import build_loop
+from pfl.runner.plan import plan_run
 
 ONLINE, CLIENTS, TRAIN = 10, 100, 525
 SETTINGS = {
@@ -53,7 +54,7 @@ def client_seconds(model: ModelConfig, shape: tuple[int, ...]) -> tuple[float, i
         model=model,
         tracking=TrackingConfig(wandb=False),
     )
-    loop = build_loop(cfg, synthetic_data(shape))
+    loop = build_loop(plan_run(cfg, synthetic_data(shape)))
     payload = loop.method.payload(loop.server, 0)
     loop.method.local_update(loop.client(0), payload)  # warm-up
     started = time.process_time()

@@ -36,7 +36,8 @@ from pfl.errors import ConfigError
 from pfl.federation.dispatch import make_dispatcher
 from pfl.federation.distributed import Cohort
 from pfl.federation.loop import FederatedLoop, sample_clients
-from pfl.runner.assembly import build_loop, clients_per_round
+from pfl.runner.assembly import build_loop
+from pfl.runner.plan import clients_per_round, plan_run
 
 PATHS = ("plain", "sequential", "vectorized", "processes", "compiled")
 MIB = 2**20
@@ -138,14 +139,14 @@ def measure_plain(w: Workload, data: Any, device: torch.device) -> Cell:
 
 def build(w: Workload, data: Any, device: torch.device, *, vectorize: bool, compile: bool) -> FederatedLoop:
     cfg = run_config(w, vectorize=vectorize, compile=compile)
-    return build_loop(cfg, data, fabric=fabric_for(device, w.precision), announce_path=False)
+    return build_loop(plan_run(cfg, data), fabric_for(device, w.precision), announce_path=False)
 
 
 def loop_step(loop: FederatedLoop) -> Callable[[], int]:
     def step() -> int:
-        before = loop.train_samples
+        before = loop.progress.train_samples
         loop.run_round()
-        return loop.train_samples - before
+        return loop.progress.train_samples - before
 
     return step
 

@@ -13,7 +13,7 @@ from pfl.config import RunConfig
 from pfl.data import FederatedData
 from pfl.federation.loop import FederatedLoop, sample_clients
 from pfl.models import build_model
-from pfl.runner.assembly import clients_per_round
+from pfl.runner.plan import clients_per_round
 from pfl.seeding import seed_everything, torch_generator
 
 

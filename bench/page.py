@@ -35,6 +35,7 @@ def measure(method: str, clients: int, rounds: int, epochs: int, batch_size: int
     from pfl.data import build_data
     from pfl.runner.args import parse_fit_args
     from pfl.runner.assembly import build_loop
+    from pfl.runner.plan import plan_run
 
     argv = ["--config", "conf/experiment/page_embedded_synthetic.yaml", "--data.num_clients", str(clients)]
     argv += ["--client.epochs", str(epochs), "--client.batch_size", str(batch_size), "--tracking.wandb", "false"]
@@ -45,7 +46,7 @@ def measure(method: str, clients: int, rounds: int, epochs: int, batch_size: int
         argv += ["--method.name", method]
     cfg = parse_fit_args(argv)[0]
     started = time.perf_counter()
-    loop = build_loop(cfg, build_data(cfg.data, cfg.seed))
+    loop = build_loop(plan_run(cfg, build_data(cfg.data, cfg.seed)))
     setup_s = time.perf_counter() - started
     seconds = []
     for _ in range(rounds):

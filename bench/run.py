@@ -111,14 +111,14 @@ def run_resnet() -> dict:
     cfg = bench_config("fedavg", "resnet18", 10, 10, epochs=1, batch_size=10)
     loop = make_loop(cfg, cifar_like(10, per_client=25))
     loop.worker.fit(0, loop.init_state, 0, FitSpec(purpose="warmup"))
-    samples = loop.train_samples
+    samples = loop.progress.train_samples
     t0 = time.perf_counter()
     loop.run_round()
     seconds = time.perf_counter() - t0
     return {
         "params": loop.flat.num_params,
         "round_s": seconds,
-        "samples_per_s": (loop.train_samples - samples) / seconds,
+        "samples_per_s": (loop.progress.train_samples - samples) / seconds,
     }
 
 

@@ -38,10 +38,10 @@ def store_bytes(loop: FederatedLoop) -> int:
 def timed_rounds(loop: FederatedLoop, rounds: int) -> tuple[float, int]:
     """(seconds per round, local samples processed) over ``rounds`` rounds after one warm-up round."""
     loop.run_round()
-    samples0, t0 = loop.train_samples, time.perf_counter()
+    samples0, t0 = loop.progress.train_samples, time.perf_counter()
     for _ in range(rounds):
         loop.run_round()
-    return (time.perf_counter() - t0) / rounds, loop.train_samples - samples0
+    return (time.perf_counter() - t0) / rounds, loop.progress.train_samples - samples0
 
 
 def scaling_point(method: str, num_clients: int, rounds: int, per_round: int = 10, model: str = "mlp") -> dict:
@@ -103,7 +103,7 @@ def method_costs(methods: list[str] | dict[str, tuple[str, dict]], model: str, r
     for label in list(loops):
         step(label)  # warm-up
     seconds = dict.fromkeys(loops, 0.0)
-    samples0 = {m: loop.train_samples for m, loop in loops.items()}
+    samples0 = {m: loop.progress.train_samples for m, loop in loops.items()}
     for _ in range(rounds):
         for label in loops:
             if label not in diverged:

@@ -38,11 +38,13 @@ def store_point(num_clients: int, budget_mb: float, rounds: int, model: str = "c
         prefill_s = time.perf_counter() - t0
         state_mb = loop.init_state.numel() * loop.init_state.element_size() / 2**20
         hash_s: list[float] = []
-        round_s, save_s = rounds_and_saves(loop, rounds, after_save=lambda: hash_s.append(loop.chain.last_hash_seconds))
+        round_s, save_s = rounds_and_saves(
+            loop, rounds, after_save=lambda: hash_s.append(loop.checkpointer.chain.last_hash_seconds)
+        )
         t0 = time.perf_counter()
         metrics = loop.evaluate()
         eval_s = time.perf_counter() - t0
-        loop.chain.wait()
+        loop.checkpointer.chain.wait()
         t0 = time.perf_counter()
         CheckpointChain(Path(tmp)).load()  # what a resume verifies: every link's and segment's SHA-256
         verify_s = time.perf_counter() - t0

@@ -15,6 +15,7 @@ from pfl.federation.loop import FederatedLoop
 from pfl.methods import method_class
 from pfl.models import ModelConfig
 from pfl.runner.assembly import build_loop
+from pfl.runner.plan import plan_run
 from pfl.runner.reference import ensure_local_reference
 
 os.environ.setdefault("WANDB_MODE", "disabled")
@@ -39,12 +40,13 @@ def tiny_config(method: str = "fedavg", method_args: dict[str, Any] | None = Non
 
 
 def make_loop(cfg: RunConfig, **kwargs: Any) -> FederatedLoop:
-    """The loop as ``run_experiment`` assembles it (LOCAL reference included), without files."""
+    """The loop as ``run_experiment`` assembles it (LOCAL reference included), without files
+    unless ``kwargs`` give ``build_loop`` a ``run_dir``."""
     data = build_data(cfg.data, cfg.seed)
-    loop = build_loop(cfg, data, **kwargs)
+    reference = None
     if cfg.eval.reference == "local" and cfg.method.name != "local":
-        loop.evals.reference = ensure_local_reference(cfg, data, None)
-    return loop
+        reference = ensure_local_reference(cfg, data, None)
+    return build_loop(plan_run(cfg, data), reference=reference, **kwargs)
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from pfl.federation.loop import FederatedLoop
 from pfl.models import build_model
 from pfl.runner.args import parse_fit_args
 from pfl.runner.assembly import build_loop
+from pfl.runner.plan import plan_run
 
 # Where the rebuilt run lives: one process, the CPU, nothing logged.
 CPU_ONLY = [
@@ -34,12 +35,12 @@ def restored_loop(run_dir: Path) -> tuple[RunConfig, FederatedLoop]:
     if not config.is_file():
         raise ConfigError(str(config), "not found: the models are rebuilt from the run's config", "pass a run folder")
     cfg, _, _, _ = parse_fit_args(["--config", str(config), *CPU_ONLY])
-    loop = build_loop(cfg, build_data(cfg.data, cfg.seed))
-    if not loop.resume(run_dir):
+    plan = plan_run(cfg, build_data(cfg.data, cfg.seed), resume_dir=run_dir)
+    if plan.resume is None or plan.resume.checkpoint is None:
         raise ConfigError(
             str(run_dir), "has no checkpoint to read the trained models from", "keep trainer.checkpoint_every > 0"
         )
-    return cfg, loop
+    return cfg, build_loop(plan)
 
 
 def as_module(cfg: RunConfig, loop: FederatedLoop, state: Tensor) -> nn.Module:

@@ -45,15 +45,21 @@ from pfl.optim.sharpness import perturbation
 
 def model_problems(worker: Worker, precision: str = "32-true") -> list[str]:
     """Why no fit of this worker's model and settings can be stacked (empty: they can)."""
+    return net_problems(worker.module.net, precision, scaler=worker.scaler is not None)
+
+
+def net_problems(net: nn.Module, precision: str = "32-true", scaler: bool = False) -> list[str]:
+    """Why no fit of ``net`` (its structure only: a network built on the meta device will do) under
+    ``precision`` can be stacked; ``scaler``: the worker has a gradient scaler."""
     reasons = []
-    others = [type(m).__name__ for m in _buffer_modules(worker.module.net) if not _stacked_batch_norm(m)]
+    others = [type(m).__name__ for m in _buffer_modules(net) if not _stacked_batch_norm(m)]
     if others:
         reasons.append(
             f"the model has float buffers outside BatchNorm layers with a momentum ({', '.join(sorted(set(others)))})"
         )
-    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in worker.module.net.modules()):
+    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in net.modules()):
         reasons.append("the model has dropout")
-    if precision in ("16-mixed", "16") or worker.scaler is not None:
+    if precision in ("16-mixed", "16") or scaler:
         reasons.append(f"precision {precision} uses a gradient scaler; use bf16-mixed or a *-true precision")
     elif precision.startswith("transformer-engine"):
         reasons.append(f"precision {precision} has no stacked form; use bf16-mixed or a *-true precision")
@@ -171,7 +177,7 @@ class FitRequest:
             round_idx,
             epochs,
             spec.purpose,
-            s.lr if spec.lr is None else spec.lr,
+            s.lr_at(round_idx) if spec.lr is None else spec.lr,
             s.momentum if spec.momentum is None else spec.momentum,
             tuple(spec.terms),
             torch.empty_like(start),
@@ -459,4 +465,12 @@ def _buffer_after(r: FitRequest, trained: Tensor | None, steps: int) -> Tensor |
     return trained.clone()
 
 
-__all__ = ["FitRequest", "StackedTrainer", "forward_context", "model_problems", "precision_name", "spec_problem"]
+__all__ = [
+    "FitRequest",
+    "StackedTrainer",
+    "forward_context",
+    "model_problems",
+    "net_problems",
+    "precision_name",
+    "spec_problem",
+]

@@ -17,7 +17,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
@@ -150,8 +150,11 @@ class EvalStats:
         return self.loss_sum / max(self.count, 1)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainSettings:
+    """A run's local-training settings (``client.*`` with the method's overrides), fixed for the run:
+    what changes with the round is computed from them (``lr_at``), never written into them."""
+
     epochs: int = 1
     batch_size: int = 32
     lr: float = 0.05
@@ -160,15 +163,11 @@ class TrainSettings:
     augment: str = "none"  # training-batch augmentation (pfl.data.augment): none | cifar | flip
     drop_last: bool = False  # drop each epoch's last, incomplete batch (unless it is the only one)
     keep_momentum: bool = False  # "train" fits continue the client's SGD momentum from its previous one
-    lr_decay: float = 1.0  # the learning rate of round r is lr · lr_decay^r (see start_round)
-    first_lr: float = field(init=False, repr=False)
+    lr_decay: float = 1.0  # the learning rate of round r is lr · lr_decay^r (lr_at)
 
-    def __post_init__(self) -> None:
-        self.first_lr = self.lr
-
-    def start_round(self, round_idx: int) -> None:
-        """Set ``lr`` to round ``round_idx``'s learning rate of the schedule (client.lr_decay)."""
-        self.lr = self.first_lr * self.lr_decay**round_idx
+    def lr_at(self, round_idx: int) -> float:
+        """The learning rate of the fits of round ``round_idx`` (``lr`` · ``lr_decay``^round_idx)."""
+        return self.lr * self.lr_decay**round_idx
 
 
 @dataclass(frozen=True)
@@ -344,7 +343,7 @@ class Worker:
         manual = not module.automatic_optimization
         self.flat.load(start)
         epochs = self.settings.epochs if epochs is None else epochs
-        lr = self.settings.lr if lr is None else lr
+        lr = self.settings.lr_at(round_idx) if lr is None else lr
         n = len(self.split(cid).train if indices is None else indices)
         flat_path = bool(terms) or manual or self.scaler is not None
         optimizer = self.optimizer if flat_path else self.tensor_optimizer

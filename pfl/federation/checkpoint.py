@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -58,6 +58,7 @@ from torch.serialization import get_unsafe_globals_in_checkpoint
 
 from pfl.errors import ConfigError
 from pfl.federation.distributed import move
+from pfl.federation.progress import RunProgress
 from pfl.federation.store import ClientStore, detached_copy, tree_bytes, tree_map
 from pfl.safe_files import ensure_folder, new_file
 
@@ -660,20 +661,17 @@ def load_checkpoint(run_dir: Path) -> dict[str, Any] | None:
     return None if checkpoint is None else checkpoint.materialize()
 
 
-class Federation(Protocol):
-    """What a checkpoint holds of a run (the loop, as the Checkpointer sees it)."""
+@dataclass(frozen=True)
+class RunState:
+    """The stateful parts of a run a checkpoint holds, by name: its progress (round, history, client
+    rows, counters), the server (its state), the client store, and the evaluation session (counters,
+    rows, trained models); ``device`` is where restored tensors go."""
 
-    round: int
-    history: list[dict[str, Any]]
-    client_rows: list[dict[str, Any]]
-    train_samples: int
-    train_seconds: float
+    progress: RunProgress
     server: Any  # pfl.methods.base.ServerContext
     clients: ClientStore
     evals: Any  # pfl.metrics.session.EvalSession
-
-    @property
-    def device(self) -> torch.device: ...
+    device: torch.device
 
 
 class Checkpointer:
@@ -683,17 +681,30 @@ class Checkpointer:
     removed, new history rows, the client rows after an evaluation), or everything when the chain
     is due for a base (``CheckpointChain``)."""
 
-    def __init__(self, checkpoint_every: int = 1, run_dir: Path | None = None):
+    def __init__(
+        self,
+        checkpoint_every: int = 1,
+        run_dir: Path | None = None,
+        settings: dict[str, Any] | None = None,
+        chain: CheckpointChain | None = None,
+        state: RunState | None = None,
+    ):
+        """``settings``: what the run was configured with (plain values), recorded in every link so that
+        a resume can tell an edited config.yaml before building anything (``recorded_settings``; None:
+        not recorded). ``chain``: the chain a resume read from ``run_dir``, which the next link extends.
+        ``state``: the parts saved and restored (None: a checkpointer that only keeps the schedule)."""
         self.checkpoint_every = checkpoint_every
         self.chain: CheckpointChain | None = None
+        if chain is not None and run_dir is not None and chain.run_dir == Path(run_dir):
+            self.chain = chain
         self.run_dir = run_dir
+        self.state = state
+        self.settings = settings
         self.seconds = 0.0  # total time spent checkpointing (time.checkpoint_s)
         self._history_saved = 0  # history rows already in the chain
-        self._rows_saved = True  # the client rows of the last evaluation are in the chain
+        # The client rows in the chain: an evaluation replaces the list, so another object is news.
+        self._rows_saved = None if state is None else state.progress.client_rows
         self._saved_round, self._saved_at, self.save_cost = 0, time.perf_counter(), None
-        # What the run was configured with (plain values), recorded in every link so that a resume can
-        # tell an edited config.yaml before building anything (``recorded_settings``); None: not recorded.
-        self.settings: dict[str, Any] | None = None
 
     @property
     def run_dir(self) -> Path | None:
@@ -701,17 +712,12 @@ class Checkpointer:
 
     @run_dir.setter
     def run_dir(self, path: Path | str | None) -> None:
-        """Where checkpoints go (None: nowhere); may be set after construction. A chain already loaded
-        from that folder by ``resume`` is kept."""
+        """Where checkpoints go (None: nowhere). A chain already read from that folder is kept."""
         self._run_dir = None if path is None else Path(path)
         if self._run_dir is None:
             self.chain = None
         elif self.chain is None or self.chain.run_dir != self._run_dir:
             self.chain = CheckpointChain(self._run_dir)
-
-    def rows_changed(self) -> None:
-        """An evaluation replaced the client rows: the next link carries them."""
-        self._rows_saved = False
 
     def due(self, round_number: int) -> bool:
         """After a round: ``trainer.checkpoint_every`` rounds since the last checkpoint (at most that
@@ -721,54 +727,65 @@ class Checkpointer:
             return True
         return time.perf_counter() - self._saved_at >= CHECKPOINT_COST_RATIO * self.save_cost
 
-    def values(self, fed: Federation) -> dict[str, Any]:
+    def _parts(self) -> RunState:
+        if self.state is None:
+            raise RuntimeError("this Checkpointer was given no run state to save or restore")
+        return self.state
+
+    def values(self) -> dict[str, Any]:
+        run = self._parts()
+        progress = run.progress
         values = {
-            "round": fed.round,
-            "server": fed.server.state,
-            "train_samples": fed.train_samples,
-            "train_seconds": fed.train_seconds,
-            "evals": fed.evals.state_dict(),
+            "round": progress.round,
+            "server": run.server.state,
+            "train_samples": progress.train_samples,
+            "train_seconds": progress.train_seconds,
+            "evals": run.evals.state_dict(),
         }
         if self.settings is not None:
             values[SETTINGS] = self.settings
         return values
 
-    def state_dict(self, fed: Federation) -> dict[str, Any]:
-        """The whole federation as one dict (what ``load_checkpoint`` returns for a run)."""
+    def state_dict(self) -> dict[str, Any]:
+        """The whole run state as one dict (what ``load_checkpoint`` returns for a run)."""
+        run = self._parts()
         return {
-            **self.values(fed),
-            "clients": dict(fed.clients.items()),
-            "trained": dict(fed.evals.trained.items()),
-            "history": fed.history,
-            "client_rows": fed.client_rows,
-            "eval_rows": fed.evals.rows,
+            **self.values(),
+            "clients": dict(run.clients.items()),
+            "trained": dict(run.evals.trained.items()),
+            "history": run.progress.history,
+            "client_rows": run.progress.client_rows,
+            "eval_rows": run.evals.rows,
         }
 
-    def save(self, fed: Federation) -> None:
+    def save(self) -> None:
         """Write one link of the checkpoint chain."""
         assert self.chain is not None
+        run = self._parts()
         started = time.perf_counter()
         base = self.chain.due_for_base()
         maps = {}
-        for name, store in (("clients", fed.clients), ("trained", fed.evals.trained)):
+        for name, store in (("clients", run.clients), ("trained", run.evals.trained)):
             changed, removed = store.changes()
             ids = list(store) if base else changed
             maps[name] = MapDelta(_entries(store, ids), () if base else removed)
+        history = run.progress.history
         start = 0 if base else self._history_saved
-        values = self.values(fed)
-        if base or not self._rows_saved:
-            values["client_rows"], values["eval_rows"] = fed.client_rows, fed.evals.rows
-        self.chain.save(values, maps, {"history": ListDelta(start, fed.history[start:])}, base=base)
-        fed.clients.clear_changes()
-        fed.evals.trained.clear_changes()
-        self._history_saved, self._rows_saved = len(fed.history), True
+        values = self.values()
+        rows = run.progress.client_rows
+        if base or rows is not self._rows_saved:
+            values["client_rows"], values["eval_rows"] = rows, run.evals.rows
+        self.chain.save(values, maps, {"history": ListDelta(start, history[start:])}, base=base)
+        run.clients.clear_changes()
+        run.evals.trained.clear_changes()
+        self._history_saved, self._rows_saved = len(history), rows
         self._saved_at = time.perf_counter()
-        self.save_cost, self._saved_round = self._saved_at - started, fed.round
+        self.save_cost, self._saved_round = self._saved_at - started, run.progress.round
         self.seconds += self.save_cost
 
-    def resume(self, fed: Federation, run_dir: Path) -> bool:
-        """Restore the newest readable checkpoint of ``run_dir`` into ``fed`` (False when it has none);
-        later checkpoints extend its chain."""
+    def resume(self, run_dir: Path) -> bool:
+        """Restore the newest readable checkpoint of ``run_dir`` (False when it has none); later
+        checkpoints extend its chain."""
         run_dir = Path(run_dir)
         chain = self.chain if self.chain is not None and self.chain.run_dir == run_dir else CheckpointChain(run_dir)
         if self.run_dir is None:
@@ -776,42 +793,39 @@ class Checkpointer:
         checkpoint = chain.load(check=check_values)
         if checkpoint is None:
             return False
-        self.restore(fed, checkpoint)
+        self.restore(checkpoint)
         return True
 
-    def restore(self, fed: Federation, checkpoint: Checkpoint) -> None:
+    def restore(self, checkpoint: Checkpoint) -> None:
         """Restore a resolved checkpoint chain, streaming the client states into the stores."""
         history = checkpoint.list("history")
         items = checkpoint.map_items("clients"), checkpoint.map_items("trained")
-        self._restore(fed, checkpoint.values, history, *items)
+        self._restore(checkpoint.values, history, *items)
 
-    def load_state_dict(self, fed: Federation, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state_dict()`` (or a checkpoint of an earlier version, whose evaluation state
         held the trained models and rows)."""
-        self._restore(fed, state, state["history"], state["clients"].items(), state.get("trained", {}).items())
+        self._restore(state, state["history"], state["clients"].items(), state.get("trained", {}).items())
 
-    def _restore(self, fed: Federation, values: dict[str, Any], history: list, clients: Any, trained: Any) -> None:
-        device = fed.device
-        fed.round = values["round"]
-        fed.server.round = fed.round
-        fed.server.state = move(values["server"], device)
-        fed.history = list(history)
-        fed.client_rows = values.get("client_rows", [])
-        fed.train_samples = values["train_samples"]
-        fed.train_seconds = values["train_seconds"]
+    def _restore(self, values: dict[str, Any], history: list, clients: Any, trained: Any) -> None:
+        run = self._parts()
+        device = run.device
+        run.progress.load_state_dict({**values, "history": history})
+        run.server.round = run.progress.round
+        run.server.state = move(values["server"], device)
         evals = values.get("evals", {})
         if evals:
-            fed.evals.load_state_dict(evals, device)
+            run.evals.load_state_dict(evals, device)
         if "eval_rows" in values:
-            fed.evals.rows = values["eval_rows"]
+            run.evals.rows = values["eval_rows"]
         if "trained" in evals:  # a checkpoint of an earlier version: trained models in the evaluation state
             trained = evals["trained"].items()
-        for store, items in ((fed.clients, clients), (fed.evals.trained, trained)):
+        for store, items in ((run.clients, clients), (run.evals.trained, trained)):
             store.clear()
             for cid, state in items:  # one at a time: a disk store spills beyond its budget
                 store[cid] = move(state, device)
             store.clear_changes()
-        self._history_saved, self._rows_saved = len(fed.history), True
+        self._history_saved, self._rows_saved = len(run.progress.history), run.progress.client_rows
 
 
 def _entries(store: ClientStore, ids: list[int]) -> Iterator[tuple[int, Any]]:
@@ -824,10 +838,10 @@ __all__ = [
     "CHAIN_DIR",
     "CHECKPOINT",
     "PREVIOUS",
+    "RunState",
     "Checkpoint",
     "CheckpointChain",
     "Checkpointer",
-    "Federation",
     "ListDelta",
     "MapDelta",
     "UnreadableCheckpoint",

@@ -1,11 +1,12 @@
-"""FederatedLoop: the rounds of a run — sample, dispatch, aggregate, server step, evaluate, checkpoint.
+"""FederatedLoop: the rounds of a run — sample, dispatch, aggregate, server step, evaluate.
 
-The loop receives built parts (``pfl.runner.assembly.build_loop`` assembles them from a config, as
+The loop receives built parts (``pfl.runner.assembly.build_loop`` assembles them from a run's plan, as
 Lightning Fabric's build-your-own-trainer receives its model and optimizers): the method (local update
 and server hooks), a worker (the engine), the server's context and optimizer, the upload transforms
 (an attack, the robust aggregator: ``pfl.federation.transforms``), the client store, the evaluation
-session, a dispatcher (how local updates run: ``pfl.federation.dispatch``), a Checkpointer
-(``pfl.federation.checkpoint``) and callbacks that write the outputs.
+session, a dispatcher (how local updates run: ``pfl.federation.dispatch``), the run's progress
+(``pfl.federation.progress``) and callbacks: the outputs, the checkpoints (``Checkpointing``: a
+``pfl.federation.checkpoint.Checkpointer`` saving the run's state) and the progress bar.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,8 +23,9 @@ from tqdm.auto import tqdm
 from pfl.engine.flat import FlatModule
 from pfl.engine.worker import Worker
 from pfl.federation import divergence
-from pfl.federation.checkpoint import Checkpoint, CheckpointChain, Checkpointer
+from pfl.federation.checkpoint import Checkpointer
 from pfl.federation.dispatch import Dispatcher, client_context
+from pfl.federation.progress import RunProgress
 from pfl.federation.server_opt import ServerOptimizer
 from pfl.federation.store import ClientStore
 from pfl.federation.summary import run_summary
@@ -45,12 +46,11 @@ def sample_clients(seed: int, round_idx: int, num_clients: int, count: int) -> n
 
 @dataclass(frozen=True)
 class Schedule:
-    """When things happen: the rounds, when to evaluate, the seed of client sampling, the progress bar."""
+    """When things happen: the rounds, when to evaluate, the seed of client sampling."""
 
     rounds: int
     eval_every: int = 1
     seed: int = 0
-    progress: bool = True
 
 
 class Callback:
@@ -62,6 +62,9 @@ class Callback:
 
     def on_evaluation(self, loop: FederatedLoop, metrics: dict[str, Any]) -> None:  # noqa: B027
         """After an evaluated round: ``metrics`` is its row of ``loop.history``."""
+
+    def on_round_end(self, loop: FederatedLoop) -> None:  # noqa: B027
+        """After every round (and its evaluation, when it has one)."""
 
     def on_fit_end(self, loop: FederatedLoop, summary: dict[str, Any]) -> None:  # noqa: B027
         """After the last round: ``summary`` is what ``fit`` returns."""
@@ -81,23 +84,34 @@ class FederatedLoop:
         schedule: Schedule,
         checkpointer: Checkpointer,
         transforms: Sequence[UploadTransform] = (),  # none: the method aggregates the uploads as sent
+        progress: RunProgress | None = None,  # where the run stands (restored by a resume); None: round 0
         callbacks: Sequence[Callback] = (),
-        show_progress: bool = True,  # this process shows the bar (rank 0 of several)
     ):
         self.method, self.worker, self.server, self.server_optimizer = method, worker, server, server_optimizer
         self.clients, self.evals, self.dispatcher, self.schedule = clients, evals, dispatcher, schedule
         self.checkpointer, self.callbacks = checkpointer, list(callbacks)
         check_order(transforms)
         self.transforms = list(transforms)
-        self.show_progress = show_progress
+        self.progress = RunProgress() if progress is None else progress
         self.init_state: Tensor = server.init_state
-        self.round = 0  # rounds completed
-        self.history: list[dict[str, Any]] = []
-        self.client_rows: list[dict[str, Any]] = []
         self.selected_rows: list[dict[str, Any]] = []  # client rows of the reported round
-        self.train_samples = 0
-        self.train_seconds = 0.0
         self.train_losses: list[float] = []  # last-epoch training losses of this round's fits
+
+    # -- where the run stands (``progress``) ------------------------------------------------------
+    @property
+    def round(self) -> int:
+        """Rounds completed."""
+        return self.progress.round
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """The metrics of every evaluated round, in order."""
+        return self.progress.history
+
+    @property
+    def client_rows(self) -> list[dict[str, Any]]:
+        """The per-client rows of the last evaluation."""
+        return self.progress.client_rows
 
     @property
     def flat(self) -> FlatModule:
@@ -124,7 +138,6 @@ class FederatedLoop:
     # -- one round --------------------------------------------------------------------------------
     def run_round(self) -> None:
         self.server.round = self.round
-        self.worker.settings.start_round(self.round)
         sampled = self.sampled_clients().tolist()
         # Payloads are a function of the server state, which every rank holds: each rank knows what
         # every sampled client received, so byte counts agree without a second exchange.
@@ -135,8 +148,8 @@ class FederatedLoop:
         for cid in sampled:  # bytes exchanged (+ trained model if kept), as the server received them
             self.evals.observe(cid, payloads[cid], transformed.received[cid])
         self.train_losses = [f.loss for f in fits if f.loss == f.loss]  # methods with their own loop report NaN
-        self.train_samples += sum(f.samples_seen for f in fits)
-        self.train_seconds += sum(f.seconds for f in fits)
+        self.progress.train_samples += sum(f.samples_seen for f in fits)
+        self.progress.train_seconds += sum(f.seconds for f in fits)
         self.aggregate(transformed.received, transformed.combined)
         divergence.check_server(self.round + 1, self.server.state)
         self.evals.comm.extra(*self.method.comm_extra(self.server))
@@ -144,7 +157,7 @@ class FederatedLoop:
             if cid in self.clients and not self.clients.peek(cid):
                 del self.clients[cid]
         self.clients.mark_changed(sampled)  # trained this round: their states may have changed in place
-        self.round += 1
+        self.progress.round += 1
 
     def aggregate(self, received: dict[int, Upload], combined: dict[int, Upload]) -> None:
         """The method's aggregation of the ``combined`` uploads (after every upload transform), then the
@@ -175,38 +188,32 @@ class FederatedLoop:
         metrics, rows = self.evals.evaluate(self.method, self.server, self.peek_client, self.round)
         metrics.update(self.method.metrics(self.server))
         metrics["time.checkpoint_s"] = self.checkpointer.seconds  # total so far (docs/performance.md)
-        metrics["throughput.samples_per_s"] = self.train_samples / max(self.train_seconds, 1e-9)
+        metrics["throughput.samples_per_s"] = self.progress.train_samples / max(self.progress.train_seconds, 1e-9)
         if self.train_losses:
             # fsum is exactly rounded: the mean does not depend on the order clients were trained in
             metrics["train.loss"] = math.fsum(self.train_losses) / len(self.train_losses)
-        self.client_rows = rows
-        self.checkpointer.rows_changed()
+        self.progress.client_rows = rows  # a new list: the checkpointer saves it with the next link
         return metrics
 
     # -- the whole run ----------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
+        """The remaining rounds, evaluating after every ``eval_every`` and the last; the callbacks
+        (outputs, checkpoints, the progress bar) are called at each step. Returns the summary."""
         rounds = self.schedule.rounds
         self.evals.check()
         for cb in self.callbacks:
             cb.on_fit_start(self)
-        # After the callbacks have started (W&B takes seconds): the bar's rate and ETA are the rounds'.
-        show = self.schedule.progress and self.show_progress
-        bar = tqdm(total=rounds, initial=self.round, desc=self.method.name, disable=not show, dynamic_ncols=True)
         metrics = self.history[-1] if self.history else {}
         while self.round < rounds:
             self.run_round()
-            bar.update(1)
             if self.evaluates_after(self.round):
                 metrics = {"round": self.round, **self.evaluate()}
-                self.history.append(metrics)
+                self.progress.history.append(metrics)
                 self.evals.keep_rows(self.history)
-                shown = {k: metrics[k] for k in ("pm.l_acc.mean", "gm.acc") if k in metrics}
-                bar.set_postfix({k: f"{v:.4f}" for k, v in shown.items()})
                 for cb in self.callbacks:
                     cb.on_evaluation(self, metrics)
-            if self.run_dir is not None and (self.round == rounds or self.checkpointer.due(self.round)):
-                self.save()
-        bar.close()
+            for cb in self.callbacks:
+                cb.on_round_end(self)
         summary = self.summary(metrics)
         for cb in self.callbacks:
             cb.on_fit_end(self, summary)
@@ -214,40 +221,46 @@ class FederatedLoop:
 
     def summary(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """The reported round's metrics and the run-level ones (``pfl.federation.summary``)."""
-        summary, self.selected_rows = run_summary(self, metrics)
+        summary, self.selected_rows = run_summary(
+            self.method, self.server, self.worker, self.evals, self.progress, self.schedule.seed, metrics
+        )
         return summary
 
-    # -- checkpoints (pfl.federation.checkpoint.Checkpointer) -------------------------------------
-    @property
-    def run_dir(self) -> Path | None:
-        return self.checkpointer.run_dir
 
-    @run_dir.setter
-    def run_dir(self, path: Path | str | None) -> None:
-        """Where checkpoints go; set once the runner has claimed the run folder."""
-        self.checkpointer.run_dir = path
+class Checkpointing(Callback):
+    """Writes a checkpoint after every round the checkpointer finds due (``trainer.checkpoint_every``,
+    or its cost ratio), and after the last."""
 
-    @property
-    def chain(self) -> CheckpointChain | None:
-        return self.checkpointer.chain
+    def __init__(self, checkpointer: Checkpointer):
+        self.checkpointer = checkpointer
 
-    def save(self) -> None:
-        self.checkpointer.save(self)
+    def on_round_end(self, loop: FederatedLoop) -> None:
+        if loop.round == loop.schedule.rounds or self.checkpointer.due(loop.round):
+            self.checkpointer.save()
 
-    def checkpoint_due(self) -> bool:
-        return self.checkpointer.due(self.round)
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.checkpointer.state_dict(self)
+class ProgressBar(Callback):
+    """The rounds as a tqdm bar (``trainer.progress``), with the last evaluation's headline scores.
+    Started after the callbacks before it (W&B takes seconds), so its rate and ETA are the rounds'."""
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.checkpointer.load_state_dict(self, state)
+    def __init__(self) -> None:
+        self.bar: tqdm | None = None
 
-    def resume(self, run_dir: Path) -> bool:
-        return self.checkpointer.resume(self, run_dir)
+    def on_fit_start(self, loop: FederatedLoop) -> None:
+        self.bar = tqdm(total=loop.schedule.rounds, initial=loop.round, desc=loop.method.name, dynamic_ncols=True)
 
-    def restore(self, checkpoint: Checkpoint) -> None:
-        self.checkpointer.restore(self, checkpoint)
+    def on_evaluation(self, loop: FederatedLoop, metrics: dict[str, Any]) -> None:
+        shown = {k: metrics[k] for k in ("pm.l_acc.mean", "gm.acc") if k in metrics}
+        if self.bar is not None:
+            self.bar.set_postfix({k: f"{v:.4f}" for k, v in shown.items()})
+
+    def on_round_end(self, loop: FederatedLoop) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def on_fit_end(self, loop: FederatedLoop, summary: dict[str, Any]) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def comparable_metrics(summary: dict[str, Any]) -> dict[str, float]:
@@ -255,4 +268,12 @@ def comparable_metrics(summary: dict[str, Any]) -> dict[str, float]:
     return {k: v for k, v in summary["metrics"].items() if not k.startswith(TIMING_PREFIXES)}
 
 
-__all__ = ["Callback", "FederatedLoop", "Schedule", "comparable_metrics", "sample_clients"]
+__all__ = [
+    "Callback",
+    "Checkpointing",
+    "FederatedLoop",
+    "ProgressBar",
+    "Schedule",
+    "comparable_metrics",
+    "sample_clients",
+]

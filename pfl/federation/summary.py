@@ -4,35 +4,45 @@ from __future__ import annotations
 
 from typing import Any
 
+from pfl.engine.worker import Worker
+from pfl.federation.progress import RunProgress
+from pfl.methods.base import Method, ServerContext
 from pfl.metrics.evaluate import evaluate_new_clients
+from pfl.metrics.session import EvalSession
 
 
-def run_summary(loop: Any, metrics: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(summary, the reported round's client rows) of a ``FederatedLoop`` (not imported: the loop
-    imports this module): the round ``eval.select`` picks (``metrics``
-    when nothing was evaluated), plus run-level metrics: rounds_to_target, and new clients adapted
-    from the final server state."""
-    evals = loop.evals
-    rows = loop.client_rows
-    if loop.history:
-        metrics, rows = evals.select(loop.history)
-    run_level = evals.target_round(loop.history)
+def run_summary(
+    method: Method,
+    server: ServerContext,
+    worker: Worker,
+    evals: EvalSession,
+    progress: RunProgress,
+    seed: int,
+    metrics: dict[str, Any],
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(summary, the reported round's client rows) of a run: the round ``eval.select`` picks
+    (``metrics`` when nothing was evaluated), plus run-level metrics: rounds_to_target, and new
+    clients adapted from the final server state."""
+    rows = progress.client_rows
+    if progress.history:
+        metrics, rows = evals.select(progress.history)
+    run_level = evals.target_round(progress.history)
     if evals.measures("new"):
         new = evaluate_new_clients(
-            loop.method, loop.server, loop.worker, loop.round, evals.cfg.new_client_epochs, loop.init_state
+            method, server, worker, progress.round, evals.cfg.new_client_epochs, server.init_state
         )
         run_level.update(new)
     summary = {
-        "method": loop.method.name,
-        "dataset": loop.worker.data.name,
-        "task": loop.worker.task,
-        "num_clients": loop.server.num_clients,
-        "rounds": loop.round,
-        "seed": loop.schedule.seed,
-        "hparams": loop.method.hparams(),
+        "method": method.name,
+        "dataset": worker.data.name,
+        "task": worker.task,
+        "num_clients": server.num_clients,
+        "rounds": progress.round,
+        "seed": seed,
+        "hparams": method.hparams(),
         "select": evals.cfg.select,
-        "pm_source": evals.pm_source(loop.method),
-        "selected_round": metrics.get("round", loop.round),
+        "pm_source": evals.pm_source(method),
+        "selected_round": metrics.get("round", progress.round),
         "metrics": {**{k: v for k, v in metrics.items() if k != "round"}, **run_level},
     }
     if evals.reference is not None:

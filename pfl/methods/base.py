@@ -29,7 +29,6 @@ from pfl.engine.worker import (
     FitSpec,
     FitStats,
     LossFn,
-    TrainSettings,
     Worker,
     batches_per_epoch,
 )
@@ -183,7 +182,8 @@ class ClientContext:
     # -- settings -------------------------------------------------------------------------------
     @property
     def lr(self) -> float:
-        return self.worker.settings.lr
+        """The learning rate of this round's fits (``client.lr`` decayed by ``client.lr_decay``)."""
+        return self.worker.settings.lr_at(self.round)
 
     @property
     def epochs(self) -> int:
@@ -517,25 +517,6 @@ class ClientOptimizerMethod(Method):
 
     def __init__(self, client_momentum: float | None = None, keep_momentum: bool | None = None):
         self.set_client_optimizer(client_momentum, keep_momentum)
-
-
-def train_settings(client: Any, method: Method, augment: str = "none") -> TrainSettings:
-    """The local-training settings of a run: the ``client`` config group, with the method's own
-    ``client_momentum`` / ``keep_momentum`` taking precedence where it sets them (``augment``: the
-    data setting's training-batch augmentation)."""
-    momentum = client.momentum if method.client_momentum is None else method.client_momentum
-    keep = client.keep_momentum if method.keep_momentum is None else method.keep_momentum
-    return TrainSettings(
-        epochs=client.epochs,
-        batch_size=client.batch_size,
-        lr=client.lr,
-        momentum=momentum,
-        weight_decay=client.weight_decay,
-        augment=augment,
-        drop_last=client.drop_last,
-        keep_momentum=bool(keep),
-        lr_decay=client.lr_decay,
-    )
 
 
 def weighted_mean(vectors: Sequence[Tensor], weights: Sequence[float]) -> Tensor:

@@ -41,6 +41,8 @@ class EvalSession:
         share: Share | None = None,
         gather: Gather | None = None,
         rank: int = 0,
+        reference: dict[str, Any] | None = None,
+        malicious: frozenset[int] = frozenset(),
     ):
         self.cfg = cfg
         self.worker = worker
@@ -50,9 +52,9 @@ class EvalSession:
         self.trained: MutableMapping[int, Tensor] = {} if trained is None else trained
         self.rows: dict[int, list[dict[str, Any]]] = {}  # round -> per-client rows (see keep_rows)
         self.share, self.gather, self.rank = share, gather, rank
-        self.reference: dict[str, Any] | None = None
+        self.reference = reference  # the LOCAL reference (pfl.runner.reference) behind R-Acc, PTR and gain
         self.conflicts: list[float] = []  # the rounds observed since the last evaluation: see observe_update
-        self.malicious: frozenset[int] = frozenset()  # attacked clients (attack.*): honest.* leaves them out
+        self.malicious = frozenset(malicious)  # attacked clients (attack.*): honest.* leaves them out
         self._sets: EvalSets | None = None
 
     @property

@@ -8,8 +8,10 @@ models and wrn28_10), ``timm:<arch>`` (a timm backbone), else an import path ``p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
+import torch
 from torch import nn
 
 from pfl.errors import ConfigError
@@ -31,8 +33,11 @@ __all__ = [
     "CharLSTM",
     "ModelConfig",
     "available_models",
+    "build_checked_model",
     "build_model",
+    "check_model_builds",
     "check_model_config",
+    "meta_model",
     "register",
     "validate_model_config",
 ]
@@ -68,13 +73,49 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
     Parameters are initialised from torch's global RNG (the loop seeds it first). A built-in or timm
     model is first measured on the meta device and refused when it cannot fit in memory (``size``)."""
     check_model_config(cfg)
-    name, shape = cfg.name.strip(), tuple(input_shape)
+    check_model_builds(cfg, input_shape, num_classes)
+    return build_checked_model(cfg, input_shape, num_classes)
+
+
+def _builder(cfg: ModelConfig, shape: tuple[int, ...], num_classes: int) -> Callable[[], nn.Module] | None:
+    """The built-in or timm model's builder; None for a builder of the user's (an import path)."""
+    name = cfg.name.strip()
     entry = lookup(name)
     if entry is not None:
-        build = partial(entry.build, cfg, shape, num_classes)
-    elif name.startswith(TIMM_PREFIX):
-        build = partial(timm_model, name[len(TIMM_PREFIX) :], cfg, shape, num_classes)
-    else:  # a user builder reads what it likes, and is called once: it may count its calls or draw numbers
-        return import_model(name, cfg, shape, num_classes)
-    check_model_fits(build, f"model {name} (input {shape}, {num_classes} classes)")
-    return build()
+        return partial(entry.build, cfg, shape, num_classes)
+    if name.startswith(TIMM_PREFIX):
+        return partial(timm_model, name[len(TIMM_PREFIX) :], cfg, shape, num_classes)
+    return None
+
+
+def check_model_builds(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> None:
+    """A built-in or timm model that cannot take ``input_shape`` or does not fit in memory is refused,
+    from a build on the meta device (nothing allocated, no random number drawn). A user builder reads
+    what it likes and is called once (it may count its calls or draw numbers): only its real build can tell."""
+    shape = tuple(input_shape)
+    build = _builder(cfg, shape, num_classes)
+    if build is not None:
+        check_model_fits(build, f"model {cfg.name.strip()} (input {shape}, {num_classes} classes)")
+
+
+def meta_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module | None:
+    """A built-in or timm model built on the meta device (its structure; nothing allocated, no random
+    number drawn), or None: a user builder (called once, by the run) or a model that cannot be built there."""
+    build = _builder(cfg, tuple(input_shape), num_classes)
+    if build is None:
+        return None
+    try:
+        with torch.device("meta"):
+            return build()
+    except ConfigError:
+        raise
+    except Exception:  # a module that needs real tensors to build: its structure is known once built
+        return None
+
+
+def build_checked_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """``build_model`` of a ``cfg`` that ``check_model_config`` (a validated RunConfig) and
+    ``check_model_builds`` (a run's plan) have passed."""
+    shape = tuple(input_shape)
+    build = _builder(cfg, shape, num_classes)
+    return import_model(cfg.name.strip(), cfg, shape, num_classes) if build is None else build()

@@ -1,75 +1,76 @@
-"""Assemble a run's loop from a validated RunConfig: model, worker, server, stores, evaluation, attack,
-dispatcher and checkpointer, each built once and handed to ``FederatedLoop``."""
+"""Assemble a run's loop from its plan (``pfl.runner.plan``): model, worker, server, stores, evaluation,
+attack, dispatcher and checkpointer, each built once and handed to ``FederatedLoop`` complete."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
 
-from pfl.config import RunConfig
-from pfl.data.federated import FederatedData
 from pfl.engine.worker import Worker
 from pfl.federation.attacks import Attack
-from pfl.federation.checkpoint import Checkpointer
+from pfl.federation.checkpoint import Checkpointer, RunState
 from pfl.federation.dispatch import make_dispatcher, vectorize_problems
 from pfl.federation.distributed import Cohort
-from pfl.federation.loop import Callback, FederatedLoop, Schedule
-from pfl.federation.robust import Aggregator
+from pfl.federation.loop import Callback, Checkpointing, FederatedLoop, ProgressBar, Schedule
+from pfl.federation.progress import RunProgress
 from pfl.federation.server_opt import ServerOptimizer
 from pfl.federation.store import make_store
-from pfl.methods.base import ServerContext, train_settings
+from pfl.methods.base import ServerContext
 from pfl.metrics.session import EvalSession
-from pfl.models import build_model
+from pfl.models import build_checked_model
 from pfl.runner.compile_report import CompileReport
+from pfl.runner.plan import RunPlan
 from pfl.runner.training_path import announce, choose_path
 from pfl.seeding import seed_everything
 
 
-def clients_per_round(cfg: RunConfig, num_clients: int) -> int:
-    """Clients sampled per round out of the ``num_clients`` that train (held-out new clients excluded)."""
-    if cfg.trainer.clients_per_round is not None:
-        return min(cfg.trainer.clients_per_round, num_clients)
-    return max(1, int(round(cfg.trainer.fraction * num_clients)))
-
-
 def build_loop(
-    cfg: RunConfig,
-    data: FederatedData,
-    run_dir: Path | None = None,
+    plan: RunPlan,
     fabric: L.Fabric | None = None,
+    run_dir: Path | None = None,
     callbacks: Sequence[Callback] = (),
+    reference: dict[str, Any] | None = None,
+    spill_dir: Path | None = None,
     announce_path: bool = True,
 ) -> FederatedLoop:
-    """The loop of a run, its parts built from ``cfg``: the model and worker, the server's context,
-    aggregator and optimizer, the client stores, the evaluation session, the attack and the dispatcher.
-    ``announce_path``: rank 0 logs which way the clients train and why (off for a run's LOCAL reference)."""
+    """The loop of ``plan``, its parts built once: the model and worker, the server's context and
+    optimizer, the client stores, the evaluation session (``reference``: the LOCAL reference), the
+    attack and the dispatcher; a resume's checkpoint restored into them. ``run_dir``: where
+    checkpoints go (None: nowhere); ``spill_dir``: where a disk store spills (None: a temporary
+    folder). ``announce_path``: rank 0 logs which way the
+    clients train and why (off for a run's LOCAL reference). The loop is complete when returned."""
+    cfg, data = plan.cfg, plan.data
     method, t = cfg.method, cfg.trainer
     seed_everything(cfg.seed, "init")
-    net = build_model(cfg.model, data.input_shape, data.num_classes)
-    settings = train_settings(cfg.client, method, cfg.data.augment)  # client.*, with the method's overrides
-    worker = Worker(net, data, settings, cfg.seed, fabric, cfg.eval.batch_size)
+    net = build_checked_model(cfg.model, data.input_shape, data.num_classes)  # checked by validate(cfg)
+    worker = Worker(net, data, plan.settings, cfg.seed, fabric, cfg.eval.batch_size)
     init_state = worker.snapshot()
     n = data.num_clients
-    server = ServerContext(0, n, clients_per_round(cfg, n), worker.flat.layout, init_state)
-    server.seed = cfg.seed
-    aggregator = Aggregator.build(cfg.server, method, server.clients_per_round)  # refused before any training
-    if len(data.global_test):
-        server.evaluator = lambda state: worker.evaluate(state, data.global_test)
     val = torch.cat([worker.split(c).val for c in range(n)])
-    if len(val):  # the clients' validation splits, for server-side choices that must not see a test set
-        server.val_evaluator = lambda state: worker.evaluate(state, val)
-    # What a client answers when the server asks for its train loss at a candidate model (S-FedPG).
-    server.client_loss = lambda cid, state: worker.evaluate(state, worker.split(cid).train).loss
-    server.state = method.init_server(server)
+    server = ServerContext(
+        0,
+        n,
+        plan.clients_per_round,
+        worker.flat.layout,
+        init_state,
+        seed=cfg.seed,
+        evaluator=(lambda state: worker.evaluate(state, data.global_test)) if len(data.global_test) else None,
+        # The clients' validation splits, for server-side choices that must not see a test set.
+        val_evaluator=(lambda state: worker.evaluate(state, val)) if len(val) else None,
+        # What a client answers when the server asks for its train loss at a candidate model (S-FedPG).
+        client_loss=lambda cid, state: worker.evaluate(state, worker.split(cid).train).loss,
+    )
+    server.state = method.init_server(server)  # the server's running state, which every round updates
     cohort = Cohort.from_fabric(fabric)
-    # A disk store spills into the run directory (its own disk), else into a temporary folder.
-    spill = None if run_dir is None else Path(run_dir) / "client_store" / f"rank{cohort.rank}"
+    spill = None if spill_dir is None else Path(spill_dir) / "client_store" / f"rank{cohort.rank}"
     clients = make_store(t.client_store, t.store_budget_mb, worker.device, spill and spill / "clients")
     trained = make_store(t.client_store, t.store_budget_mb, worker.device, spill and spill / "trained")
     several = cohort.world_size > 1
+    attack = Attack.build(cfg.attack, cfg.seed, n, method, worker.flat.layout)
     evals = EvalSession(
         cfg.eval,
         worker,
@@ -78,10 +79,9 @@ def build_loop(
         share=cohort.share if several else None,
         gather=cohort.gather_objects if several else None,
         rank=cohort.rank,
+        reference=reference,
+        malicious=frozenset() if attack is None else attack.malicious,  # honest.* metrics leave these clients out
     )
-    attack = Attack.build(cfg.attack, cfg.seed, n, method, worker.flat.layout)
-    if attack is not None:
-        evals.malicious = attack.malicious  # honest.* metrics leave these clients out
     if t.compile:  # the forward of every fit and evaluation; the vectorized step as well
         worker.module.net = torch.compile(worker.module.net, dynamic=True)
         worker.compile_clock.first_forward(worker.module.net)
@@ -95,6 +95,21 @@ def build_loop(
         worker, clients, init_state, cohort=cohort, sizes=data.sizes("train"),
         vectorize=path.vectorize, trained=trained, compile=t.compile,
     )  # fmt: skip
+    progress = RunProgress()
+    resume = plan.resume
+    checkpointer = Checkpointer(
+        t.checkpoint_every,
+        run_dir,
+        settings=plan.recorded,
+        chain=None if resume is None else resume.chain,
+        state=RunState(progress, server, clients, evals, worker.device),
+    )
+    if resume is not None and resume.checkpoint is not None:
+        checkpointer.restore(resume.checkpoint)  # the round, history, server, stores and counters it holds
+    if run_dir is not None:
+        callbacks = [*callbacks, Checkpointing(checkpointer)]
+    if t.progress and cohort.is_zero:  # last: started after the others (W&B takes seconds)
+        callbacks = [*callbacks, ProgressBar()]
     return FederatedLoop(
         method=method,
         worker=worker,
@@ -103,12 +118,12 @@ def build_loop(
         clients=clients,
         evals=evals,
         dispatcher=dispatcher,
-        schedule=Schedule(t.rounds, t.eval_every, cfg.seed, t.progress),
-        checkpointer=Checkpointer(t.checkpoint_every, run_dir),
-        transforms=[x for x in (attack, aggregator) if x is not None],  # the attack first: clients send it
+        schedule=Schedule(t.rounds, t.eval_every, cfg.seed),
+        checkpointer=checkpointer,
+        transforms=[x for x in (attack, plan.aggregator) if x is not None],  # the attack first: clients send it
+        progress=progress,
         callbacks=callbacks,
-        show_progress=cohort.is_zero,
     )
 
 
-__all__ = ["build_loop", "clients_per_round"]
+__all__ = ["build_loop"]

@@ -1,80 +1,30 @@
-"""Assemble a run from a validated RunConfig: data, Fabric, outputs, the LOCAL reference, the loop; then fit."""
+"""Run an experiment: validate the RunConfig, plan it on its data (``pfl.runner.plan``), claim the run
+folder, then build the loop complete (outputs and the LOCAL reference included) and fit."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 
-from pfl.config import RunConfig, validate, validate_target
+from pfl.config import RunConfig, validate
 from pfl.data import build_data
 from pfl.data.ecosystem import dataset_label
-from pfl.engine.worker import task_of
 from pfl.errors import ConfigError
-from pfl.federation.checkpoint import CHECKPOINT, recorded_settings
 from pfl.federation.loop import Callback
-from pfl.methods import class_path
-from pfl.metrics.protocols import s_test_clients
-from pfl.runner.args import RESUME_ALLOWED, check_resume_progress, parse_fit_args
+from pfl.runner.args import parse_fit_args
 from pfl.runner.assembly import build_loop
 from pfl.runner.devices import make_fabric
 from pfl.runner.outputs import FileOutputs, RunFiles, run_dir_under
+from pfl.runner.plan import checkpoint_identity, flat_config, plan_run
 from pfl.runner.reference import ensure_local_reference
 from pfl.runner.rundir import RunClaim, check_writable, precheck
 from pfl.runner.wandb_run import wandb_callback
-
-
-def flat_config(cfg: RunConfig) -> dict[str, Any]:
-    out: dict[str, Any] = {"seed": cfg.seed, "method": {"name": class_path(type(cfg.method)), **cfg.method.hparams()}}
-    for group in ("trainer", "server", "client", "data", "model", "eval", "tracking", "attack"):
-        out[group] = asdict(getattr(cfg, group))
-    return out
-
-
-# Settings a resume may change (RESUME_ALLOWED), and where the data is read from (a run folder copied to
-# another machine reads the same data elsewhere): everything else shapes the state a checkpoint holds.
-_NOT_RECORDED = ("tracking.", "data.root", "data.download")
-
-
-def run_settings(cfg: RunConfig) -> dict[str, Any]:
-    """The settings a checkpoint records (``Checkpointer.settings``): ``flat_config`` flattened to
-    ``group.key`` with plain values, less what a resume may change."""
-    flat = json.loads(json.dumps(flat_config(cfg), default=str))
-    out: dict[str, Any] = {}
-    pending = [("", flat)]
-    while pending:
-        prefix, tree = pending.pop()
-        for key, value in tree.items():
-            if isinstance(value, dict) and value:
-                pending.append((f"{prefix}{key}.", value))
-            else:
-                out[f"{prefix}{key}"] = value
-    return {k: out[k] for k in sorted(out) if k not in RESUME_ALLOWED and not k.startswith(_NOT_RECORDED)}
-
-
-def check_recorded_settings(run_dir: Path, settings: dict[str, Any]) -> None:
-    """A resume of ``run_dir`` with other settings than its checkpoint records (config.yaml edited
-    since) is refused in one line naming the first field that differs, before anything is built."""
-    recorded = recorded_settings(run_dir)
-    if recorded is None:  # a checkpoint of an earlier version of pfl records none
-        return
-    # Only settings both know: an option added or removed by another version of pfl is no edit.
-    differ = [k for k in sorted(recorded) if k in settings and recorded[k] != settings[k]]
-    if differ:
-        key = differ[0]
-        more = f" (and {len(differ) - 1} more: {', '.join(differ[1:4])})" if len(differ) > 1 else ""
-        raise ConfigError(
-            "--resume",
-            f"{run_dir / 'config.yaml'} sets {key} to {settings.get(key)!r} but its checkpoint was written with "
-            f"{recorded.get(key)!r}{more}",
-            f"put {key} back to {recorded.get(key)!r} in config.yaml to resume, or start a new run for the new setting",
-        )
 
 
 def run_name(cfg: RunConfig) -> str:
@@ -94,8 +44,8 @@ def apply_threads(threads: int | None) -> int:
 def run_argv(argv: list[str]) -> dict[str, Any]:
     """``python -m pfl fit ARGV`` without its printing: parse and validate ``argv``, then run (or resume)
     the experiment; returns the summary (``run_dir`` its folder)."""
-    cfg, ns, parser, resume_dir = parse_fit_args(argv)
-    return run_experiment(cfg, parser.dump(ns), resume_dir=resume_dir)
+    cfg, ns, parser, resume_dir = parse_fit_args(argv)  # validated there
+    return _run_validated(cfg, parser.dump(ns), resume_dir=resume_dir)
 
 
 def run_experiment(
@@ -106,12 +56,19 @@ def run_experiment(
 ) -> dict[str, Any]:
     """Run (or resume) one experiment; returns the summary also written to ``summary.json``.
 
-    Order (docs/runs.md): validate and build everything (data, devices, model, the resumed state)
+    Order (docs/runs.md): validate and plan (data, every check they need, the resumed checkpoint read)
     while writing nothing; then claim the run folder (created, locked, an old one moved aside when
-    overwriting); then build the LOCAL reference, start W&B, write config.yaml and train. A resume of a
+    overwriting); then build the LOCAL reference and the loop, start W&B, write config.yaml and train. A resume of a
     run that has already finished its rounds returns its summary with ``already_finished`` and touches
     nothing.
     """
+    validate(cfg)
+    return _run_validated(cfg, config_text, resume_dir, run_dir)
+
+
+def _run_validated(
+    cfg: RunConfig, config_text: str | None = None, resume_dir: Path | None = None, run_dir: Path | None = None
+) -> dict[str, Any]:
     previous_threads = apply_threads(cfg.trainer.threads)
     callers_group = _group_initialized()  # a group the caller made before the run is theirs to keep
     try:
@@ -130,14 +87,7 @@ def _group_initialized() -> bool:
 
 
 def _run(cfg: RunConfig, config_text: str | None, resume_dir: Path | None, run_dir: Path | None) -> dict[str, Any]:
-    validate(cfg)
-    settings = run_settings(cfg)
-    if resume_dir is not None:
-        check_recorded_settings(resume_dir, settings)
-    data = build_data(cfg.data, cfg.seed)
-    validate_target(cfg.eval, task_of(data))
-    if "sg" in cfg.eval.protocols and cfg.eval.s_test == "paper":
-        s_test_clients(data.num_clients, cfg.eval.s_acc_others)  # ρ = (m - 1)·c > 1, before any training
+    plan = plan_run(cfg, build_data(cfg.data, cfg.seed), resume_dir)  # every check the data and a resume need
     fabric = make_fabric(cfg.trainer)
     # Several processes (trainer.devices / num_nodes): fabric.launch() starts the other local ranks
     # (or joins the ones torchrun/SLURM started). Only rank 0 touches the run folder and logs.
@@ -149,27 +99,33 @@ def _run(cfg: RunConfig, config_text: str | None, resume_dir: Path | None, run_d
     run_dir = fabric.broadcast(run_dir or run_dir_under(cfg.tracking.root, run_name(cfg)))  # one name on every rank
     overwrite = cfg.tracking.overwrite and not resume  # a resume never moves anything
     _on_rank_zero(fabric, lambda: precheck(run_dir, resume=resume, overwrite=overwrite, auto_name=auto_name))
-    loop = build_loop(cfg, data, None, fabric)  # builds the model: a bad one fails before any file exists
-    loop.checkpointer.settings = settings
-    seen = None
+    if plan.finished:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        return {**summary, "run_dir": str(run_dir), "already_finished": True}
     if resume:
-        seen = _checkpoint_identity(run_dir)
-        loop.resume(run_dir)
-        if check_resume_progress(run_dir, loop.round, cfg.trainer.rounds):
-            summary = json.loads((run_dir / "summary.json").read_text())
-            return {**summary, "run_dir": str(run_dir), "already_finished": True}
         _on_rank_zero(fabric, lambda: check_writable(run_dir))
     claim = RunClaim(run_dir, Path(cfg.tracking.root), resume=resume, overwrite=overwrite, auto_name=auto_name)
     _on_rank_zero(fabric, claim.acquire)
     try:
         run_dir = fabric.broadcast(claim.dir)
-        if resume:
+        if plan.resume is not None:
+            seen = plan.resume.identity
             _on_rank_zero(fabric, lambda: _require_unchanged(run_dir, seen))
-        if cfg.eval.reference == "local" and cfg.method.name != "local" and loop.evals.reference is None:
-            loop.evals.reference = ensure_local_reference(cfg, data, fabric)
-        if fabric.is_global_zero:
-            loop.run_dir = run_dir
-            loop.callbacks = [*loop.callbacks, *_outputs(cfg, run_dir, config_text, resume)]
+        reference = None
+        if cfg.eval.reference == "local" and cfg.method.name != "local":
+            reference = ensure_local_reference(cfg, plan.data, fabric)
+        outputs = _Outputs(cfg, run_dir, config_text, resume) if fabric.is_global_zero else None
+        # Only rank 0 writes checkpoints and outputs. The model is built before anything is written:
+        # a model that cannot be built leaves the run folder as the claim found it.
+        loop = build_loop(
+            plan,
+            fabric,
+            None if outputs is None else run_dir,
+            [] if outputs is None else outputs.callbacks,
+            reference,
+        )
+        if outputs is not None:
+            outputs.start()
         summary = loop.fit()
     except BaseException:
         if fabric.is_global_zero:
@@ -183,20 +139,26 @@ def _run(cfg: RunConfig, config_text: str | None, resume_dir: Path | None, run_d
     return summary
 
 
-def _outputs(cfg: RunConfig, run_dir: Path, config_text: str | None, resumed: bool) -> list[Callback]:
-    """Rank 0's output callbacks; writes config.yaml (only when it changes, atomically). W&B is
-    started first: when it cannot start, nothing has been written and the new folder is removed."""
-    files = RunFiles(run_dir)
-    callbacks: list[Callback] = [FileOutputs(files)]
-    if cfg.tracking.wandb:
-        tracker = wandb_callback(cfg, run_dir, flat_config(cfg), resume=resumed)
-        tracker.start()
-        callbacks.append(tracker)
-    if config_text is not None:
-        path = run_dir / "config.yaml"
-        if not path.exists() or path.read_text() != config_text:
-            files.write_config(config_text)
-    return callbacks
+class _Outputs:
+    """Rank 0's output callbacks (files, W&B); ``start`` begins them: W&B first (when it cannot start,
+    nothing has been written and a new folder is removed), then config.yaml (written only when it
+    changes, atomically)."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, config_text: str | None, resumed: bool):
+        self.files = RunFiles(run_dir)
+        self.config_text = config_text
+        self.tracker = wandb_callback(cfg, run_dir, flat_config(cfg), resume=resumed) if cfg.tracking.wandb else None
+        self.callbacks: list[Callback] = [FileOutputs(self.files)]
+        if self.tracker is not None:
+            self.callbacks.append(self.tracker)
+
+    def start(self) -> None:
+        if self.tracker is not None:
+            self.tracker.start()
+        if self.config_text is not None:
+            path = self.files.dir / "config.yaml"
+            if not path.exists() or path.read_text() != self.config_text:
+                self.files.write_config(self.config_text)
 
 
 def _on_rank_zero(fabric: L.Fabric, step: Callable[[], Any]) -> None:
@@ -213,18 +175,10 @@ def _on_rank_zero(fabric: L.Fabric, step: Callable[[], Any]) -> None:
         raise error
 
 
-def _checkpoint_identity(run_dir: Path) -> tuple[int, int] | None:
-    try:
-        st = (run_dir / CHECKPOINT).stat()
-    except FileNotFoundError:
-        return None
-    return st.st_ino, st.st_mtime_ns
-
-
 def _require_unchanged(run_dir: Path, seen: tuple[int, int] | None) -> None:
     """The checkpoint read before the lock was taken is still the newest one (no other process
     advanced the run in between)."""
-    if _checkpoint_identity(run_dir) != seen:
+    if checkpoint_identity(run_dir) != seen:
         raise ConfigError(
             "--resume",
             f"{run_dir} changed while this resume was loading it (another process continued the run)",

@@ -21,6 +21,7 @@ from pfl.methods.local import Local
 from pfl.runner.assembly import build_loop
 from pfl.runner.devices import make_fabric
 from pfl.runner.outputs import FileOutputs, RunFiles
+from pfl.runner.plan import plan_run
 from pfl.safe_files import new_file
 
 REFERENCE_DIR = "_reference"
@@ -76,7 +77,8 @@ def ensure_local_reference(cfg: RunConfig, data, fabric: L.Fabric | None) -> dic
     ref_fabric = None
     if fabric is not None:
         ref_fabric = make_fabric(cfg.trainer)
-    loop = build_loop(ref_cfg, data, path, ref_fabric, [FileOutputs(RunFiles(path))], announce_path=False)
+    plan = plan_run(ref_cfg, data)
+    loop = build_loop(plan, ref_fabric, path, [FileOutputs(RunFiles(path))], spill_dir=path, announce_path=False)
     summary = loop.fit()
     metric = loop.own_key
     record = {

@@ -31,7 +31,7 @@ def choose_path(setting: bool | str, problems: list[str], device_type: str, meth
     if setting is False:
         return TrainingPath(False, "clients trained one at a time: trainer.vectorize is false")
     if setting is True:
-        require(not problems, "trainer.vectorize", "; ".join(problems), "set trainer.vectorize false or auto")
+        require_vectorizable(problems)
         return TrainingPath(True, f"clients trained together (vectorized): trainer.vectorize is true, {method}")
     if device_type != "cuda":
         reason = f"trainer.vectorize auto trains clients together only on CUDA (this run is on {device_type})"
@@ -41,9 +41,14 @@ def choose_path(setting: bool | str, problems: list[str], device_type: str, meth
     return TrainingPath(True, f"clients trained together (vectorized): cuda, method {method} allows it")
 
 
+def require_vectorizable(problems: list[str]) -> None:
+    """``trainer.vectorize true`` refused in one line naming what stands in the way."""
+    require(not problems, "trainer.vectorize", "; ".join(problems), "set trainer.vectorize false or auto")
+
+
 def announce(line: str) -> None:
     """The run's one line on its training path, on stderr (stdout carries the command's results)."""
     print(f"pfl: {line}", file=sys.stderr, flush=True)
 
 
-__all__ = ["TrainingPath", "announce", "choose_path"]
+__all__ = ["TrainingPath", "announce", "choose_path", "require_vectorizable"]

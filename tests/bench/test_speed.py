@@ -16,6 +16,7 @@ from pfl.federation.loop import FederatedLoop
 from pfl.methods import methods
 from pfl.models import ModelConfig
 from pfl.runner.assembly import build_loop
+from pfl.runner.plan import plan_run
 from pfl.seeding import seed_everything
 from tests.conftest import make_loop, tiny_config
 
@@ -27,12 +28,12 @@ def _small_bench_config(method: str = "fedavg", num_clients: int = 6, per_round:
 
 
 def _small_bench_loop(method: str = "fedavg", num_clients: int = 6, per_round: int = 3) -> FederatedLoop:
-    return build_loop(_small_bench_config(method, num_clients, per_round), mnist_like(num_clients))
+    return build_loop(plan_run(_small_bench_config(method, num_clients, per_round), mnist_like(num_clients)))
 
 
 def test_plain_reference_does_the_same_steps_as_the_loop():
     cfg = _small_bench_config()
-    loop = build_loop(cfg, mnist_like(6))
+    loop = build_loop(plan_run(cfg, mnist_like(6)))
     plain = PlainFedAvg(cfg, loop.worker.data)
     for _ in range(2):
         loop.run_round(), plain.run_round()
@@ -84,4 +85,4 @@ def test_every_registered_method_runs_in_the_benchmark_setup():
     for name in methods():
         loop = make_bench_loop(bench_config(name, "mlp", 4, 2, epochs=1), mnist_like(4))
         loop.run_round()
-        assert loop.train_samples > 0
+        assert loop.progress.train_samples > 0

@@ -73,7 +73,7 @@ def test_every_method_trains_in_lockstep_as_it_does_sequentially(name):
     for key, value in final.items():
         if isinstance(value, float) and not key.startswith(("time", "throughput")) and value == value:
             assert vec.history[-1][key] == pytest.approx(value, abs=1e-5), key
-    assert vec.train_samples == seq.train_samples
+    assert vec.progress.train_samples == seq.progress.train_samples
     lockstep = vec.dispatcher.lockstep
     # What vectorize_problems and the docs' table say is what happens: a method that names no problem
     # stacks fits, one that says it gains nothing stacks none.

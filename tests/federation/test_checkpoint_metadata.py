@@ -225,7 +225,7 @@ def test_settings_a_resume_may_change_are_not_compared(copied):
 
 def test_settings_are_compared_where_both_sides_know_them(tmp_path):
     from pfl.errors import ConfigError
-    from pfl.runner.experiment import check_recorded_settings
+    from pfl.runner.plan import check_recorded_settings
 
     CheckpointChain(tmp_path).save({"round": 1, "settings": {"a": 1, "b": [2], "c": "x", "gone": 0}})
     check_recorded_settings(tmp_path, {"a": 1, "b": [2], "c": "x", "added": 5})  # another version's options

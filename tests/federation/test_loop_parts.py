@@ -5,6 +5,7 @@ schedule lives in the training settings, and the Checkpointer owns the chain."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 from pathlib import Path
 
@@ -82,13 +83,17 @@ def test_a_dispatch_returns_every_sampled_clients_upload_in_id_order():
 
 def test_the_learning_rate_schedule_is_the_settings_own():
     settings = TrainSettings(lr=0.2, lr_decay=0.5)
-    settings.start_round(3)
-    assert settings.lr == 0.2 * 0.5**3 and settings.first_lr == 0.2
-    settings.start_round(0)
-    assert settings.lr == 0.2
+    assert settings.lr_at(3) == 0.2 * 0.5**3 and settings.lr_at(0) == 0.2 and settings.lr == 0.2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.lr = 0.1  # type: ignore[misc]
     loop = make_loop(tiny_config("fedavg", client={"lr": 0.2, "lr_decay": 0.5}))
+    before = loop.worker.settings
     loop.run_round(), loop.run_round()
-    assert loop.worker.settings.lr == 0.2 * 0.5  # the lr of the last round run (round 1)
+    assert loop.worker.settings is before and before.lr == 0.2  # the rounds read the schedule, never write it
+    assert loop.client(0).lr == 0.2 * 0.5**2  # the context of round 2
+    worker = loop.worker
+    worker.fit(0, loop.init_state, 3)  # a fit of round 3 steps with round 3's rate
+    assert worker._last_optimizer.param_groups[0]["lr"] == 0.2 * 0.5**3
 
 
 def test_the_checkpointer_owns_the_chain_and_its_schedule(tmp_path):

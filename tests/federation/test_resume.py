@@ -73,7 +73,7 @@ def test_checkpoint_holds_the_whole_federation(tmp_path):
     assert set(state["clients"]) == set(range(cfg.data.num_clients))
     assert torch.equal(state["server"]["global"], loop.server["global"])
     fresh = make_loop(cfg)
-    fresh.load_state_dict(state)
+    fresh.checkpointer.load_state_dict(state)
     assert torch.equal(fresh.clients[3]["personal"], loop.clients[3]["personal"])
 
 

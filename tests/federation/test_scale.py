@@ -236,14 +236,14 @@ def test_incremental_chain_resumes_to_the_numbers_of_a_full_checkpoint(tmp_path)
     expected = straight.fit()
     chained = make_loop(config(4), run_dir=tmp_path / "chain")
     chained.fit()
-    assert chained.chain.head.depth > 0  # deltas were written
+    assert chained.checkpointer.chain.head.depth > 0  # deltas were written
     full = tmp_path / "full"
     full.mkdir()
-    save_checkpoint(full, chained.state_dict())
+    save_checkpoint(full, chained.checkpointer.state_dict())
     assert tree_equal(load_checkpoint(tmp_path / "chain"), load_checkpoint(full))
     for source in ("chain", "full"):
         resumed = make_loop(config(8), run_dir=tmp_path / f"resumed-{source}")
-        assert resumed.resume(tmp_path / source)
+        assert resumed.checkpointer.resume(tmp_path / source)
         assert comparable_metrics(resumed.fit()) == comparable_metrics(expected), source
         assert resumed.clients == straight.clients and torch.equal(resumed.server["global"], straight.server["global"])
 
@@ -258,8 +258,8 @@ def test_checkpoint_cost_follows_the_sampled_clients_not_n(tmp_path):
         sizes = []
         while loop.round < 12:
             loop.run_round()
-            loop.save()
-            sizes.append(loop.chain.last_bytes)
+            loop.checkpointer.save()
+            sizes.append(loop.checkpointer.chain.last_bytes)
         written[n] = sizes
     model = loop.init_state.numel() * 4
     # A delta holds the server's model and the 2 trained clients' states, whatever N is.
@@ -272,27 +272,27 @@ def test_checkpoint_cost_follows_the_sampled_clients_not_n(tmp_path):
 
 def test_checkpoints_are_written_every_round_or_when_they_cost_under_a_twentieth(tmp_path):
     loop = make_loop(tiny_config("fedavg", trainer={"rounds": 20, "checkpoint_every": 4}), run_dir=tmp_path)
-    assert loop.checkpoint_due()  # the first one measures what a checkpoint costs
+    assert loop.checkpointer.due(loop.round)  # the first one measures what a checkpoint costs
     loop.run_round()
-    loop.save()
+    loop.checkpointer.save()
     loop.checkpointer.save_cost = 1e6  # expensive: only the cap on rounds lost applies
     due = []
     for _ in range(8):
         loop.run_round()
-        due.append(loop.checkpoint_due())
+        due.append(loop.checkpointer.due(loop.round))
         if due[-1]:
-            loop.save()
+            loop.checkpointer.save()
             loop.checkpointer.save_cost = 1e6
     assert due == [False, False, False, True] * 2
     loop.checkpointer.save_cost = 0.0  # cheap: after every round
     loop.run_round()
-    assert loop.checkpoint_due()
+    assert loop.checkpointer.due(loop.round)
     every = make_loop(tiny_config("fedavg", trainer={"checkpoint_every": 1}), run_dir=tmp_path / "b")
     every.run_round()
-    every.save()
+    every.checkpointer.save()
     every.checkpointer.save_cost = 1e6
     every.run_round()
-    assert every.checkpoint_due()  # the default: a killed run loses at most one round
+    assert every.checkpointer.due(every.round)  # the default: a killed run loses at most one round
 
 
 FIT = [
@@ -425,7 +425,7 @@ def test_vectorized_rounds_equal_the_sequential_rounds(method, args, client, dat
             torch.testing.assert_close(vec.clients[cid][key], value, rtol=0, atol=1e-5)
     for key in ("train.loss", "pm.l_acc.mean"):
         assert vec.history[-1][key] == pytest.approx(seq.history[-1][key], abs=1e-5)
-    assert vec.train_samples == seq.train_samples
+    assert vec.progress.train_samples == seq.progress.train_samples
     assert not torch.equal(
         vec.init_state, (vec.server.state.get("global") if "global" in vec.server.state else vec.clients[0]["personal"])
     )

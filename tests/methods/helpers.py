@@ -29,7 +29,7 @@ def exchanged_round(loop: FederatedLoop) -> tuple[dict[int, dict], dict[int, dic
     for cid in sampled.tolist():
         if not loop.clients.get(cid):
             loop.clients.pop(cid, None)
-    loop.round += 1
+    loop.progress.round += 1
     return payloads, results
 
 
@@ -99,7 +99,7 @@ def reference_round(loop, global_state, hparams, weights):
         ctx = ClientContext(cid, loop.round, loop.worker, {}, loop.init_state)
         lr, epochs = hparams[cid]
         trained.append(ctx.fit(global_state, lr=lr, epochs=epochs))
-    loop.round += 1
+    loop.progress.round += 1
     return weighted_mean(trained, weights), trained
 
 

@@ -127,10 +127,10 @@ class RegistryProperties:
         straight = make_loop(_config(name))
         straight.run_round()
         buffer = io.BytesIO()
-        torch.save(straight.state_dict(), buffer)
+        torch.save(straight.checkpointer.state_dict(), buffer)
         buffer.seek(0)
         resumed = make_loop(_config(name))
-        resumed.load_state_dict(torch.load(buffer, weights_only=True))
+        resumed.checkpointer.load_state_dict(torch.load(buffer, weights_only=True))
         for _ in range(2):
             straight.run_round(), resumed.run_round()
         assert _state_equal(straight.server.state, resumed.server.state)
@@ -179,7 +179,7 @@ class RegistryProperties:
         a = make_loop(cfg)
         a.run_round(), a.run_round()
         b = make_loop(cfg)
-        b.load_state_dict(copy.deepcopy(a.state_dict()))
+        b.checkpointer.load_state_dict(copy.deepcopy(a.checkpointer.state_dict()))
         a.run_round(), b.run_round()
         assert a.evaluate()["pm.l_acc.mean"] == b.evaluate()["pm.l_acc.mean"]
         for key, value in a.server.state.items():

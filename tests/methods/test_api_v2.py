@@ -52,7 +52,7 @@ def _two_rounds_by_hand(server: ServerConfig, update) -> None:
     for _ in range(2):
         prev = loop.server["global"].clone()
         plain.server.state["global"] = prev.clone()
-        plain.round = loop.round
+        plain.progress.round = loop.round
         plain.run_round()
         loop.run_round()
         expected = update(prev, plain.server["global"], state)
@@ -93,7 +93,7 @@ def test_server_optimizer_state_resumes_with_the_server():
     a.run_round()
     assert {"server_opt.m", "server_opt.v"} <= set(a.server.state)
     b = make_loop(cfg)
-    b.load_state_dict(a.state_dict())
+    b.checkpointer.load_state_dict(a.checkpointer.state_dict())
     a.run_round(), b.run_round()
     assert torch.equal(a.server["global"], b.server["global"])
 

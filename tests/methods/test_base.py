@@ -22,11 +22,12 @@ from pfl.data import DataConfig, build_data
 from pfl.engine.worker import TrainSettings, Worker
 from pfl.errors import ConfigError
 from pfl.methods import ClientOptimizerMethod, Method, Upload, method_class, register
-from pfl.methods.base import ClientContext, ServerContext, train_settings, weighted_mean
+from pfl.methods.base import ClientContext, ServerContext, weighted_mean
 from pfl.methods.registry import _REGISTRY
 from pfl.metrics.comm import nbytes
 from pfl.models import ModelConfig, build_model
 from pfl.runner.args import build_fit_parser
+from pfl.runner.plan import train_settings
 from tests.conftest import make_loop, tiny_config
 from tests.methods.helpers import REGISTERED as NAMES
 from tests.methods.helpers import _bare_server, _one_client, method_options

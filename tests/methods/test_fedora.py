@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -96,7 +97,7 @@ def test_official_lambda_does_not_grow_with_the_number_of_validation_batches(mon
     official = FedORA(alpha=None, kappa=0.8, lambda_rule="official")
     lams = []
     for batch in (len(client.val_idx), 4, 1):  # one batch of the whole split, then more and more batches
-        monkeypatch.setattr(client.worker.settings, "batch_size", batch)
+        monkeypatch.setattr(client.worker, "settings", dataclasses.replace(client.worker.settings, batch_size=batch))
         lams.append(official.selective_lambda(client, init, trained))
     assert len(client.val_idx) >= 4 and lams[0] > 1.0  # θ_k validates better than θ_0: Δ > 0
     assert lams == pytest.approx([lams[0]] * 3, rel=1e-12)
@@ -178,9 +179,9 @@ def test_resume_keeps_bases_graph_and_stores(tmp_path):
     full = make_loop(cfg).fit()
     first = make_loop(cfg, run_dir=tmp_path)
     run(first, 2)
-    first.save()
+    first.checkpointer.save()
     resumed = make_loop(cfg)
-    assert resumed.resume(tmp_path)
+    assert resumed.checkpointer.resume(tmp_path)
     for key in ("bases", "W", "M", "theta", "theta_hat", "seen", "sizes"):
         assert torch.equal(resumed.server[key], first.server[key]), key
     sampled = resumed.sampled_clients().tolist()

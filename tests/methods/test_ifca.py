@@ -80,7 +80,7 @@ def test_same_seed_same_numbers_and_client_order_does_not_matter(name):
             payloads = {c: loop.method.payload(loop.server, c) for c in sampled}
             uploads = {c: loop.method.local_update(loop.client(c), payloads[c]) for c in order(sampled)}
             loop.method.aggregate(loop.server, uploads)
-            loop.round += 1
+            loop.progress.round += 1
     for key in a.server.state:
         assert torch.equal(a.server[key], b.server[key]), key
     assert torch.equal(personal(a), personal(b))
@@ -92,9 +92,9 @@ def test_resume_equals_the_uninterrupted_run(name, tmp_path):
     full = make_loop(cfg).fit()
     first = make_loop(cfg, run_dir=tmp_path)
     run(first, 2)
-    first.save()
+    first.checkpointer.save()
     resumed = make_loop(cfg)
-    assert resumed.resume(tmp_path)
+    assert resumed.checkpointer.resume(tmp_path)
     assert comparable_metrics(resumed.fit()) == comparable_metrics(full)
 
 

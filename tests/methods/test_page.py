@@ -88,11 +88,11 @@ def test_checkpoint_restore_takes_the_same_next_actions(lags):
         loop.run_round()
     assert loop.clients[0]["agent"]["learn_steps"] > 0 and loop.server["agent"]["learn_steps"] > 0
     buf = io.BytesIO()
-    torch.save(loop.state_dict(), buf)
+    torch.save(loop.checkpointer.state_dict(), buf)
     buf.seek(0)
     saved = torch.load(buf, weights_only=True)
     fresh = make_loop(page_config(args))  # a new method object: nothing carried over in memory
-    fresh.load_state_dict(saved)
+    fresh.checkpointer.load_state_dict(saved)
     for _ in range(2):
         a_clients, a_weights, a_global = _run_and_capture(loop)
         b_clients, b_weights, b_global = _run_and_capture(fresh)

@@ -175,7 +175,7 @@ def test_state_lives_in_dicts_resume_is_identical():
     a = make_loop(cfg)
     a.run_round(), a.run_round()
     b = make_loop(cfg)
-    b.load_state_dict(copy.deepcopy(a.state_dict()))
+    b.checkpointer.load_state_dict(copy.deepcopy(a.checkpointer.state_dict()))
     a.run_round(), b.run_round()
     for key in ("global", "alpha", "grads", "c"):
         assert torch.equal(a.server[key], b.server[key])

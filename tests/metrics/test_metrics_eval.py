@@ -20,6 +20,7 @@ from pfl.methods.fedavg import FedAvg
 from pfl.metrics.evaluate import EvalSets, evaluate_federation
 from pfl.runner.assembly import build_loop
 from pfl.runner.outputs import FileOutputs, RunFiles
+from pfl.runner.plan import plan_run
 from pfl.runner.reference import ensure_local_reference, reference_key
 from tests.conftest import make_loop, tiny_config
 
@@ -225,7 +226,7 @@ def _with_new_client(cfg):
 @pytest.mark.parametrize("epochs", [0, 2])
 def test_new_clients_are_scored_after_fine_tuning_the_global_model(epochs):
     cfg = tiny_config("fedavg", trainer={"rounds": 2}, eval={"new_client_epochs": epochs})
-    loop = build_loop(cfg, _with_new_client(cfg))
+    loop = build_loop(plan_run(cfg, _with_new_client(cfg)))
     m = loop.fit()["metrics"]
     w, split = loop.worker, loop.worker.new_clients[0]
     start = loop.server["global"]
@@ -262,8 +263,7 @@ def test_regression_mae_and_reference(tmp_path):
         eval={"reference": "local", "protocols": ["local", "sg", "global", "new"]},
         tracking={"root": str(tmp_path), "wandb": False},
     )
-    loop = build_loop(cfg, data)
-    loop.evals.reference = ensure_local_reference(cfg, data, None)
+    loop = build_loop(plan_run(cfg, data), reference=ensure_local_reference(cfg, data, None))
     zero = torch.zeros_like(loop.init_state)
     m0, rows0 = evaluate_federation(FedAvg(), {"global": zero}, loop.worker, loop.client)
     for cid, row in enumerate(rows0):  # the zero model predicts 0: its MAE is the mean |y|
@@ -318,7 +318,7 @@ def test_resume_keeps_communication_totals_and_round_history(tmp_path):
         run_dir=tmp_path,
         callbacks=[FileOutputs(RunFiles(tmp_path))],
     )
-    assert resumed.resume(tmp_path)
+    assert resumed.checkpointer.resume(tmp_path)
     got = resumed.fit()
     assert got["selected_round"] == expected["selected_round"]
     for key in ("comm.up_bytes.total", "comm.down_bytes.total", "pm.l_acc.mean", "pm.s_acc.mean"):

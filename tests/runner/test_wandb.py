@@ -234,14 +234,14 @@ def test_history_is_flushed_as_it_goes(tmp_path, wandb_init_kwargs):
 KILLER = """
 import os, signal, sys, time
 from pathlib import Path
-from pfl.federation import loop
+from pfl.federation import checkpoint
 
 KILL_AT = {kill_at}
-save = loop.FederatedLoop.save
+save = checkpoint.Checkpointer.save
 
 def save_then_die(self):
     save(self)
-    if self.round == KILL_AT:
+    if self.state.progress.round == KILL_AT:
         # die like a SIGKILL: no clean-up; first wait (bounded) until W&B's log holds the rounds
         sys.path.insert(0, {root!r})
         from tests.runner.test_wandb import history, records
@@ -253,7 +253,7 @@ def save_then_die(self):
             logs = list(Path(self.run_dir, "wandb").glob("offline-run-*/run-*.wandb"))
         os.kill(os.getpid(), signal.SIGKILL)
 
-loop.FederatedLoop.save = save_then_die
+checkpoint.Checkpointer.save = save_then_die
 from pfl.cli import main
 sys.exit(main(sys.argv[1:]))
 """

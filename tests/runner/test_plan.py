@@ -1,0 +1,178 @@
+"""A run is validate -> plan -> build -> fit: the plan makes every data and resume check before anything
+is built, the loop comes out of build_loop complete, and a checkpoint saves named parts, not the loop."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import pfl.runner.assembly as assembly
+from pfl.data import build_data
+from pfl.engine.stacked import net_problems
+from pfl.errors import ConfigError
+from pfl.federation.attacks import Attack
+from pfl.federation.checkpoint import Checkpointer, RunState
+from pfl.federation.loop import Checkpointing, ProgressBar, comparable_metrics
+from pfl.federation.progress import RunProgress
+from pfl.models import ModelConfig, meta_model
+from pfl.runner.args import parse_fit_args
+from pfl.runner.assembly import build_loop
+from pfl.runner.plan import plan_run
+from tests.cli_runs import fit
+from tests.conftest import make_loop, tiny_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_plan_holds_every_derived_value_and_is_frozen():
+    cfg = tiny_config("fedprox", client={"lr": 0.2, "lr_decay": 0.5}, trainer={"fraction": 0.5})
+    plan = plan_run(cfg, build_data(cfg.data, cfg.seed))
+    assert plan.clients_per_round == 3 and plan.settings.lr_at(2) == 0.2 * 0.25
+    assert plan.aggregator.kind == "mean" and plan.resume is None and not plan.finished and plan.start_round == 0
+    assert plan.recorded["method.name"].endswith("FedProx") or plan.recorded["method.name"] == "fedprox"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.clients_per_round = 4  # type: ignore[misc]
+    loop = build_loop(plan)
+    assert loop.worker.settings is plan.settings and loop.server.clients_per_round == 3
+    assert loop.checkpointer.settings == plan.recorded
+
+
+def test_data_dependent_errors_come_from_the_plan_before_any_model(monkeypatch):
+    built = []
+    monkeypatch.setattr(assembly, "build_checked_model", lambda *a: built.append(a))
+    cfg = tiny_config("fedavg", server={"aggregator": "krum", "krum_f": 2}, trainer={"clients_per_round": 3})
+    with pytest.raises(ConfigError, match="server.krum_f"):
+        plan_run(cfg, build_data(cfg.data, cfg.seed))
+    cfg = tiny_config("fedavg", model={"name": "fedpg_cnn"})  # 8x8 digits: too small for its 5x5 convs
+    with pytest.raises(ConfigError, match="model.name"):
+        plan_run(cfg, build_data(cfg.data, cfg.seed))
+    cfg = tiny_config("fedavg", eval={"target": 2.0})
+    with pytest.raises(ConfigError, match="eval.target"):
+        plan_run(cfg, build_data(cfg.data, cfg.seed))
+    for cfg in (
+        tiny_config("ditto", {"prox": "autograd"}, trainer={"vectorize": True}),
+        tiny_config("fedavg", trainer={"vectorize": True, "precision": "16-mixed"}),
+    ):
+        with pytest.raises(ConfigError, match="trainer.vectorize"):
+            plan_run(cfg, build_data(cfg.data, cfg.seed))
+    assert built == []
+
+
+def test_a_built_in_models_structure_is_read_on_the_meta_device():
+    net = meta_model(ModelConfig(name="wrn28_10", depth=10, widen=1, dropout=0.3), (3, 8, 8), 10)
+    assert net is not None and all(p.is_meta for p in net.parameters())
+    assert net_problems(net) == ["the model has dropout"]
+    assert meta_model(ModelConfig(name="tests.runner.test_plan:_user_builder"), (4,), 2) is None  # never called
+
+
+def _user_builder(cfg, input_shape, num_classes):
+    raise AssertionError("a user builder is called once, by the run")
+
+
+def test_a_resume_is_checked_and_read_by_the_plan(tmp_path, monkeypatch):
+    assert fit(tmp_path, "r") == 0  # 2 rounds, finished
+    run = tmp_path / "r"
+    cfg = parse_fit_args(["--resume", str(run)])[0]
+    data = build_data(cfg.data, cfg.seed)
+    built = []
+    monkeypatch.setattr(assembly, "build_checked_model", lambda *a: built.append(a))
+    fewer = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, rounds=1))
+    with pytest.raises(ConfigError, match="1 is fewer than the 2 rounds"):
+        plan_run(fewer, data, resume_dir=run)
+    edited = dataclasses.replace(cfg, client=dataclasses.replace(cfg.client, lr=0.5))
+    with pytest.raises(ConfigError, match="sets client.lr to 0.5"):
+        plan_run(edited, data, resume_dir=run)
+    assert built == []  # refused before anything was built
+    monkeypatch.undo()
+    plan = plan_run(cfg, data, resume_dir=run)
+    assert plan.finished and plan.start_round == 2
+    more = plan_run(dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, rounds=3)), data, run)
+    assert not more.finished and more.resume is not None
+    loop = build_loop(more, run_dir=run)  # the checkpoint restored while the loop is built
+    assert loop.round == 2 and [row["round"] for row in loop.history] == [1, 2]
+    assert loop.checkpointer.chain is more.resume.chain  # the next link extends the chain that was read
+
+
+def test_the_loop_comes_out_of_build_loop_complete(tmp_path):
+    cfg = tiny_config("fedavg", attack={"kind": "scale", "fraction": 0.34})
+    reference = {"method": "local", "values": [0.5] * 6}
+    loop = build_loop(plan_run(cfg, build_data(cfg.data, cfg.seed)), run_dir=tmp_path, reference=reference)
+    attack = next(t for t in loop.transforms if isinstance(t, Attack))
+    assert loop.evals.reference is reference and loop.evals.malicious == attack.malicious != frozenset()
+    server = loop.server  # constructed complete: the evaluators are the worker's
+    assert server.evaluator is not None and server.client_loss is not None and server.state
+    assert server.val_evaluator is None  # no client holds a validation split (data.val_frac 0)
+    assert loop.checkpointer.run_dir == tmp_path
+    assert [type(cb) for cb in loop.callbacks] == [Checkpointing]  # trainer.progress false: no bar
+    shown = tiny_config("fedavg", trainer={"progress": True})
+    assert isinstance(make_loop(shown).callbacks[-1], ProgressBar)
+    assert not any(isinstance(cb, Checkpointing) for cb in make_loop(shown).callbacks)  # no run_dir: none
+
+
+def _assigned_attributes(path: Path, names: set[str]) -> list[str]:
+    """``name.attr... = value`` statements in ``path`` whose target starts at one of ``names``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AugAssign) else []
+        )
+        for target in targets:
+            base = target
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if isinstance(target, ast.Attribute) and isinstance(base, ast.Name) and base.id in names:
+                found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_no_caller_sets_an_attribute_of_a_built_loop():
+    callers = [ROOT / "pfl/runner/experiment.py", ROOT / "pfl/runner/reference.py", ROOT / "pfl/api/models.py"]
+    assert [hit for p in callers for hit in _assigned_attributes(p, {"loop"})] == []
+    # The loop never rewrites the settings: the rate of a round is read from them (TrainSettings.lr_at).
+    assert "settings" not in (ROOT / "pfl/federation/loop.py").read_text().replace("settings=", "")
+
+
+def test_the_progress_is_one_state_that_round_trips():
+    progress = RunProgress(3, [{"round": 3, "x": 1.0}], [{"client": 0}], 120, 1.5)
+    again = RunProgress()
+    again.load_state_dict(progress.state_dict())
+    assert again == progress
+    again.load_state_dict({k: v for k, v in progress.state_dict().items() if k != "client_rows"})
+    assert again.client_rows == []  # a checkpoint written before any evaluation
+
+
+def test_the_checkpointer_saves_and_restores_the_parts_it_is_given(tmp_path):
+    loop = make_loop(tiny_config("ditto", trainer={"rounds": 2}), run_dir=tmp_path)
+    loop.fit()
+    other = make_loop(tiny_config("ditto", trainer={"rounds": 2}))
+    progress = RunProgress()
+    state = RunState(progress, other.server, other.clients, other.evals, other.worker.device)
+    checkpointer = Checkpointer(run_dir=None, state=state)
+    assert checkpointer.resume(tmp_path)
+    assert progress == loop.progress and other.round == 0  # only the parts it was given
+    assert torch.equal(other.server["global"], loop.server["global"]) and other.server.round == 2
+    assert torch.equal(other.clients[1]["personal"], loop.clients[1]["personal"])
+    with pytest.raises(RuntimeError, match="no run state"):
+        Checkpointer(run_dir=tmp_path / "elsewhere").save()
+
+
+def test_a_checkpoint_of_the_earlier_loop_still_resumes(tmp_path):
+    """A run folder written before the run state was split from the loop (2 of ditto's rounds; the
+    file layout is unchanged) resumes, and its third round is the uninterrupted run's."""
+    run = tmp_path / "old"
+    shutil.copytree(ROOT / "tests/data/run_before_run_state", run)
+    argv = ["--resume", str(run), "--trainer.rounds", "3", "--tracking.root", str(tmp_path)]
+    cfg = parse_fit_args(argv)[0]
+    data = build_data(cfg.data, cfg.seed)
+    plan = plan_run(cfg, data, resume_dir=run)
+    assert plan.start_round == 2 and not plan.finished
+    resumed = build_loop(plan, run_dir=run)
+    assert [row["round"] for row in resumed.history] == [1, 2] and resumed.progress.train_samples > 0
+    straight = build_loop(plan_run(cfg, data))
+    assert comparable_metrics(resumed.fit()) == comparable_metrics(straight.fit())
+    assert torch.equal(resumed.server["global"], straight.server["global"])
