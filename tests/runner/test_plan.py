@@ -23,8 +23,8 @@ from pfl.models import ModelConfig, meta_model
 from pfl.runner.args import parse_fit_args
 from pfl.runner.assembly import build_loop
 from pfl.runner.plan import plan_run
-from tests.cli_runs import fit
 from tests.conftest import make_loop, tiny_config
+from tests.helpers.cli_runs import fit
 
 ROOT = Path(__file__).resolve().parents[2]
 
