@@ -33,7 +33,6 @@ import torch.distributed as dist
 from bench.gpu_workloads import Workload, build_data, run_config
 from bench.overhead import PlainFedAvg
 from pfl.errors import ConfigError
-from pfl.federation.dispatch import make_dispatcher
 from pfl.federation.distributed import Cohort
 from pfl.federation.loop import FederatedLoop, sample_clients
 from pfl.runner.assembly import build_loop
@@ -137,9 +136,11 @@ def measure_plain(w: Workload, data: Any, device: torch.device) -> Cell:
     return Cell(w.name, "plain", rate, peak_mib(device))
 
 
-def build(w: Workload, data: Any, device: torch.device, *, vectorize: bool, compile: bool) -> FederatedLoop:
+def build(
+    w: Workload, data: Any, device: torch.device, *, vectorize: bool, compile: bool, cohort: Cohort | None = None
+) -> FederatedLoop:
     cfg = run_config(w, vectorize=vectorize, compile=compile)
-    return build_loop(plan_run(cfg, data), fabric_for(device, w.precision), announce_path=False)
+    return build_loop(plan_run(cfg, data), fabric_for(device, w.precision), announce_path=False, cohort=cohort)
 
 
 def loop_step(loop: FederatedLoop) -> Callable[[], int]:
@@ -199,9 +200,8 @@ def _ranks_cell(rank: int, nprocs: int, w: Workload, device: torch.device) -> Ce
     fresh_memory(device)
     try:
         data = build_data(w).to(device)
-        loop = build(w, data, device, vectorize=False, compile=False)
         cohort = Cohort(rank, nprocs, _all_gather)
-        loop.dispatcher = make_dispatcher(loop.worker, loop.clients, loop.init_state, cohort=cohort, sizes=data.sizes())
+        loop = build(w, data, device, vectorize=False, compile=False, cohort=cohort)
         rate, _ = timed_rounds(loop_step(loop), 1, w.rounds, device)
         peaks = cohort.gather_objects(peak_mib(device))  # every process's peak on the shared card
         total = None if peaks[0] is None else sum(peaks)

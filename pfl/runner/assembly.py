@@ -36,13 +36,15 @@ def build_loop(
     reference: dict[str, Any] | None = None,
     spill_dir: Path | None = None,
     announce_path: bool = True,
+    cohort: Cohort | None = None,
 ) -> FederatedLoop:
     """The loop of ``plan``, its parts built once: the model and worker, the server's context and
     optimizer, the client stores, the evaluation session (``reference``: the LOCAL reference), the
     attack and the dispatcher; a resume's checkpoint restored into them. ``run_dir``: where
     checkpoints go (None: nowhere); ``spill_dir``: where a disk store spills (None: a temporary
     folder). ``announce_path``: rank 0 logs which way the
-    clients train and why (off for a run's LOCAL reference). The loop is complete when returned."""
+    clients train and why (off for a run's LOCAL reference). ``cohort``: the processes that share the
+    round's clients (None: Fabric's). The loop is complete when returned."""
     cfg, data = plan.cfg, plan.data
     method, t = cfg.method, cfg.trainer
     seed_everything(cfg.seed, "init")
@@ -65,7 +67,7 @@ def build_loop(
         client_loss=lambda cid, state: worker.evaluate(state, worker.split(cid).train).loss,
     )
     server.state = method.init_server(server)  # the server's running state, which every round updates
-    cohort = Cohort.from_fabric(fabric)
+    cohort = Cohort.from_fabric(fabric) if cohort is None else cohort
     spill = None if spill_dir is None else Path(spill_dir) / "client_store" / f"rank{cohort.rank}"
     clients = make_store(t.client_store, t.store_budget_mb, worker.device, spill and spill / "clients")
     trained = make_store(t.client_store, t.store_budget_mb, worker.device, spill and spill / "trained")
