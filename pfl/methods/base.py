@@ -16,25 +16,20 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 import torch
 from torch import Tensor
 
+from pfl.engine.fit_spec import EvalStats, FitSpec, FitStats, LossFn, batches_per_epoch
 from pfl.engine.flat import FlatModule, ModelLayout
 from pfl.engine.terms import Term
-from pfl.engine.worker import (
-    ClientModule,
-    EvalStats,
-    FitSpec,
-    FitStats,
-    LossFn,
-    Worker,
-    batches_per_epoch,
-)
 from pfl.errors import require
 from pfl.methods.choices import check_choices
 from pfl.methods.costs import SCALAR_BYTES, Reports, Times
+
+if TYPE_CHECKING:  # the engine itself (Lightning) is imported by whoever builds a run, not by a method's interface
+    from pfl.engine.worker import ClientModule, Worker
 
 # What server and client state hold, as methods store them: tensors (models, rows of models, momentum),
 # numbers (counters, statistics), strings (an agent's settings) and lists and dicts of them, the dicts

@@ -84,7 +84,7 @@ def test_mean_gradient_is_the_mean_of_batch_gradients_in_index_order():
 
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_batches_per_epoch_counts_what_keyed_batches_draws(drop_last):
-    from pfl.engine.worker import batches_per_epoch, keyed_batches
+    from pfl.engine.fit_spec import batches_per_epoch, keyed_batches
 
     for n in (1, 4, 5, 9, 10, 11, 16):
         drawn = list(keyed_batches(torch.Generator().manual_seed(0), torch.arange(n), 2, 5, drop_last))

@@ -16,8 +16,9 @@ import yaml
 from lightning.fabric.plugins.precision import MixedPrecision
 
 from pfl.config import ServerConfig
+from pfl.engine.fit_spec import FitSpec, FitStats, mean_of
 from pfl.engine.terms import Proximal
-from pfl.engine.worker import ClientModule, FitSpec, FitStats, mean_of
+from pfl.engine.worker import ClientModule
 from pfl.errors import ConfigError
 from pfl.federation.server_opt import ServerOptimizer
 from pfl.methods import method_class
