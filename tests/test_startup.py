@@ -78,3 +78,12 @@ def test_reading_a_config_imports_no_lightning():
     )
     assert out.returncode == 0, out.stderr
     assert not {"lightning", "lightning.fabric"} & set(json.loads(out.stdout))
+
+
+def test_importing_a_method_imports_no_lightning():
+    # (a method with an objective of its own, a ClientModule, does: Ditto, LG-FedAvg, PLGU)
+    imports = "import json, sys, pfl.methods.fedavg, pfl.methods.pgfed, pfl.methods.page"
+    probe = f"{imports}; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], env=child_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert not {"lightning", "lightning.fabric"} & set(json.loads(out.stdout))

@@ -19,7 +19,7 @@ from typing import Any, Literal, get_args, get_type_hints
 import torch
 from torch import Tensor
 
-from pfl.engine.worker import EvalStats
+from pfl.engine.fit_spec import EvalStats
 from pfl.errors import ConfigError, require
 from pfl.methods.base import ClientContext, Method
 from pfl.optim.ddpg import ACTION_MAPS, DDPGAgent, DDPGConfig, client_action_to_hparams
