@@ -68,7 +68,7 @@ def test_a_resumed_run_reads_its_host_made_state_back_on_the_device(name):
         for _ in range(2):
             loop.run_round()
         resumed = loop_on_device(config())
-        resumed.load_state_dict(loop.state_dict())
+        resumed.checkpointer.load_state_dict(loop.checkpointer.state_dict())
         assert all(is_on_device(t) for t in tensors(resumed.server.state))
         resumed.run_round()
         resumed.evaluate()

@@ -174,8 +174,9 @@ def loop_on_device(cfg: Any) -> Any:
     stacked step's are tagged here."""
     from pfl.data.config import build_data
     from pfl.runner.assembly import build_loop
+    from pfl.runner.plan import plan_run
 
-    loop = build_loop(cfg, build_data(cfg.data, cfg.seed), None, StandInFabric(), announce_path=False)
+    loop = build_loop(plan_run(cfg, build_data(cfg.data, cfg.seed)), StandInFabric(), announce_path=False)
     lockstep = getattr(loop.dispatcher, "lockstep", None)
     if lockstep is not None:
         for name in ("step", "unpadded_step"):
