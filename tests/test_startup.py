@@ -47,15 +47,16 @@ def test_fit_help_imports_only_the_chosen_method_and_no_tracking_or_tables():
     assert not {"wandb", "pandas", "timm"} & loaded
 
 
+def imported_after(*modules: str) -> set[str]:
+    """The modules a fresh interpreter holds after importing ``modules``."""
+    probe = f"import json, sys, {', '.join(modules)}; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], env=child_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return set(json.loads(out.stdout))
+
+
 def test_import_pfl_imports_no_torch():
-    out = subprocess.run(
-        [sys.executable, "-c", "import json, sys, pfl; print(json.dumps(sorted(sys.modules)))"],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0 and not set(json.loads(out.stdout)) & set(HEAVY)
+    assert not imported_after("pfl") & set(HEAVY)
 
 
 def test_the_precisions_written_out_are_fabrics_own():
@@ -69,21 +70,10 @@ def test_the_precisions_written_out_are_fabrics_own():
 
 
 def test_reading_a_config_imports_no_lightning():
-    out = subprocess.run(
-        [sys.executable, "-c", "import json, sys, pfl.config; print(json.dumps(sorted(sys.modules)))"],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    assert not {"lightning", "lightning.fabric"} & set(json.loads(out.stdout))
+    assert not {"lightning", "lightning.fabric"} & imported_after("pfl.config")
 
 
 def test_importing_a_method_imports_no_lightning():
     # (a method with an objective of its own, a ClientModule, does: Ditto, LG-FedAvg, PLGU)
-    imports = "import json, sys, pfl.methods.fedavg, pfl.methods.pgfed, pfl.methods.page"
-    probe = f"{imports}; print(json.dumps(sorted(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", probe], env=child_env(), capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert not {"lightning", "lightning.fabric"} & set(json.loads(out.stdout))
+    loaded = imported_after("pfl.methods.fedavg", "pfl.methods.pgfed", "pfl.methods.page")
+    assert not {"lightning", "lightning.fabric"} & loaded
