@@ -16,7 +16,6 @@ from torch import Tensor, nn
 
 if TYPE_CHECKING:
     from pfl.engine.terms import Term
-    from pfl.engine.worker import ClientModule
 
 
 def mean_of(losses: list[Tensor]) -> float:
@@ -104,7 +103,9 @@ class FitSpec:
     momentum: float | None = None
     momentum_buffer: Tensor | None = None  # SGD momentum to continue from (``Worker.momentum_buffer``)
     loss_fn: LossFn | None = None  # ``loss_fn(net, x, y)`` replaces the cross-entropy data term
-    objective: type[ClientModule] | None = None  # a ClientModule whose ``training_step`` is the objective
+    # A ClientModule subclass (pfl.engine.worker) whose ``training_step`` is the objective; typed as a
+    # plain class here so that this module never imports the engine that imports it.
+    objective: type | None = None
     context: dict[str, Any] | None = None  # the objective's ``fit_context``
     indices: Tensor | None = None  # train on these pool samples instead of the train split
 
