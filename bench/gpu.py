@@ -26,6 +26,7 @@ import torch
 
 from bench.gpu_paths import PATHS, Cell, measure, measure_in_children
 from bench.gpu_workloads import Workload, build_data, workloads
+from pfl.safe_files import write_atomic
 
 LABELS = {
     "plain": "plain PyTorch loop",
@@ -179,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             took = time.monotonic() - started
             meta = {"device": device_name(device), "torch": torch.__version__, "small": small, "processes": procs}
             body = {**meta, "seconds": took, "cells": [c.to_json() for c in cells]}
-            args.json.write_text(json.dumps(body, indent=2) + "\n")
+            write_atomic(args.json, json.dumps(body, indent=2) + "\n")  # rewritten per cell: never half a file
 
     def progress(cell: Cell) -> None:
         done.append(cell)
