@@ -83,21 +83,20 @@ class IndexedAction(argparse.Action):
 
     def __init__(self, record: dict[str, Any]) -> None:
         shown = argparse.SUPPRESS if record["suppressed"] else record["help"]
-        super().__init__(record["options"], record["dest"], nargs=record["nargs"], required=record["required"])
-        self.help = shown
-        self.args: str | None = record["args"]
-        self.usage: str = record["usage"]
-        self.in_usage: bool = record["in_usage"]
+        super().__init__(record["options"], record["dest"], record["nargs"], required=record["required"], help=shown)
+        self.args: str | None = record["args"]  # the metavar part, as in "--seed SEED"
+        self.usage_text: str = record["usage"]  # what the usage shows of an option that takes no value
+        self.in_usage: bool = record["in_usage"]  # jsonargparse leaves -h and --print_config out of it
 
     def format_usage(self) -> str:
-        return self.usage
+        return self.usage_text
 
 
 class IndexFormatter(argparse.HelpFormatter):
     """argparse's own layout (the wrapping, the widths from COLUMNS) of the recorded texts."""
 
     def add_usage(self, usage: str | None, actions: Iterable[argparse.Action], groups: Any, prefix: Any = None) -> None:
-        super().add_usage(usage, [a for a in actions if getattr(a, "in_usage", True)], groups, prefix)
+        super().add_usage(usage, [a for a in actions if isinstance(a, IndexedAction) and a.in_usage], groups, prefix)
 
     def _format_args(self, action: argparse.Action, default_metavar: str) -> str:
         return action.args if isinstance(action, IndexedAction) and action.args is not None else ""
