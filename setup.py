@@ -8,5 +8,6 @@ CONF = ["pfl.conf", *(f"pfl.conf.{name}" for name in find_namespace_packages("co
 setup(
     packages=[*find_packages(include=["pfl", "pfl.*"]), *CONF],
     package_dir={"pfl.conf": "conf"},
-    package_data={"pfl": ["py.typed"], **{package: ["*.yaml"] for package in CONF}},
+    # fit_help.json: the index `pfl fit --help` is rendered from (pfl.runner.fit_help)
+    package_data={"pfl": ["py.typed"], "pfl.runner": ["fit_help.json"], **{package: ["*.yaml"] for package in CONF}},
 )

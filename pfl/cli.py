@@ -1,7 +1,8 @@
 """Command line: ``python -m pfl fit|methods|sweep|reproduce|data|report``.
 
 Argument parsing for ``fit`` lives in ``pfl.runner.args``; this module only dispatches commands.
-Each command imports what it needs when it runs: ``methods`` and the usage need no torch.
+Each command imports what it needs when it runs: ``methods``, the usage and a built-in method's
+``fit --help`` (``pfl.runner.fit_help``) need no torch.
 Exit codes: 0 success (also a resume with nothing left to do), 2 bad input or an unusable run
 folder (one line on stderr, nothing written), 3 training diverged (round and client named), 141 the
 reader of stdout went away (``pfl methods | head``; nothing on stderr).
@@ -21,11 +22,10 @@ from pfl.suggest import choice_fix
 
 
 def fit(argv: list[str]) -> dict[str, Any]:
-    from pfl.runner.args import build_fit_parser, method_from_argv
-
     if "-h" in argv or "--help" in argv:
-        name, _ = method_from_argv([a for a in argv if a not in ("-h", "--help")])
-        build_fit_parser(name).print_help()
+        from pfl.runner.fit_help import fit_help
+
+        sys.stdout.write(fit_help([a for a in argv if a not in ("-h", "--help")]))
         return {}
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 

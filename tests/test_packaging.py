@@ -76,11 +76,12 @@ def test_the_wheel_is_pfl_lightning_at_pfls_version_under_apache_2(wheel):
     assert "pfl = pfl.cli:main" in entry_points
 
 
-def test_the_wheel_carries_every_config_the_type_marker_and_every_module(wheel):
+def test_the_wheel_carries_every_config_the_type_marker_the_help_index_and_every_module(wheel):
     names = set(wheel.namelist())
     configs = {f"pfl/conf/{p.relative_to(ROOT / 'conf').as_posix()}" for p in (ROOT / "conf").rglob("*.yaml")}
     assert configs and configs <= names
     assert "pfl/py.typed" in names
+    assert "pfl/runner/fit_help.json" in names  # what `pfl fit --help` renders a built-in method's help from
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "pfl").rglob("*.py")}
     assert modules <= names
     assert not [n for n in names if not n.startswith(("pfl/", "pfl_lightning-"))]  # nothing outside the package
@@ -120,3 +121,11 @@ def test_an_installed_pfl_runs_the_default_experiment_by_name_from_another_folde
         text=True,
     )
     assert Path(used.stdout.strip()) == target / "pfl" / "conf"  # the installed copy's, not the checkout's
+    indexed = subprocess.run(
+        [sys.executable, "-c", "import pfl.runner.fit_help as h; print(h.INDEX, h.indexed_help('ditto') is not None)"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert indexed.stdout.split() == [str(target / "pfl" / "runner" / "fit_help.json"), "True"]  # its sources match

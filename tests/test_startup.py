@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from tests.helpers.cli_runs import child_env
 
+ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "lightning", "torchvision", "torchmetrics", "jsonargparse", "wandb", "pandas", "matplotlib", "timm")
 PROBE = """
 import contextlib, io, json, sys
@@ -40,8 +42,17 @@ def test_listing_methods_usage_and_a_mistyped_command_import_no_torch(argv):
     assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
 
 
-def test_fit_help_imports_only_the_chosen_method_and_no_tracking_or_tables():
-    loaded = imported_by("fit", "--method", "ditto", "--help")
+@pytest.mark.parametrize(
+    "argv", [["--method", "ditto"], [], ["--config", str(ROOT / "conf" / "method" / "pgfed.yaml")]], ids=str
+)
+def test_a_built_in_methods_fit_help_builds_no_parser_and_imports_no_torch(argv):
+    loaded = imported_by("fit", *argv, "--help")
+    assert "pfl.runner.fit_help" in loaded  # rendered from its index (pfl/runner/fit_help.json)
+    assert not loaded & {*HEAVY, "pfl.config", "pfl.runner.args"}, sorted(loaded & {*HEAVY, "pfl.config"})
+
+
+def test_a_class_paths_fit_help_imports_only_that_method_and_no_tracking_or_tables():
+    loaded = imported_by("fit", "--method", "pfl.methods.ditto.Ditto", "--help")  # as a user's class is named
     assert {"pfl.methods.ditto", "pfl.methods.fedavg"} <= loaded  # ditto and the class it extends
     assert not {"pfl.methods.fedprox", "pfl.methods.page", "pfl.methods.pfedhn"} & loaded
     assert not {"wandb", "pandas", "timm"} & loaded
