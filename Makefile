@@ -25,8 +25,9 @@ $(STAMP): pyproject.toml
 train: install
 	$(PY) -m pfl fit --config conf/default.yaml --config conf/method/$(METHOD).yaml $(ARGS)
 
+# One worker per core, a test file at a time on each (module fixtures are built once); `pytest tests` runs serially.
 test: install
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q -n auto --dist loadfile
 
 reproduce: install
 	$(PY) -m pfl reproduce $(if $(QUICK),--quick --out reproduce_quick,--out reproduce)
