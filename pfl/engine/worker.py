@@ -39,7 +39,7 @@ from pfl.engine.fit_spec import (
 )
 from pfl.engine.flat import FlatModule
 from pfl.engine.terms import Term
-from pfl.models.dropout import number_keyed_dropouts, set_dropout_key, step_key
+from pfl.models.dropout import number_keyed_dropouts, set_dropout_key, step_key_tensor
 from pfl.seeding import seed_everything, torch_generator
 
 
@@ -257,7 +257,7 @@ class Worker:
         t0 = time.perf_counter()
         for epoch, b in self.epoch_batches(cid, round_idx, purpose, epochs, indices):
             if keyed:  # the stacked step draws the same masks (pfl.models.dropout)
-                set_dropout_key(step_key(self.seed, round_idx, cid, purpose, steps))
+                set_dropout_key(step_key_tensor(self.seed, round_idx, cid, purpose, steps))
             if manual:
                 loss = batch_loss(self.train_batch(b), steps)
             else:
@@ -395,7 +395,7 @@ class Worker:
         for s in range(0, len(idx), self.settings.batch_size):
             b = idx[s : s + self.settings.batch_size]
             if self.keyed_dropout:
-                set_dropout_key(step_key(self.seed, round_idx, cid, "mean_gradient", batches))
+                set_dropout_key(step_key_tensor(self.seed, round_idx, cid, "mean_gradient", batches))
             loss = self.gradient(b, augment=False)  # the uploaded ∇f_i is of the data itself
             total += self.flat.grads
             loss_sum += float(loss) * len(b)

@@ -6,8 +6,9 @@ covers every client of the stack, so no stacked step can reproduce a client's se
 ``KeyedDropout`` instead hashes (the step's key, the layer's index, the element's index) with integer
 arithmetic that is exact on every device and under ``vmap``: the engine sets each training step's key
 (``dropout_key``; one per client, derived from the run's seed, the round, the client, the fit's
-purpose and the step), as a Python int for one client or as a batched int64 tensor inside a stacked
-step, and both paths compute the same bits. Without a key (a method's own loop of ``gradient`` calls)
+purpose and the step), as a 0-d int64 tensor for one client (a tensor, not an int, so that a compiled
+forward does not specialise on it) or as a batched int64 tensor inside a stacked step, and both
+paths compute the same bits. Without a key (a method's own loop of ``gradient`` calls)
 it draws from torch's global generator, as ``nn.Dropout``. The index of an element counts along its
 tensor in row-major order, so the rows of a batch padded at the end (the stacked step pads short
 batches) get the masks of the unpadded batch. A layer called twice in one forward gets the same mask
@@ -56,6 +57,11 @@ def step_key(*keys: int | str) -> int:
     return derive_seed("dropout", *keys) & _MASK32
 
 
+def step_key_tensor(*keys: int | str) -> Tensor:
+    """``step_key`` as a 0-d int64 tensor (on the CPU: it combines with tensors on any device)."""
+    return torch.tensor(step_key(*keys), dtype=torch.int64)
+
+
 @contextmanager
 def dropout_key(key: int | Tensor | None) -> Iterator[None]:
     """Every ``KeyedDropout`` of this thread draws its mask from ``key`` inside the block."""
@@ -99,4 +105,12 @@ def number_keyed_dropouts(net: nn.Module) -> bool:
     return active
 
 
-__all__ = ["KeyedDropout", "dropout_key", "mix32", "number_keyed_dropouts", "set_dropout_key", "step_key"]
+__all__ = [
+    "KeyedDropout",
+    "dropout_key",
+    "mix32",
+    "number_keyed_dropouts",
+    "set_dropout_key",
+    "step_key",
+    "step_key_tensor",
+]

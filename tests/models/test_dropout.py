@@ -8,7 +8,7 @@ import torch
 from torch.func import vmap
 
 from pfl.models import ModelConfig, build_model
-from pfl.models.dropout import KeyedDropout, dropout_key, mix32, number_keyed_dropouts, step_key
+from pfl.models.dropout import KeyedDropout, dropout_key, mix32, number_keyed_dropouts, step_key, step_key_tensor
 
 
 def _drop(layer: KeyedDropout, x: torch.Tensor, key) -> torch.Tensor:
@@ -62,3 +62,10 @@ def test_wrn_dropout_is_keyed_and_numbered():
     assert len(layers) == 3 and number_keyed_dropouts(net)
     assert [m.index for m in layers] == [0, 1, 2]
     assert not number_keyed_dropouts(build_model(ModelConfig(name="wrn28_10", depth=10, widen=1), (3, 8, 8), 10))
+
+
+def test_a_key_tensor_draws_the_int_keys_mask():
+    layer = KeyedDropout(0.4).train()
+    x = torch.randn(32, 6)
+    key = step_key(1, 2, 3, "train", 4)
+    assert torch.equal(_drop(layer, x, step_key_tensor(1, 2, 3, "train", 4)), _drop(layer, x, key))
