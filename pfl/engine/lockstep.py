@@ -5,12 +5,14 @@ Each sampled client's local update runs in its own thread, but only one thread r
 explicit handoff), in the order given, so the code between fits runs exactly as in sequential mode.
 The update sees a ``ClientWorker``: the worker itself for everything (gradients, evaluation, batches,
 fits that cannot be stacked: those run right there, one client at a time, exactly), except a ``fit``
-that ``StackedTrainer`` can train: that posts a request and waits. When every client waits on a fit or
-has finished, the pending fits are trained together (``StackedTrainer.train``) and the waiting
-clients resume, one at a time in order, each finding the worker as its own sequential fit would
-have left it: the trained state loaded (``snapshot()``), its momentum (``momentum_buffer()``), and
-torch's global generator seeded by the fit's key (``Worker.epoch_batches``; nothing draws from it in
-a stacked fit).
+that ``StackedTrainer`` can train and a ``mean_gradient`` (PGFed's full pass): those post a request and
+wait. When every client waits on a request or has finished, the pending fits are trained together
+(``StackedTrainer.train``), the pending mean gradients computed together
+(``StackedTrainer.mean_gradients``), and the waiting clients resume, one at a time in order, each
+finding the worker as its own sequential call would have left it: after a fit the trained state
+loaded (``snapshot()``), its momentum (``momentum_buffer()``), and torch's global generator seeded by
+the fit's key (``Worker.epoch_batches``; nothing draws from it in a stacked fit); after a mean gradient
+the state loaded with the running statistics its passes moved, and the gradient zeroed.
 
 Exact for a local update that does not depend on the other clients' updates of the round: no state
 shared between clients beyond the worker (e.g. attributes the method sets on itself), and no draws
@@ -27,7 +29,14 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-from pfl.engine.stacked import FitRequest, StackedTrainer, model_problems, precision_name, spec_problem
+from pfl.engine.stacked import (
+    FitRequest,
+    GradientRequest,
+    StackedTrainer,
+    model_problems,
+    precision_name,
+    spec_problem,
+)
 from pfl.engine.worker import DEFAULT_FIT, FitSpec, FitStats, Worker
 from pfl.seeding import seed_everything
 
@@ -60,6 +69,18 @@ class ClientWorker:
         self._stacked = request
         return request.stats
 
+    def mean_gradient(self, cid: int, state: Tensor, round_idx: int = 0) -> tuple[Tensor, float]:
+        w = self._worker
+        if not self._lockstep.model_ok:
+            return w.mean_gradient(cid, state, round_idx)
+        request = GradientRequest(cid, state, round_idx)
+        self._lockstep.stacked_gradients += 1
+        self._lockstep.wait_for(self._slot, request)
+        w.flat.load(request.state_out)  # type: ignore[arg-type]
+        w.flat.grads.zero_()
+        w.module.train()
+        return request.grad, request.loss  # type: ignore[return-value]
+
     def momentum_buffer(self) -> Tensor | None:
         if self._stacked is None:
             return self._worker.momentum_buffer()
@@ -73,10 +94,10 @@ class Lockstep:
     def __init__(self, worker: Worker, trainer: StackedTrainer):
         self.worker, self.trainer = worker, trainer
         self.model_ok = not model_problems(worker, precision_name(worker))
-        self.stacked_fits = self.sequential_fits = 0  # counts, for tests and logs
+        self.stacked_fits = self.sequential_fits = self.stacked_gradients = 0  # counts, for tests and logs
         self._cond = threading.Condition()
         self._turn: int | None = None
-        self._pending: dict[int, FitRequest] = {}
+        self._pending: dict[int, FitRequest | GradientRequest] = {}
         self._abandoned = False
 
     def stacks(self, spec: FitSpec) -> bool:
@@ -124,8 +145,13 @@ class Lockstep:
                     if errors[slot] is not None:
                         raise errors[slot]  # type: ignore[misc]
                 pending, self._pending = self._pending, {}
-                if pending:
-                    self.trainer.train([pending[s] for s in sorted(pending)])
+                requests = [pending[s] for s in sorted(pending)]
+                fits = [r for r in requests if isinstance(r, FitRequest)]
+                if fits:
+                    self.trainer.train(fits)
+                gradients = [r for r in requests if isinstance(r, GradientRequest)]
+                if gradients:
+                    self.trainer.mean_gradients(gradients)
                 runnable = sorted(pending)
         finally:
             with self._cond:
@@ -143,8 +169,8 @@ class Lockstep:
             self._cond.notify_all()
             self._cond.wait_for(lambda: self._turn is None)
 
-    def wait_for(self, slot: int, request: FitRequest) -> None:
-        """Called by client ``slot``'s thread: post its fit and wait until it is trained."""
+    def wait_for(self, slot: int, request: FitRequest | GradientRequest) -> None:
+        """Called by client ``slot``'s thread: post its request and wait until it is served."""
         with self._cond:
             self._pending[slot] = request
             self._turn = None

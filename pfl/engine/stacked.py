@@ -20,13 +20,18 @@ personal model's gradient, that model trained by its own SGD step in the same lo
 or coefficient shared by the group is applied with torch's own scalar arithmetic (as the sequential
 step), per-client ones as columns. What a
 fit needs that this cannot do exactly (a custom loss or another objective, a term without a stacked
-form: ``spec_problem``; a model with float buffers or active dropout, a gradient scaler:
-``model_problems``) is left to the lockstep dispatcher (``pfl.engine.lockstep``), which trains such
-fits on the worker.
+form: ``spec_problem``; a model with float buffers or with dropout drawn from torch's global generator,
+a gradient scaler: ``model_problems``) is left to the lockstep dispatcher (``pfl.engine.lockstep``),
+which trains such fits on the worker. Keyed dropout (``pfl.models.dropout.KeyedDropout``) stacks: each
+vmapped call gets every client's key of the step, and each client draws its sequential step's masks.
+``mean_gradients`` is ``Worker.mean_gradient`` (PGFed's full pass) for several clients, one vmapped
+pass per batch position.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -40,6 +45,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from pfl.engine.sam import SAMObjective
 from pfl.engine.terms import Term, add_scaled_, coefficient, stack_terms, stackable
 from pfl.engine.worker import FitSpec, FitStats, Worker, keyed_batches
+from pfl.models.dropout import KeyedDropout, dropout_key, step_key
 from pfl.optim.sharpness import perturbation
 
 
@@ -57,8 +63,12 @@ def net_problems(net: nn.Module, precision: str = "32-true", scaler: bool = Fals
         reasons.append(
             f"the model has float buffers outside BatchNorm layers with a momentum ({', '.join(sorted(set(others)))})"
         )
-    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in net.modules()):
-        reasons.append("the model has dropout")
+    drawn = [type(m).__name__ for m in net.modules() if _global_dropout(m)]
+    if drawn:
+        reasons.append(
+            f"the model has dropout drawn from torch's global generator ({', '.join(sorted(set(drawn)))}); "
+            "pfl.models.dropout.KeyedDropout draws each client's own masks and stacks"
+        )
     if precision in ("16-mixed", "16") or scaler:
         reasons.append(f"precision {precision} uses a gradient scaler; use bf16-mixed or a *-true precision")
     elif precision.startswith("transformer-engine"):
@@ -120,6 +130,11 @@ def sam_row(spec: FitSpec) -> SAMRow | None:
     hook = cls.__dict__.get("stacked_personal")
     personal = None if hook is None else hook.__func__(ctx)
     return SAMRow(ctx["rho"], ctx.get("p", 2.0), ctx.get("scale"), ctx.get("region") or slice(0, None), personal)
+
+
+def _global_dropout(m: nn.Module) -> bool:
+    """An active dropout layer that draws from torch's global generator (not ``KeyedDropout``)."""
+    return isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 and not isinstance(m, KeyedDropout)
 
 
 def _buffer_modules(net: nn.Module) -> list[nn.Module]:
@@ -192,46 +207,84 @@ class FitRequest:
         return (sam, *(t.stack_key() for t in self.terms))
 
 
+@dataclass
+class GradientRequest:
+    """One client's ``Worker.mean_gradient(cid, state, round_idx)`` (PGFed's uploaded ∇f_i and f_i).
+    ``grad``, ``loss`` and ``state_out`` (the worker's state as the sequential pass leaves it: ``state``
+    with BatchNorm's running statistics moved by its train-mode forwards) are filled by the pass."""
+
+    cid: int
+    state: Tensor
+    round_idx: int
+    grad: Tensor | None = field(default=None, repr=False)
+    loss: float = math.nan
+    state_out: Tensor | None = field(default=None, repr=False)
+
+
 class StackedTrainer:
-    """Trains groups of fits with one vmapped step per batch position."""
+    """Trains groups of fits with one vmapped step per batch position; ``mean_gradients`` is
+    ``Worker.mean_gradient`` for several clients in one vmapped pass per batch position."""
 
     def __init__(self, worker: Worker, compile: bool = False):
         self.worker = worker
-        net, flat = worker.module.net, worker.flat
-        slices, shapes = flat.param_slices, flat.param_shapes
-        task_loss = worker.module.loss
-        regression = worker.task == "regression"
-        context = forward_context(worker)  # the forward and loss in it, the backward outside, as Worker.fit
+        # Keyed dropout (pfl.models.dropout): every vmapped call then takes one more input, each
+        # client's key of the step, so each client draws the masks of its sequential step.
+        self.keyed = worker.keyed_dropout
+        # the forward and loss in the fit's context, the backward outside, as Worker.fit
+        step, self.unpadded_step = self._vmapped(forward_context(worker))
+        self.step = worker.compile_clock.first_call(torch.compile(step, dynamic=True)) if compile else step
+        # The mean gradient's pass, as Worker.gradient: its loss outside any forward context.
+        self.gradient_step, self.unpadded_gradient_step = self._vmapped(contextlib.nullcontext)
+        # BatchNorm: each client's running statistics are a row of a (clients × buffers) matrix passed
+        # through functional_call, which BatchNorm updates in place, row by row under vmap; its other
+        # buffers (num_batches_tracked) are passed as throwaway copies. Batches are never padded
+        # then (padding would enter the batch statistics): each step runs once per batch width.
+        net = worker.module.net
+        self.buffer_views = _buffer_views(net)
+        self._others = {n: b for n, b in net.named_buffers() if not b.is_floating_point()}
+        # Compiled, every step pads to the batch size: one input width, so a short last batch never
+        # compiles another graph.
+        self.static_width = compile
 
-        def loss(p: Tensor, x: Tensor, y: Tensor, mask: Tensor) -> Tensor:
+    def _vmapped(self, context: Callable[[], AbstractContextManager]) -> tuple[Callable, Callable]:
+        """The vmapped (gradient, loss) of the padded batch's masked mean loss and of the unpadded
+        batch's loss (with BatchNorm's buffers), the forward and loss inside ``context``; with keyed
+        dropout each takes the clients' step keys as its last input."""
+        w = self.worker
+        net, slices, shapes = w.module.net, w.flat.param_slices, w.flat.param_shapes
+        task_loss, regression = w.module.loss, w.task == "regression"
+
+        def keys(key: tuple[Tensor, ...]) -> AbstractContextManager:
+            return dropout_key(key[0]) if key else contextlib.nullcontext()
+
+        def loss(p: Tensor, x: Tensor, y: Tensor, mask: Tensor, *key: Tensor) -> Tensor:
             params = {name: p[sl].view(shapes[name]) for name, sl in slices.items()}
-            with context():
+            with context(), keys(key):
                 out = functional_call(net, params, (x,))
                 if regression:
                     out = out.squeeze(-1)
                 per_sample = task_loss(out, y, reduction="none")
             return (per_sample.to(mask.dtype) * mask).sum() / mask.sum().clamp_min(1)
 
-        step: Callable[..., tuple[Tensor, Tensor]] = vmap(grad_and_value(loss))
-        self.step = worker.compile_clock.first_call(torch.compile(step, dynamic=True)) if compile else step
-        # BatchNorm: each client's running statistics are a row of a (clients × buffers) matrix passed
-        # through functional_call, which BatchNorm updates in place, row by row under vmap; its other
-        # buffers (num_batches_tracked) are passed as throwaway copies. Batches are never padded
-        # then (padding would enter the batch statistics): each step runs once per batch width.
-        self.buffer_views = _buffer_views(net)
-        others = {n: b for n, b in net.named_buffers() if not b.is_floating_point()}
-
-        def unpadded_loss(p: Tensor, buffers: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+        def unpadded_loss(p: Tensor, buffers: dict[str, Tensor], x: Tensor, y: Tensor, *key: Tensor) -> Tensor:
             tensors = {name: p[sl].view(shapes[name]) for name, sl in slices.items()}
-            with context():
+            with context(), keys(key):
                 out = functional_call(net, {**tensors, **buffers}, (x,))
                 return task_loss(out.squeeze(-1) if regression else out, y)
 
-        self._others = others
-        self.unpadded_step = vmap(grad_and_value(unpadded_loss))
-        # Compiled, every step pads to the batch size: one input width, so a short last batch never
-        # compiles another graph.
-        self.static_width = compile
+        return vmap(grad_and_value(loss)), vmap(grad_and_value(unpadded_loss))
+
+    def _keys(self, reqs: Sequence[FitRequest | GradientRequest], purpose: str | None, steps: Sequence[int]) -> tuple:
+        """The vmapped calls' extra input: each client's dropout key of its step (none without keyed
+        dropout); ``purpose`` None: each fit's own."""
+        if not self.keyed:
+            return ()
+        w = self.worker
+        keys = [
+            step_key(w.seed, r.round_idx, r.cid, purpose or r.purpose, s)  # type: ignore[union-attr]
+            for r, s in zip(reqs, steps, strict=True)
+        ]
+        return (torch.tensor(keys, dtype=torch.int64, device=w.device),)
 
     def train(self, requests: Sequence[FitRequest]) -> None:
         """Train every request; requests with the same term structure share one stacked loop."""
@@ -248,8 +301,8 @@ class StackedTrainer:
         params = torch.stack([r.start[:p] for r in reqs]).clone()
         bufs = torch.stack([r.start[p:] for r in reqs]).clone()  # running statistics, one row per client
         dtype = params.dtype
-        if self.buffer_views:
-            w.module.net.train()  # as Worker.fit: BatchNorm uses and updates batch statistics
+        if self.buffer_views or self.keyed:
+            w.module.net.train()  # as Worker.fit: BatchNorm uses and updates batch statistics, dropout drops
         terms = stack_terms([r.terms for r in reqs])
         lr = coefficient([r.lr for r in reqs], params)  # a float when shared: torch's SGD arithmetic exactly
         moms = [float(r.momentum) for r in reqs]
@@ -275,17 +328,20 @@ class StackedTrainer:
             batches = [d[1] if d is not None else None for d in drawn]
             active = torch.tensor([b is not None for b in batches], device=params.device).unsqueeze(1)
             inputs = self._inputs(batches, augment)
+            keys = self._keys(reqs, None, steps)  # every pass of the step draws the step's masks
             if self.buffer_views:
 
-                def pass_at(q: Tensor, stats: Tensor, inputs: list = inputs) -> tuple[Tensor, Tensor]:
-                    return self._unpadded(q, stats, inputs)  # updates the rows of ``stats``
+                def pass_at(
+                    q: Tensor, stats: Tensor, inputs: list = inputs, keys: tuple = keys
+                ) -> tuple[Tensor, Tensor]:
+                    return self._unpadded(q, stats, inputs, keys, self.unpadded_step)  # updates the rows of ``stats``
             else:
                 x, y, mask = self._pad(inputs, dtype)
 
                 def pass_at(
-                    q: Tensor, stats: Tensor, x: Tensor = x, y: Tensor = y, mask: Tensor = mask
+                    q: Tensor, stats: Tensor, x: Tensor = x, y: Tensor = y, mask: Tensor = mask, keys: tuple = keys
                 ) -> tuple[Tensor, Tensor]:
-                    return self.step(q, x, y, mask)
+                    return self.step(q, x, y, mask, *keys)
 
             if personal is not None:
                 # PLGU-LF: θ's pass and SGD step, then w's only pass at w + ε(θ's gradient), its
@@ -329,6 +385,43 @@ class StackedTrainer:
             r.stats.steps, r.stats.seconds = steps[j], seconds
             r.stats._loss = losses[j]  # averaged when read, as Worker.fit's
             r.buffer_out = _buffer_after(r, None if buf is None else buf[j], steps[j])
+
+    def mean_gradients(self, reqs: Sequence[GradientRequest]) -> None:
+        """``Worker.mean_gradient`` of every request: at each batch position s, every client's s-th
+        batch of its train split in index order (no augmentation, outside the fit's forward context,
+        as ``Worker.gradient``) in one vmapped pass; each client's gradients summed in order and
+        divided by its number of batches, its losses weighted by batch size in float64, as the
+        worker does."""
+        w = self.worker
+        p, bs = w.flat.num_params, w.settings.batch_size
+        params = torch.stack([r.state[:p] for r in reqs])
+        bufs = torch.stack([r.state[p:] for r in reqs]).clone()
+        if self.buffer_views or self.keyed:
+            w.module.net.train()  # as Worker.gradient
+        idxs = [w.split(r.cid).train for r in reqs]
+        counts = [math.ceil(len(i) / bs) for i in idxs]
+        total = torch.zeros_like(params)
+        losses: list[Tensor] = []
+        for s in range(max(counts, default=0)):
+            batches = [i[s * bs : (s + 1) * bs] if s < c else None for i, c in zip(idxs, counts, strict=True)]
+            inputs = [None if b is None else (w.data.x[b], w.data.y[b]) for b in batches]
+            active = torch.tensor([b is not None for b in batches], device=params.device).unsqueeze(1)
+            keys = self._keys(reqs, "mean_gradient", [s] * len(reqs))
+            if self.buffer_views:
+                grads, loss = self._unpadded(params, bufs, inputs, keys, self.unpadded_gradient_step)
+            else:
+                x, y, mask = self._pad(inputs, params.dtype)
+                grads, loss = self.gradient_step(params, x, y, mask, *keys)
+            total = torch.where(active, total + grads, total)
+            losses.append(loss.detach())
+        rows = torch.stack(losses).tolist() if losses else []  # one transfer: the float32 losses
+        for j, r in enumerate(reqs):
+            loss_sum = 0.0
+            for s in range(counts[j]):
+                loss_sum += rows[s][j] * len(idxs[j][s * bs : (s + 1) * bs])
+            r.grad = total[j] / max(counts[j], 1)
+            r.loss = loss_sum / max(len(idxs[j]), 1)
+            r.state_out = torch.cat([params[j], bufs[j]])
 
     def _perturbed(self, reqs: list[FitRequest], params: Tensor, grads: Tensor) -> Tensor:
         """SAM's perturbed point for every client (``SharpnessStep.two_pass``): w + ε, ε =
@@ -386,9 +479,14 @@ class StackedTrainer:
         return torch.stack(xs), torch.stack(ys), torch.stack(masks)
 
     def _unpadded(
-        self, params: Tensor, bufs: Tensor, inputs: list[tuple[Tensor, Tensor] | None]
+        self,
+        params: Tensor,
+        bufs: Tensor,
+        inputs: list[tuple[Tensor, Tensor] | None],
+        keys: tuple[Tensor, ...],
+        step: Callable[..., tuple[Tensor, Tensor]],
     ) -> tuple[Tensor, Tensor]:
-        """Gradients and losses of every client with a batch, one vmapped call per batch width (no
+        """Gradients and losses of every client with a batch, one vmapped ``step`` per batch width (no
         padding), updating those clients' rows of ``bufs`` (BatchNorm's running statistics)."""
         grads, loss = torch.zeros_like(params), torch.zeros(len(params), dtype=params.dtype, device=params.device)
         widths: dict[int, list[int]] = {}
@@ -404,7 +502,7 @@ class StackedTrainer:
             buffers.update({n: b.expand(len(rows)).clone() for n, b in self._others.items()})
             x = torch.stack([inputs[j][0] for j in rows])  # type: ignore[index]
             y = torch.stack([inputs[j][1] for j in rows])  # type: ignore[index]
-            g, value = self.unpadded_step(params[idx], buffers, x, y)
+            g, value = step(params[idx], buffers, x, y, *(k[idx] for k in keys))
             for n, sl, _ in self.buffer_views:
                 sub[:, sl] = buffers[n].reshape(len(rows), -1)
             grads[idx], loss[idx], bufs[idx] = g, value.to(loss.dtype), sub
@@ -467,6 +565,7 @@ def _buffer_after(r: FitRequest, trained: Tensor | None, steps: int) -> Tensor |
 
 __all__ = [
     "FitRequest",
+    "GradientRequest",
     "StackedTrainer",
     "forward_context",
     "model_problems",

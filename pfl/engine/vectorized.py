@@ -6,8 +6,9 @@ Two parts:
   in sequential mode, and every fit they reach together is handed to
 - ``pfl.engine.stacked``: one stacked (clients × parameters) SGD loop per group of fits with the same
   term structure, per-client learning rates, epochs, momentum and samples, the sequential keyed
-  batches, the terms' stacked forms (``pfl.engine.terms``), SAM's step, and BatchNorm with per-client
-  running statistics.
+  batches, the terms' stacked forms (``pfl.engine.terms``), SAM's step, BatchNorm with per-client
+  running statistics and keyed dropout; and PGFed's full-pass ``mean_gradient`` of several clients
+  in one vmapped pass.
 
 A fit that cannot be stacked (custom loss or objective, a term without a stacked form) runs on the
 worker at once, exactly as in sequential mode; so does every fit of a model or precision that cannot

@@ -39,6 +39,7 @@ from pfl.engine.fit_spec import (
 )
 from pfl.engine.flat import FlatModule
 from pfl.engine.terms import Term
+from pfl.models.dropout import number_keyed_dropouts, set_dropout_key, step_key_tensor
 from pfl.seeding import seed_everything, torch_generator
 
 
@@ -146,6 +147,7 @@ class Worker:
             net = self.precision.convert_module(net)
         self.module = ClientModule(net, self.task)
         self.flat = FlatModule(self.module.net)
+        self.keyed_dropout = number_keyed_dropouts(self.module.net)  # masks keyed per client and step
         self.data = data.to(self.device)
         dtype = self.flat.state.dtype
         if self.data.x.is_floating_point() and self.data.x.dtype != dtype:  # *-true: inputs in the model's dtype
@@ -251,8 +253,11 @@ class Worker:
             module._worker_optimizer = StepOptimizer(self, optimizer, terms, lr)
         batch_loss = self._batch_loss(module)
         steps, last_epoch_losses = 0, []
+        keyed = self.keyed_dropout
         t0 = time.perf_counter()
         for epoch, b in self.epoch_batches(cid, round_idx, purpose, epochs, indices):
+            if keyed:  # the stacked step draws the same masks (pfl.models.dropout)
+                set_dropout_key(step_key_tensor(self.seed, round_idx, cid, purpose, steps))
             if manual:
                 loss = batch_loss(self.train_batch(b), steps)
             else:
@@ -267,6 +272,8 @@ class Worker:
             if epoch == epochs - 1:
                 last_epoch_losses.append(loss.detach())
         seconds = time.perf_counter() - t0
+        if keyed:
+            set_dropout_key(None)
         if not flat_path:
             self.flat.attach_grads()  # callers outside fit may rely on p.grad viewing flat.grads
         self._active = self.module
@@ -377,20 +384,25 @@ class Worker:
         loss.backward()
         return loss.detach()
 
-    def mean_gradient(self, cid: int, state: Tensor) -> tuple[Tensor, float]:
+    def mean_gradient(self, cid: int, state: Tensor, round_idx: int = 0) -> tuple[Tensor, float]:
         """One full pass over client ``cid``'s train split at ``state`` (in index order): the mean of
-        the batch-mean gradients and the sample-mean loss (PGFed's uploaded ∇f_i and f_i)."""
+        the batch-mean gradients and the sample-mean loss (PGFed's uploaded ∇f_i and f_i); keyed
+        dropout draws batch s's masks from (seed, ``round_idx``, cid, "mean_gradient", s)."""
         self.flat.load(state)
         idx = self.split(cid).train
         total = torch.zeros_like(self.flat.grads)
         loss_sum, batches = 0.0, 0
         for s in range(0, len(idx), self.settings.batch_size):
             b = idx[s : s + self.settings.batch_size]
+            if self.keyed_dropout:
+                set_dropout_key(step_key_tensor(self.seed, round_idx, cid, "mean_gradient", batches))
             loss = self.gradient(b, augment=False)  # the uploaded ∇f_i is of the data itself
             total += self.flat.grads
             loss_sum += float(loss) * len(b)
             batches += 1
         self.flat.grads.zero_()
+        if self.keyed_dropout:
+            set_dropout_key(None)
         return total / max(batches, 1), loss_sum / max(len(idx), 1)
 
     # -- evaluation -----------------------------------------------------------------------------

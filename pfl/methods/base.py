@@ -296,7 +296,7 @@ class ClientContext:
 
     def mean_gradient(self, state: Tensor) -> tuple[Tensor, float]:
         """Mean batch gradient and mean loss over one full pass of the train split at ``state``."""
-        return self.worker.mean_gradient(self.cid, state)
+        return self.worker.mean_gradient(self.cid, state, self.round)
 
     def evaluate(self, state: Tensor, on: str | Tensor = "val") -> EvalStats:
         """Accuracy and loss of ``state`` on one of the client's splits (train, val or test) or on

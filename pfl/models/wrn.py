@@ -14,6 +14,7 @@ from torch import nn
 
 from pfl.errors import ConfigError
 from pfl.models.config import ModelConfig, resolve_stem
+from pfl.models.dropout import KeyedDropout
 from pfl.models.norms import NormFactory, norm_factory
 from pfl.models.registry import register
 
@@ -32,7 +33,7 @@ class WideBlock(nn.Module):
         self.conv1 = _conv3x3(in_ch, out_ch, stride)
         self.norm2 = norm(out_ch)
         self.conv2 = _conv3x3(out_ch, out_ch, 1)
-        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.dropout = KeyedDropout(dropout) if dropout > 0 else nn.Identity()  # each client's own masks
         self.shortcut = None
         if in_ch != out_ch or stride != 1:
             self.shortcut = nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False)

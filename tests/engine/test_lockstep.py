@@ -83,6 +83,9 @@ def test_every_method_trains_in_lockstep_as_it_does_sequentially(name):
     documented, why = _docs_table()[name]
     assert documented == status, (documented, status)
     assert why == (problems[0] if problems else why if status == "some" else ""), why
+    # PGFed's full-pass gradient after every fit runs stacked too (one vmapped pass for the round's clients).
+    full_passes = lockstep.stacked_fits if name in ("pgfed", "pgfedmo", "pgfed_ce") else 0
+    assert lockstep.stacked_gradients == full_passes
 
 
 def _worker():
@@ -505,3 +508,119 @@ def test_stacked_fits_with_per_client_lr_epochs_and_momentum_keep_to_the_trainin
         trainer.train(requests)
         assert all(is_on_device(r.out) and is_on_device(r.buffer_out) for r in requests)
         assert len({r.stats.steps for r in requests}) == 3 and all(r.stats.loss > 0 for r in requests)
+
+
+def test_stacked_mean_gradients_equal_the_workers_mean_gradients():
+    """PGFed's full pass (``Worker.mean_gradient``), several clients of different sizes in one pass:
+    the same gradient, loss and worker state (BatchNorm's running statistics moved) as one at a time."""
+    from pfl.engine.stacked import GradientRequest
+    from pfl.engine.worker import TrainSettings
+
+    data = make_loop(tiny_config("fedavg")).worker.data
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(data.x[0].numel(), 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+        torch.nn.Linear(16, 10),
+    )  # fmt: skip
+    for w in (_worker().worker, Worker(net, data, TrainSettings(batch_size=16), seed=0)):
+        cids = [c for c in range(data.num_clients) if len(w.split(c).train) % 16 != 1][:4]  # no batch of one
+        assert len({len(w.split(c).train) // 16 for c in cids}) > 1  # ragged: clients run out of batches
+        start = w.flat.snapshot()
+        states = [start + 0.01 * k for k in range(len(cids))]
+        expected = []
+        for cid, state in zip(cids, states, strict=True):
+            grad, loss = w.mean_gradient(cid, state, 1)
+            expected.append((grad, loss, w.flat.snapshot()))
+        requests = [GradientRequest(cid, state, 1) for cid, state in zip(cids, states, strict=True)]
+        StackedTrainer(w).mean_gradients(requests)
+        for r, (grad, loss, after) in zip(requests, expected, strict=True):
+            torch.testing.assert_close(r.grad, grad, rtol=0, atol=1e-6)
+            assert r.loss == pytest.approx(loss, abs=1e-6)
+            torch.testing.assert_close(r.state_out, after, rtol=0, atol=1e-6)
+        assert not torch.equal(requests[0].grad, requests[1].grad)
+
+
+def dropout_mlp(cfg, input_shape, num_classes):
+    """An MLP with keyed dropout (``model.name: tests.engine.test_lockstep:dropout_mlp``)."""
+    from pfl.models.dropout import KeyedDropout
+
+    dim = 1
+    for d in input_shape:
+        dim *= d
+    return torch.nn.Sequential(
+        torch.nn.Flatten(),
+        torch.nn.Linear(dim, 32),
+        torch.nn.ReLU(),
+        KeyedDropout(0.3),
+        torch.nn.Linear(32, num_classes),
+    )
+
+
+def _dropout_net(dim: int, batch_norm: bool) -> torch.nn.Module:
+    from pfl.models.dropout import KeyedDropout
+
+    torch.manual_seed(0)
+    norm = [torch.nn.BatchNorm1d(16)] if batch_norm else []
+    return torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(dim, 16), *norm, torch.nn.ReLU(), KeyedDropout(0.4), torch.nn.Linear(16, 10)
+    )
+
+
+@pytest.mark.parametrize("batch_norm", [False, True])
+def test_stacked_fits_with_keyed_dropout_draw_each_clients_sequential_masks(batch_norm):
+    from pfl.engine.sam import SAMObjective, sam_context
+    from pfl.engine.stacked import GradientRequest, model_problems
+    from pfl.engine.worker import TrainSettings
+
+    data = make_loop(tiny_config("fedavg")).worker.data
+    settings = TrainSettings(batch_size=16, lr=0.1, momentum=0.5, weight_decay=1e-3)
+    w = Worker(_dropout_net(data.x[0].numel(), batch_norm), data, settings, seed=0)
+    assert model_problems(w) == [] and w.keyed_dropout
+    cids = [c for c in range(data.num_clients) if len(w.split(c).train) % 16 not in (1, 2)][:3]
+    start = w.flat.snapshot()
+    specs = [FitSpec(epochs=2), FitSpec(objective=SAMObjective, context=sam_context(0.05)), FitSpec(purpose="p")]
+    expected = [_sequential(w, cid, start, spec)[0] for cid, spec in zip(cids, specs, strict=True)]
+    again = _sequential(w, cids[0], start, specs[0])[0]
+    assert torch.equal(again, expected[0])  # the same keys draw the same masks
+    requests = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in zip(cids, specs, strict=True)]
+    trainer = StackedTrainer(w)
+    w.module.eval()  # as an evaluation leaves it: the stacked fit drops in train mode, as Worker.fit
+    trainer.train(requests[:1] + requests[2:])
+    trainer.train(requests[1:2])
+    for r, state in zip(requests, expected, strict=True):
+        torch.testing.assert_close(r.out, state, rtol=0, atol=1e-5)
+    gradients = [GradientRequest(cid, start, 2) for cid in cids]
+    trainer.mean_gradients(gradients)
+    for r in gradients:
+        grad, loss = w.mean_gradient(r.cid, start, 2)
+        torch.testing.assert_close(r.grad, grad, rtol=0, atol=1e-6)
+        assert r.loss == pytest.approx(loss, abs=1e-6)
+    # Without dropout the fit is another one: the masks are drawn.
+    plain = Worker(_dropout_net(data.x[0].numel(), batch_norm), data, settings, seed=0)
+    plain.module.net[-2].p = 0.0
+    assert not torch.allclose(_sequential(plain, cids[0], start, specs[0])[0], expected[0], atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "pgfed"])
+def test_rounds_with_keyed_dropout_train_stacked_as_sequentially(name):
+    model = {"name": "tests.engine.test_lockstep:dropout_mlp"}
+
+    def loop(vectorize: bool):
+        cfg = tiny_config(name, trainer={"rounds": 2, "eval_every": 2}, client=CLIENT, data=DATA, model=model)
+        out = make_loop(cfg)
+        if vectorize:
+            out.dispatcher = VectorizedDispatcher(out.worker, out.clients, out.init_state, out.evals.trained, False)
+        return out
+
+    seq, vec = loop(False), loop(True)
+    seq.fit(), vec.fit()
+    lockstep = vec.dispatcher.lockstep
+    assert lockstep.stacked_fits > 0 and lockstep.sequential_fits == 0
+    _assert_close(vec.server.state, seq.server.state, "server")
+    _assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients")
+    for key, value in seq.history[-1].items():
+        if isinstance(value, float) and not key.startswith(("time", "throughput")) and value == value:
+            assert vec.history[-1][key] == pytest.approx(value, abs=1e-5), key
+    again = loop(False)
+    again.fit()
+    assert torch.equal(again.server.state["global"], seq.server.state["global"])  # the same seed reproduces
