@@ -161,7 +161,16 @@ def test_the_checkpointer_saves_and_restores_the_parts_it_is_given(tmp_path):
         Checkpointer(run_dir=tmp_path / "elsewhere").save()
 
 
-def test_a_checkpoint_of_the_earlier_loop_still_resumes(tmp_path):
+@pytest.fixture
+def one_thread():
+    """Torch on one thread, as a run trains by default (trainer.threads): the stored run's sums were made so."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def test_a_checkpoint_of_the_earlier_loop_still_resumes(tmp_path, one_thread):
     """A run folder written before the run state was split from the loop (2 of ditto's rounds; the
     file layout is unchanged) resumes, and its third round is the uninterrupted run's."""
     run = tmp_path / "old"
