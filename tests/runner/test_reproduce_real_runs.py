@@ -120,7 +120,7 @@ def test_a_run_that_fails_other_than_by_diverging_fails_the_suite_after_the_repo
     claim = tiny_claim(seeds=(0,))
     monkeypatch.setattr(rep, "all_claims", lambda: [claim])
 
-    def one_crashes(jobs, workers, what, on_finish):
+    def one_crashes(jobs, workers, what, on_finish, fresh=False):
         name = next(iter(jobs))
         on_finish(name, 1, 1.0, 1.0)
         raise ConfigError(what, f"1 of {len(jobs)} runs failed: {name}: boom")
@@ -136,7 +136,7 @@ def test_a_stopped_suite_keeps_its_finished_runs_times_and_adds_up_its_invocatio
     monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(seeds=(0, 1))])
     real = rep.run_parallel
 
-    def stopped_after_one(jobs, workers, what, on_finish):
+    def stopped_after_one(jobs, workers, what, on_finish, fresh=False):
         real(dict(list(jobs.items())[:1]), workers, what=what, on_finish=on_finish)
         raise KeyboardInterrupt  # the process is stopped with the suite unfinished
 
