@@ -62,6 +62,7 @@ class WarmWorker:
     def __init__(self, env: dict[str, str], fresh: bool = False, max_runs: int = MAX_RUNS):
         self.env, self.fresh, self.max_runs = env, fresh, max_runs
         self.proc: subprocess.Popen[str] | None = None
+        self.log: IO[str] | None = None  # the worker's own stderr (outside runs): why it could not start
         self.runs = 0
 
     def run(self, argv: list[str]) -> tuple[int, str, float | None]:
@@ -79,7 +80,8 @@ class WarmWorker:
         self.runs += 1
         if answer is None:  # the worker died during the run: its signal (negative) or exit status
             code = proc.wait()
-            self.proc = None
+            text += self._log_text()
+            self.close()
             return (code if code != 0 else 1), text, None
         if answer["code"] not in CLEAN_EXITS or self.runs >= self.max_runs:
             self.close()
@@ -87,16 +89,24 @@ class WarmWorker:
 
     def _ready(self) -> subprocess.Popen[str]:
         if self.proc is None or self.proc.poll() is not None:
+            self.close()
+            self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (lives as long as the worker)
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "pfl.runner.warm_workers"],
                 env=self.env,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
+                stderr=self.log,
                 text=True,
             )
             self.runs = 0
         return self.proc
+
+    def _log_text(self) -> str:
+        if self.log is None:
+            return ""
+        self.log.seek(0)
+        return self.log.read()[-STDERR_LIMIT:]
 
     @staticmethod
     def _ask(proc: subprocess.Popen[str], request: dict[str, Any]) -> dict[str, Any] | None:
@@ -112,6 +122,9 @@ class WarmWorker:
     def close(self) -> None:
         """End the worker process (it exits when its stdin closes)."""
         proc, self.proc = self.proc, None
+        if self.log is not None:
+            self.log.close()
+            self.log = None
         if proc is None:
             return
         with contextlib.suppress(BrokenPipeError, OSError):

@@ -732,10 +732,12 @@ def test_the_command_passes_its_options_to_the_suite_and_prints_the_reports_path
     calls = []
     monkeypatch.setattr(rep, "run_claims", lambda *a: calls.append(a) or Path("out/REPORT.md"))
     rep.main([])
-    assert calls[-1] == (Path("reproduce"), None, False, 2, False, "auto")
+    assert calls[-1] == (Path("reproduce"), None, False, 2, False, "auto", False)
     rep.main(["--out", "x", "--only", "a", "b", "--quick", "--workers", "3", "--reuse", "--accelerator", "cpu"])
-    assert calls[-1] == (Path("x"), ["a", "b"], True, 3, True, "cpu")
+    assert calls[-1] == (Path("x"), ["a", "b"], True, 3, True, "cpu", False)
     assert capsys.readouterr().out == "out/REPORT.md\nout/REPORT.md\n"
+    rep.main(["--fresh-processes"])
+    assert calls[-1][-1] is True
     with pytest.raises(SystemExit):
         rep.main(["--accelerator", "tpu"])
 

@@ -69,3 +69,15 @@ def test_a_worker_is_replaced_after_max_runs():
         assert w.run(["methods"])[0] == 0 and w.proc.pid != pid
     finally:
         w.close()
+
+
+def test_a_worker_that_cannot_start_says_why(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    w = WarmWorker(child_env(PYTHONPATH=str(tmp_path)))  # a pfl that cannot be imported
+    (tmp_path / "pfl").mkdir()
+    (tmp_path / "pfl" / "__init__.py").write_text("raise ImportError('this pfl is broken')\n")
+    try:
+        code, err, cpu = w.run(["methods"])
+        assert (code, cpu) == (1, None) and "this pfl is broken" in err
+    finally:
+        w.close()
