@@ -67,10 +67,15 @@ def sweep(argv: list[str]) -> None:
     parser.add_argument("--workers", type=int, default=1, help="runs in parallel")
     parser.add_argument("--root", type=Path, default=None, help="directory for the runs")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an option of every run")
+    parser.add_argument(
+        "--fresh-processes",
+        action="store_true",
+        help="start a new process for every run (default: each worker process runs one run after another)",
+    )
     args = parser.parse_args(argv)
     from pfl.metrics.report import report
 
-    dirs = run_sweep(args.file, args.count, args.workers, args.root, args.set)
+    dirs = run_sweep(args.file, args.count, args.workers, args.root, args.set, args.fresh_processes)
     print(report(dirs), end="")
 
 

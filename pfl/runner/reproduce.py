@@ -11,6 +11,7 @@ as not run. How verdicts are decided: docs/reproduce.md.
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import os
@@ -183,12 +184,14 @@ def run_claims(
     workers: int = 1,
     reuse: bool = False,
     accelerator: str = "auto",
+    fresh: bool = False,
 ) -> Path:
     """Run the claims over their seeds in ``workers`` processes and write ``out/REPORT.md``. ``quick``:
     the first seed and 1/10 of the rounds, no lr grid (a smoke test: every verdict is indicative).
     ``reuse`` keeps runs that already have a summary (an interrupted suite continues where it stopped).
     ``accelerator``: every run's ``trainer.accelerator`` (auto: a GPU when there is one; cpu: the
-    machine's cores, one run per worker)."""
+    machine's cores, one run per worker). ``fresh``: a new process per run instead of warm workers
+    (``pfl.runner.warm_workers``)."""
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     claims = [c for c in all_claims() if not only or c.key in only]
@@ -197,18 +200,21 @@ def run_claims(
     diverged: list[str] = []
     times = RunTimes(out, workers, device=device_label(accelerator))
     on = ["--trainer.accelerator", accelerator]
+    launch = functools.partial(
+        _run, workers=workers, reuse=reuse, times=times, failures=failures, diverged=diverged, extra=on, fresh=fresh
+    )
 
     # Every run's configuration is checked before the first one starts (the chosen lrs are grid values).
     grids = {c.key: [] if quick else grid_jobs(c, out) for c in ready}
     jobs = {c.key: claim_jobs(c, out, quick) for c in ready}
     started = time.time()
-    ran = _run([j for c in ready for j in grids[c.key]], workers, reuse, "lr grid", times, failures, diverged, on)
+    ran = launch([j for c in ready for j in grids[c.key]], "lr grid")
     grid_done = {key: _finished_jobs(grid, started, ran) for key, grid in grids.items()}
     # A choice on the grid's edge may lie past it: one more lr in that direction, and the choice again.
     edges = {c.key: edge_steps(c, choose_lrs(c, out, {j.run_dir for j in grid_done[c.key]})[0]) for c in ready}
     beyond = {c.key: grid_jobs(c, out, edges[c.key]) if edges[c.key] else [] for c in ready}
     started = time.time()
-    ran = _run([j for c in ready for j in beyond[c.key]], workers, reuse, "lr grid edge", times, failures, diverged, on)
+    ran = launch([j for c in ready for j in beyond[c.key]], "lr grid edge")
     grid_lines: dict[str, list[str]] = {}
     for c in ready:
         grid_done[c.key] += _finished_jobs(beyond[c.key], started, ran)
@@ -217,7 +223,7 @@ def run_claims(
             chosen, grid_lines[c.key] = choose_lrs(c, out, done_dirs, edges[c.key])
             jobs[c.key] = claim_jobs(c, out, quick, chosen)
     started = time.time()
-    ran = _run([j for c in ready for j in jobs[c.key]], workers, reuse, "reproduce", times, failures, diverged, on)
+    ran = launch([j for c in ready for j in jobs[c.key]], "reproduce")
     done = {key: _finished_jobs(claim_runs, started, ran) for key, claim_runs in jobs.items()}
 
     sections: list[str] = []
@@ -287,13 +293,14 @@ def default_workers() -> int:
 
 def _run(
     jobs: list[Job],
+    what: str,
     workers: int,
     reuse: bool,
-    what: str,
     times: RunTimes,
     failures: list[str],
     diverged: list[str],
     extra: list[str],
+    fresh: bool = False,
 ) -> set[str]:
     """Run the jobs (``reuse``: those without a summary yet) with ``extra`` after each one's arguments; the
     names of the runs started. Runs that diverged go to ``diverged``; any other failure to ``failures``
@@ -303,7 +310,7 @@ def _run(
         return set()
     print(f"{what}: {len(todo)} runs to do, {len(jobs) - len(todo)} reused, {workers} worker(s)", flush=True)
     try:
-        run_parallel(todo, workers, what=what, on_finish=times.record)
+        run_parallel(todo, workers, what=what, on_finish=times.record, fresh=fresh)
     except ConfigError as err:  # the failed runs are named in the report; the others still count
         codes = {name: times.codes.get(name) for name in todo}  # None: a run that never reported its end
         diverged += [name for name, code in codes.items() if code == EXIT_DIVERGED]
@@ -642,9 +649,14 @@ def main(argv: list[str] | None = None) -> None:
         choices=("auto", "cpu", "cuda"),
         help="every run's trainer.accelerator (default auto: the GPU when there is one; cpu: the cores only)",
     )
+    parser.add_argument(
+        "--fresh-processes",
+        action="store_true",
+        help="start a new process for every run (default: each worker process runs one run after another)",
+    )
     args = parser.parse_args(argv)
     workers = args.workers or default_workers()
-    print(run_claims(args.out, args.only, args.quick, workers, args.reuse, args.accelerator))
+    print(run_claims(args.out, args.only, args.quick, workers, args.reuse, args.accelerator, args.fresh_processes))
 
 
 def _read_json(path: Path, empty: dict | list) -> dict | list:

@@ -19,13 +19,12 @@ result table is saved beside the runs (``results.md``, ``results.csv``).
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import math
 import os
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +41,7 @@ from pfl.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, ConfigError, require
 from pfl.metrics.report import report
 from pfl.runner.args import parse_fit_args
 from pfl.runner.config_files import shipped_config
+from pfl.runner.warm_workers import WarmWorker
 
 SEARCH_METHODS = ("grid", "random", "bayes")
 DISTRIBUTIONS = ("uniform", "log_uniform_values", "int_uniform", "normal", "categorical")
@@ -260,32 +260,20 @@ def plan(
     return runs, root
 
 
-def run_child(argv: list[str], env: dict[str, str]) -> tuple[int, str, float | None]:
-    """Run ``argv`` to its end: (exit code, its stderr, its CPU seconds: user + system of the process
-    and the children it waited for; None where ``os.wait4`` does not exist). Stdout is discarded."""
-    with tempfile.TemporaryFile(mode="w+") as err:
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
-        if not hasattr(os, "wait4"):
-            code, cpu = proc.wait(), None
-        else:
-            _, status, usage = os.wait4(proc.pid, 0)
-            code = proc.returncode = os.waitstatus_to_exitcode(status)
-            cpu = usage.ru_utime + usage.ru_stime
-        err.seek(0)
-        return code, err.read(), cpu
-
-
 def run_parallel(
     jobs: dict[str, list[str]],
     workers: int = 1,
     what: str = "sweep",
     on_finish: Callable[[str, int, float, float | None], None] | None = None,
+    fresh: bool = False,
 ) -> None:
-    """Run ``python -m pfl <argv>`` for every job in ``workers`` processes; the cores are split between
-    workers. A line per finished run (with elapsed time and ETA) and, on a terminal, a live bar below
-    them; ``on_finish`` (when given) is called as each run ends with its name, exit code, wall seconds
-    and CPU seconds (None where the platform cannot measure them; unlike wall time, CPU time does not
-    grow when other work shares the machine), so a caller can record it before the next run ends.
+    """Run ``python -m pfl <argv>`` for every job in ``workers`` warm worker processes
+    (``pfl.runner.warm_workers``: each imports once and runs job after job; ``fresh``: a new process
+    per job); the cores are split between workers. A line per finished run (with elapsed time and ETA)
+    and, on a terminal, a live bar below them; ``on_finish`` (when given) is called as each run ends
+    with its name, exit code, wall seconds and CPU seconds (None where the platform cannot measure
+    them; unlike wall time, CPU time does not grow when other work shares the machine), so a caller can
+    record it before the next run ends.
     Raises ConfigError naming every failed job.
 
     Threads: each run sets torch's threads itself (``trainer.threads``, default 1); the split of the
@@ -295,14 +283,20 @@ def run_parallel(
     env = {**os.environ, "OMP_NUM_THREADS": threads}
     env.pop("WANDB_SERVICE", None)  # each run starts its own W&B service: a killed run frees its id with it
     progress = RunProgress(len(jobs), what, workers)
+    own = threading.local()  # each thread's worker process
+    started_workers: list[WarmWorker] = []
 
     def launch(name: str, argv: list[str]) -> tuple[int, str, float, float | None]:
+        if not hasattr(own, "worker"):
+            own.worker = WarmWorker(env, fresh=fresh)
+            started_workers.append(own.worker)
         started = progress.started(name)
-        code, err, cpu = run_child([sys.executable, "-m", "pfl", *argv], env)
+        code, err, cpu = own.worker.run(argv)
         return code, err, time.perf_counter() - started, cpu
 
     failed = []
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    with contextlib.ExitStack() as stack, ThreadPoolExecutor(max_workers=workers) as pool:
+        stack.callback(lambda: [w.close() for w in started_workers])
         pending = {pool.submit(launch, name, argv): name for name, argv in jobs.items()}
         while pending:
             done, _ = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
@@ -406,13 +400,14 @@ def run_sweep(
     workers: int = 1,
     root: Path | None = None,
     overrides: list[str] | None = None,
+    fresh: bool = False,
 ) -> list[Path]:
-    """Run every expanded run in ``workers`` processes, then save the table of their results beside them
-    (``RESULTS``); returns their run directories."""
+    """Run every expanded run in ``workers`` processes (``fresh``: a new one per run), then save the
+    table of their results beside them (``RESULTS``); returns their run directories."""
     runs, root = plan(path, count, root, overrides)
     root.mkdir(parents=True, exist_ok=True)
     labels = [r.name + " " + ", ".join(f"{k}={v}" for k, v in r.params.items()) for r in runs]
-    run_parallel({label: r.argv for label, r in zip(labels, runs, strict=True)}, workers)
+    run_parallel({label: r.argv for label, r in zip(labels, runs, strict=True)}, workers, fresh=fresh)
     dirs = [root / r.name for r in runs]
     save_results(root, dirs)
     return dirs

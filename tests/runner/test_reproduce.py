@@ -47,7 +47,7 @@ class FakeRunner:
         self.calls: list[tuple[str, list[str], int]] = []
         self.argv: dict[str, list[str]] = {}
 
-    def __call__(self, jobs, workers, what="sweep", on_finish=None):
+    def __call__(self, jobs, workers, what="sweep", on_finish=None, fresh=False):
         self.calls.append((what, list(jobs), workers))
         failed = []
         for name, argv in jobs.items():
@@ -309,7 +309,7 @@ def test_a_diverged_run_is_a_finding_and_a_crash_fails_the_suite_after_the_repor
 
 
 def test_a_run_that_never_reported_its_end_is_a_failure_of_the_suite(fake, tmp_path, monkeypatch):
-    def stops_at_once(jobs, workers, what, on_finish):
+    def stops_at_once(jobs, workers, what, on_finish, fresh=False):
         raise ConfigError(what, "the workers stopped")
 
     monkeypatch.setattr(rep, "run_parallel", stops_at_once)
@@ -513,7 +513,7 @@ def test_quick_estimates_the_full_suite_from_its_runs_scaled_by_their_rounds(fak
     monkeypatch.setattr(fake, "wall", 0.0)
     original = fake.__call__
 
-    def timed(jobs, workers, what="sweep", on_finish=None):
+    def timed(jobs, workers, what="sweep", on_finish=None, fresh=False):
         record = lambda name, code, _, cpu: on_finish(name, code, walls.get(name, 1.0), cpu)  # noqa: E731
         return original(jobs, workers, what, record)
 
@@ -732,10 +732,12 @@ def test_the_command_passes_its_options_to_the_suite_and_prints_the_reports_path
     calls = []
     monkeypatch.setattr(rep, "run_claims", lambda *a: calls.append(a) or Path("out/REPORT.md"))
     rep.main([])
-    assert calls[-1] == (Path("reproduce"), None, False, 2, False, "auto")
+    assert calls[-1] == (Path("reproduce"), None, False, 2, False, "auto", False)
     rep.main(["--out", "x", "--only", "a", "b", "--quick", "--workers", "3", "--reuse", "--accelerator", "cpu"])
-    assert calls[-1] == (Path("x"), ["a", "b"], True, 3, True, "cpu")
+    assert calls[-1] == (Path("x"), ["a", "b"], True, 3, True, "cpu", False)
     assert capsys.readouterr().out == "out/REPORT.md\nout/REPORT.md\n"
+    rep.main(["--fresh-processes"])
+    assert calls[-1][-1] is True
     with pytest.raises(SystemExit):
         rep.main(["--accelerator", "tpu"])
 

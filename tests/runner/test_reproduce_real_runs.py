@@ -57,7 +57,7 @@ def test_report_has_seed_table_paired_diffs_verdict_plot_and_time(tmp_path, monk
     assert "(4 runs, " in again and re.search(r"\| ditto \| ditto \| 2 \|", again)
     assert "it ran 0 run(s) and reused 4." in again and "without a recorded" not in again
     cpu = json.loads((tmp_path / "cpu_seconds.json").read_text())
-    assert set(cpu) == set(seconds) and all(1.0 < cpu[k] < 3 * seconds[k] for k in cpu)  # its own CPU time
+    assert set(cpu) == set(seconds) and all(0.0 < cpu[k] < 3 * seconds[k] for k in cpu)  # its own CPU time
     total = sum(cpu.values()) / 60
     assert f"Recorded time of the report's 4 runs: {total:.1f} CPU-minutes, about {total:.1f} min" in again
     (tmp_path / "cpu_seconds.json").write_text(json.dumps({"tiny/local/s0": 60.0}))  # the others' lost
@@ -120,7 +120,7 @@ def test_a_run_that_fails_other_than_by_diverging_fails_the_suite_after_the_repo
     claim = tiny_claim(seeds=(0,))
     monkeypatch.setattr(rep, "all_claims", lambda: [claim])
 
-    def one_crashes(jobs, workers, what, on_finish):
+    def one_crashes(jobs, workers, what, on_finish, fresh=False):
         name = next(iter(jobs))
         on_finish(name, 1, 1.0, 1.0)
         raise ConfigError(what, f"1 of {len(jobs)} runs failed: {name}: boom")
@@ -136,7 +136,7 @@ def test_a_stopped_suite_keeps_its_finished_runs_times_and_adds_up_its_invocatio
     monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(seeds=(0, 1))])
     real = rep.run_parallel
 
-    def stopped_after_one(jobs, workers, what, on_finish):
+    def stopped_after_one(jobs, workers, what, on_finish, fresh=False):
         real(dict(list(jobs.items())[:1]), workers, what=what, on_finish=on_finish)
         raise KeyboardInterrupt  # the process is stopped with the suite unfinished
 

@@ -1,0 +1,83 @@
+"""Tests of pfl/runner/warm_workers.py: runs in a warm worker process give what a process per run gives."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+from pfl.runner.warm_workers import WarmWorker
+from tests.helpers.cli_runs import TINY, child_env
+
+
+def _argv(root, name, *extra):
+    return ["fit", *TINY, "--tracking.root", str(root), "--tracking.name", name, *extra]
+
+
+def _metrics(root, name):
+    """The run's numbers (its measured times left out)."""
+    metrics = json.loads((root / name / "summary.json").read_text())["metrics"]
+    return {k: v for k, v in metrics.items() if not k.startswith(("time.", "throughput."))}
+
+
+def test_runs_after_one_another_in_one_process_give_the_numbers_of_a_process_per_run(tmp_path):
+    """Ditto, then bad input (exit 2, its line, the process kept), then FedProx on another seed and Ditto
+    again, all in one process; FedProx's numbers equal those of a process of its own."""
+    warm = WarmWorker(child_env())
+    try:
+        runs = {"a": ["--method", "ditto"], "bad": ["--client.lr", "-1"]}
+        runs |= {"b": ["--method", "fedprox", "--seed", "1"], "c": ["--method", "ditto"]}
+        pids, codes = set(), {}
+        for name, extra in runs.items():
+            codes[name], err, cpu = warm.run(_argv(tmp_path / "warm", name, *extra))
+            assert cpu is not None and cpu > 0
+            pids.add(warm.proc.pid)
+    finally:
+        warm.close()
+    assert codes == {"a": 0, "bad": 2, "b": 0, "c": 0}
+    assert len(pids) == 1  # one process ran them all
+    code, err, _ = WarmWorker(child_env(), fresh=True).run(_argv(tmp_path / "fresh", "b", *runs["b"]))
+    assert code == 0, err
+    assert _metrics(tmp_path / "warm", "b") == _metrics(tmp_path / "fresh", "b")
+    assert _metrics(tmp_path / "warm", "a") == _metrics(tmp_path / "warm", "c")
+
+
+def test_a_failed_process_is_replaced_and_reported_as_python_m_pfl_would_end(tmp_path):
+    """A worker killed during a run reports its signal; an unexpected exception is exit 1 with its
+    traceback and the worker is replaced (it may be in any state); bad input keeps the worker."""
+    w = WarmWorker(child_env())
+    try:
+        code, _, cpu = w.run(_argv(tmp_path, "k", "--method.class_path", "tests.helpers.crashing.KilledMethod"))
+        assert (code, cpu, w.proc) == (-signal.SIGKILL, None, None)
+        code, err, _ = w.run(_argv(tmp_path, "bad", "--client.lr", "-1"))
+        pid = w.proc.pid
+        assert code == 2 and "client.lr" in err.splitlines()[-1]
+        code, err, _ = w.run(_argv(tmp_path, "r", "--method.class_path", "tests.helpers.crashing.RaisingMethod"))
+        assert w.proc is None and code == 1
+        assert "Traceback" in err and "an unexpected failure inside a user's method" in err
+        assert "client.lr" not in err  # each run's stderr is its own
+        assert w.run(["methods"])[0] == 0 and w.proc.pid != pid
+    finally:
+        w.close()
+
+
+def test_a_worker_is_replaced_after_max_runs():
+    w = WarmWorker(child_env(), max_runs=2)
+    try:
+        assert w.run(["methods"])[0] == 0
+        pid = w.proc.pid
+        assert w.run(["methods"])[0] == 0 and w.proc is None
+        assert w.run(["methods"])[0] == 0 and w.proc.pid != pid
+    finally:
+        w.close()
+
+
+def test_a_worker_that_cannot_start_says_why(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    w = WarmWorker(child_env(PYTHONPATH=str(tmp_path)))  # a pfl that cannot be imported
+    (tmp_path / "pfl").mkdir()
+    (tmp_path / "pfl" / "__init__.py").write_text("raise ImportError('this pfl is broken')\n")
+    try:
+        code, err, cpu = w.run(["methods"])
+        assert (code, cpu) == (1, None) and "this pfl is broken" in err
+    finally:
+        w.close()
