@@ -21,7 +21,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from pfl.engine.flat import FlatModule
-from pfl.engine.worker import Worker
+from pfl.engine.trainer import ClientTrainer
 from pfl.federation import divergence
 from pfl.federation.checkpoint import Checkpointer
 from pfl.federation.dispatch import Dispatcher, client_context
@@ -75,7 +75,7 @@ class FederatedLoop:
         self,
         *,
         method: Method,
-        worker: Worker,
+        worker: ClientTrainer,
         server: ServerContext,
         server_optimizer: ServerOptimizer,
         clients: ClientStore,

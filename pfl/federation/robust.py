@@ -206,8 +206,8 @@ def norm_clip(uploads: dict[int, Upload], ctx: AggregationContext) -> dict[int, 
 
 
 @dataclass(frozen=True)
-class Aggregator:
-    """The run's ``server.aggregator`` with its settings (``Aggregator()`` is mean): an upload transform
+class RobustRule:
+    """The run's ``server.aggregator`` with its settings (``RobustRule()`` is mean): an upload transform
     of the server, after every client-side one (``pfl.federation.transforms``)."""
 
     settings: ServerConfig = field(default_factory=ServerConfig)
@@ -218,7 +218,7 @@ class Aggregator:
         return self.settings.aggregator
 
     @classmethod
-    def build(cls, cfg: ServerConfig, method: Method, clients_per_round: int) -> Aggregator:
+    def build(cls, cfg: ServerConfig, method: Method, clients_per_round: int) -> RobustRule:
         """The run's aggregator; a ConfigError when it cannot apply to ``method`` or to ``clients_per_round``
         uploads a round."""
         entry = AGGREGATORS.get(cfg.aggregator)
@@ -248,7 +248,7 @@ class Aggregator:
 
 __all__ = [
     "AggregationContext",
-    "Aggregator",
+    "RobustRule",
     "RegisteredAggregator",
     "aggregator",
     "clip_factors",

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from torchmetrics.functional import mean_absolute_error
 
-from pfl.engine.worker import Worker
+from pfl.engine.trainer import ClientTrainer
 from pfl.methods.base import ClientContext, Method, ServerContext
 from pfl.metrics.protocols import g_test_indices, mean_std, reference_metrics, s_test_indices, summarize
 from pfl.metrics.routing import routed_scores
@@ -43,7 +43,7 @@ class EvalSets:
     g: list[Tensor]
 
     @classmethod
-    def build(cls, worker: Worker, seed: int, share_of_others: float, mode: str = "paper") -> EvalSets:
+    def build(cls, worker: ClientTrainer, seed: int, share_of_others: float, mode: str = "paper") -> EvalSets:
         tests = [c.test.cpu().numpy() for c in worker.data.clients]
         union = np.concatenate(tests)
         s, g = [], []
@@ -58,7 +58,7 @@ class EvalSets:
 
 
 @torch.no_grad()
-def predict(worker: Worker, state: Tensor, idx: Tensor) -> Tensor:
+def predict(worker: ClientTrainer, state: Tensor, idx: Tensor) -> Tensor:
     """Outputs of the model ``state`` on pool samples ``idx``, in eval-batch-sized chunks."""
     worker.flat.load(state)
     worker.module.eval()
@@ -77,7 +77,7 @@ def union_of(segments: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
     return samples, dict(zip(segments, where.split([len(v) for v in segments.values()]), strict=True))
 
 
-def score_segments(worker: Worker, state: Tensor, segments: dict[str, Tensor]) -> dict[str, float]:
+def score_segments(worker: ClientTrainer, state: Tensor, segments: dict[str, Tensor]) -> dict[str, float]:
     """Returns ``{name: score}`` and ``{name_loss: mean loss}`` per segment from one forward pass over
     the union of the segments' samples: each sample is scored once, however many segments (or a
     paper S-test's repeated draws) hold it, and a segment's score indexes the per-sample outputs."""
@@ -102,7 +102,9 @@ def score_segments(worker: Worker, state: Tensor, segments: dict[str, Tensor]) -
 ROUTE_PREFIX = "route."
 
 
-def routed_row(worker: Worker, routing: tuple[Tensor, Tensor, float], segments: dict[str, Tensor]) -> dict[str, float]:
+def routed_row(
+    worker: ClientTrainer, routing: tuple[Tensor, Tensor, float], segments: dict[str, Tensor]
+) -> dict[str, float]:
     """``route.<set>_acc`` and ``route.<set>_server`` (the share sent to the server) of a method's
     inference rule (``Method.routing``: client-side model, full model, threshold) on each non-empty
     set, from one pass of each model over the sets' union (pfl.metrics.routing)."""
@@ -141,7 +143,7 @@ class _Scorer:
     of models, then released, so evaluating N clients holds a block of P-models, not N (with a disk
     client store, the others stay on disk). The same model on the same index set is scored once."""
 
-    def __init__(self, worker: Worker, shared: set[int], block_bytes: int):
+    def __init__(self, worker: ClientTrainer, shared: set[int], block_bytes: int):
         self.worker, self.shared, self.block_bytes = worker, shared, block_bytes
         self.scores: dict[str, float] = {}
         self._groups: dict[int, tuple[Tensor, dict[str, Tensor]]] = {}  # shared: until finish
@@ -188,7 +190,7 @@ class _Scorer:
 def score_clients(
     method: Method,
     server: ServerContext,
-    worker: Worker,
+    worker: ClientTrainer,
     client: Callable[[int], ClientContext],
     cids: Sequence[int],
     sets: EvalSets | None = None,
@@ -293,7 +295,7 @@ Gather = Callable[[Any], list[Any]]
 def evaluate_federation(
     method: Method,
     server: ServerContext,
-    worker: Worker,
+    worker: ClientTrainer,
     client: Callable[[int], ClientContext],
     sets: EvalSets | None = None,
     personal: Callable[[int], Tensor | None] | None = None,
@@ -351,7 +353,7 @@ def honest_metrics(rows: Sequence[dict[str, Any]], malicious: frozenset[int] | s
 
 
 def evaluate_new_clients(
-    method: Method, server: ServerContext, worker: Worker, round_idx: int, epochs: int, init_state: Tensor
+    method: Method, server: ServerContext, worker: ClientTrainer, round_idx: int, epochs: int, init_state: Tensor
 ) -> dict[str, float]:
     """``new.{acc|mae}.{mean,std}`` of held-out clients after ``method.adapt_new_client``."""
     n = worker.data.num_clients

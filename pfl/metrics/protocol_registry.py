@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pfl.config import PROTOCOLS
-from pfl.engine.worker import Worker
+from pfl.engine.trainer import ClientTrainer
 from pfl.methods.base import ClientContext, Method, ServerContext
 
 
@@ -26,7 +26,7 @@ class ProtocolContext:
 
     method: Method
     server: ServerContext
-    worker: Worker
+    worker: ClientTrainer
     client: Callable[[int], ClientContext]
     round: int
 

@@ -33,7 +33,7 @@ def test_the_plan_holds_every_derived_value_and_is_frozen():
     cfg = tiny_config("fedprox", client={"lr": 0.2, "lr_decay": 0.5}, trainer={"fraction": 0.5})
     plan = plan_run(cfg, build_data(cfg.data, cfg.seed))
     assert plan.clients_per_round == 3 and plan.settings.lr_at(2) == 0.2 * 0.25
-    assert plan.aggregator.kind == "mean" and plan.resume is None and not plan.finished and plan.start_round == 0
+    assert plan.robust_rule.kind == "mean" and plan.resume is None and not plan.finished and plan.start_round == 0
     assert plan.recorded["method.name"].endswith("FedProx") or plan.recorded["method.name"] == "fedprox"
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.clients_per_round = 4  # type: ignore[misc]
