@@ -89,7 +89,8 @@ def build_loop(
         worker.compile_clock.first_forward(worker.module.net)
         if announce_path and cohort.is_zero:
             callbacks = [*callbacks, CompileReport()]
-    problems = [] if t.vectorize is False else vectorize_problems(method, worker, t.precision)
+    # trainer.vectorize true was refused by plan_run when anything stands in its way; auto chooses here.
+    problems = vectorize_problems(method, worker, t.precision) if t.vectorize == "auto" else []
     path = choose_path(t.vectorize, problems, worker.device.type, method.name)
     if announce_path and cohort.is_zero and path.said:
         announce(path.line)

@@ -29,7 +29,7 @@ from pfl.federation.robust import RobustRule
 from pfl.methods import class_path
 from pfl.methods.base import Method
 from pfl.metrics.protocols import s_test_clients
-from pfl.models import check_model_builds, meta_model
+from pfl.models import check_model_builds, structure_model
 from pfl.runner.args import RESUME_ALLOWED, check_resume_progress
 from pfl.runner.training_path import require_vectorizable
 
@@ -176,10 +176,9 @@ def plan_run(cfg: RunConfig, data: FederatedData, resume_dir: Path | None = None
     check_model_builds(cfg.model, data.input_shape, data.num_classes)
     per_round = clients_per_round(cfg, data.num_clients)
     robust_rule = RobustRule.build(cfg.server, cfg.method, per_round)
-    if cfg.trainer.vectorize is True:  # refused now when the method or a built-in model's structure says so
-        net = meta_model(cfg.model, data.input_shape, data.num_classes)
-        model = [] if net is None else net_problems(net, cfg.trainer.precision)
-        require_vectorizable(cfg.method.vectorize_problems() + model)
+    if cfg.trainer.vectorize is True:  # refused now, not by build_loop, when the method or the model says so
+        net = structure_model(cfg.model, data.input_shape, data.num_classes)
+        require_vectorizable(cfg.method.vectorize_problems() + net_problems(net, cfg.trainer.precision))
     resume, finished = None, False
     if resume_dir is not None:
         resume = read_resumption(Path(resume_dir))
