@@ -3,7 +3,7 @@ trained together (``trainer.vectorize``).
 
 Each sampled client's local update runs in its own thread, but only one thread runs at a time (an
 explicit handoff), in the order given, so the code between fits runs exactly as in sequential mode.
-The update sees a ``LockstepTrainer``: the worker itself for everything (gradients, evaluation, batches,
+The update sees a ``LockstepTrainer``: the client trainer itself for everything (gradients, evaluation, batches,
 fits that cannot be stacked: those run right there, one client at a time, exactly), except a ``fit``
 that ``StackedTrainer`` can train and a ``mean_gradient`` (PGFed's full pass): those post a request and
 wait. When every client waits on a request or has finished, the pending fits are trained together
@@ -48,7 +48,7 @@ class _Abandoned(BaseException):
 
 
 class LockstepTrainer:
-    """The worker as one client's local update sees it in lockstep (see the module's docstring)."""
+    """The ``ClientTrainer`` as one client's local update sees it in lockstep (see the module's docstring)."""
 
     def __init__(self, worker: ClientTrainer, lockstep: Lockstep, slot: int):
         self._worker, self._lockstep, self._slot = worker, lockstep, slot

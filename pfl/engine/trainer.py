@@ -1,6 +1,7 @@
-"""The local-training engine: one LightningModule and one worker per process, reused for every client.
+"""The local-training engine: one LightningModule and one ``ClientTrainer`` per process, reused for every
+client (a method reaches it as ``ClientContext.worker``; the name predates the class's).
 
-The worker holds the model in a FlatModule, the federation's tensors (already on the device) and
+The trainer holds the model in a FlatModule, the federation's tensors (already on the device) and
 one optimizer over the flat parameter vector. Training a client is: copy its start vector in,
 run epochs of index-batched steps, read the vector out. Nothing is rebuilt per client or per round.
 
@@ -65,7 +66,7 @@ class ClientModule(L.LightningModule):
     """The local objective: cross-entropy (classification) or mean squared error (regression) of the
     network on a batch.
 
-    Method-specific terms (proximal, auxiliary gradients, ...) are composed on top by the worker from
+    Method-specific terms (proximal, auxiliary gradients, ...) are composed on top by the trainer from
     ``pfl.engine.terms``. A method may instead subclass this module and override ``training_step``;
     ``self.fit_context`` then holds what the method passed for this fit (e.g. the global model), and
     ``self.flat_params()`` is the parameter vector as a differentiable tensor.
@@ -83,12 +84,12 @@ class ClientModule(L.LightningModule):
         """All trainable parameters as one vector, in the flat layout, differentiable."""
         return torch.cat([p.reshape(-1) for p in self.net.parameters() if p.requires_grad])
 
-    # Manual optimisation without a Trainer: the worker's optimizer and Fabric-aware backward.
+    # Manual optimisation without Lightning's Trainer: the ClientTrainer's optimizer and Fabric-aware backward.
     def optimizers(self, use_pl_optimizer: bool = True) -> Any:  # noqa: ARG002 - Lightning's signature
         return self._worker_optimizer
 
     def manual_backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
-        assert self._worker_backward is not None, "manual_backward is only available during a worker fit"
+        assert self._worker_backward is not None, "manual_backward is only available during a ClientTrainer fit"
         self._worker_backward(loss)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -121,7 +122,8 @@ class StepOptimizer:
 
 
 class ClientTrainer:
-    """Trains and evaluates any client by loading its vectors into one reusable model."""
+    """Trains and evaluates any client by loading its vectors into one reusable model: ``train`` is one
+    local fit (its ``FitStats``), which ``ClientContext.fit`` wraps for methods (the trained vector)."""
 
     def __init__(
         self,

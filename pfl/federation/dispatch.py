@@ -60,9 +60,9 @@ class Dispatcher(ABC):
     ) -> tuple[dict[int, Upload], list[FitStats]]:
         """The uploads of every sampled client (by id) and the fits' statistics; a diverged client is
         named (``pfl.federation.divergence``)."""
-        trained = self.train(method, round_idx, sampled, payloads)
-        divergence.check_round(round_idx + 1, sampled, trained.uploads, self.clients, trained.losses(), trained.sums)
-        return trained.uploads, trained.fits
+        updates = self.train(method, round_idx, sampled, payloads)
+        divergence.check_round(round_idx + 1, sampled, updates.uploads, self.clients, updates.losses(), updates.sums)
+        return updates.uploads, updates.fits
 
 
 class SequentialDispatcher(Dispatcher):
@@ -128,9 +128,9 @@ class MultiProcessDispatcher(Dispatcher):
     def dispatch(
         self, method: Method, round_idx: int, sampled: Sequence[int], payloads: dict[int, Any]
     ) -> tuple[dict[int, Upload], list[FitStats]]:
-        trained = self.train(method, round_idx, sampled, payloads)
-        states = {cid: self.clients.get(cid, {}) for cid in trained.uploads}
-        uploads, states, fits = self.cohort.exchange(trained.uploads, states, trained.fits, self.worker.device)
+        updates = self.train(method, round_idx, sampled, payloads)
+        states = {cid: self.clients.get(cid, {}) for cid in updates.uploads}
+        uploads, states, fits = self.cohort.exchange(updates.uploads, states, updates.fits, self.worker.device)
         self.clients.update(states)
         divergence.check_round(round_idx + 1, sampled, uploads, self.clients, {})  # the same on every rank
         divergence.check_losses(round_idx + 1, [f.loss for f in fits])

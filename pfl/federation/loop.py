@@ -2,11 +2,12 @@
 
 The loop receives built parts (``pfl.runner.assembly.build_loop`` assembles them from a run's plan, as
 Lightning Fabric's build-your-own-trainer receives its model and optimizers): the method (local update
-and server hooks), a worker (the engine), the server's context and optimizer, the upload transforms
-(an attack, the robust aggregator: ``pfl.federation.transforms``), the client store, the evaluation
-session, a dispatcher (how local updates run: ``pfl.federation.dispatch``), the run's progress
-(``pfl.federation.progress``) and callbacks: the outputs, the checkpoints (``Checkpointing``: a
-``pfl.federation.checkpoint.Checkpointer`` saving the run's state) and the progress bar.
+and server hooks), the client trainer (``pfl.engine.trainer``; the loop's ``worker``), the server's
+context and optimizer, the upload transforms (an attack, the robust rule: ``pfl.federation.transforms``),
+the client store, the evaluation session, a dispatcher (how local updates run:
+``pfl.federation.dispatch``), the run's progress (``pfl.federation.progress``) and callbacks: the
+outputs, the checkpoints (``Checkpointing``: a ``pfl.federation.checkpoint.Checkpointer`` saving the
+run's state) and the progress bar.
 """
 
 from __future__ import annotations

@@ -91,3 +91,9 @@ def test_batches_per_epoch_counts_what_keyed_batches_draws(drop_last):
         assert [e for e, _ in drawn].count(0) == [e for e, _ in drawn].count(1) == batches_per_epoch(n, 5, drop_last)
         kept = sum(len(b) for e, b in drawn if e == 0)
         assert kept == (n if not drop_last or n < 5 else n - n % 5), (n, drop_last)
+
+
+def test_client_module_still_imports_from_the_path_the_docs_gave():
+    from pfl.engine import trainer, worker
+
+    assert worker.ClientModule is trainer.ClientModule and worker.__all__ == ["ClientModule"]
