@@ -25,7 +25,7 @@ from bench.common import bench_config, cifar_like, make_loop, mnist_like
 from bench.overhead import PlainFedAvg, overhead
 from bench.scaling import interleaved_round_s, method_costs
 from bench.vmap import compare
-from pfl.engine.worker import FitSpec
+from pfl.engine.trainer import FitSpec
 from pfl.methods import methods
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,7 +110,7 @@ def run_resnet() -> dict:
     20 training samples per client (2 steps of batch 10), after a one-client warm-up."""
     cfg = bench_config("fedavg", "resnet18", 10, 10, epochs=1, batch_size=10)
     loop = make_loop(cfg, cifar_like(10, per_client=25))
-    loop.worker.fit(0, loop.init_state, 0, FitSpec(purpose="warmup"))
+    loop.worker.train(0, loop.init_state, 0, FitSpec(purpose="warmup"))
     samples = loop.progress.train_samples
     t0 = time.perf_counter()
     loop.run_round()

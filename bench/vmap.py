@@ -11,7 +11,7 @@ import torch
 
 from bench.common import bench_config, make_loop, mnist_like
 from pfl.engine.stacked import FitRequest, StackedTrainer
-from pfl.engine.worker import FitStats
+from pfl.engine.trainer import FitStats
 from pfl.federation.loop import FederatedLoop, sample_clients
 from pfl.methods import weighted_mean
 

@@ -92,7 +92,7 @@ class TrainSettings:
 
 @dataclass(frozen=True)
 class FitSpec:
-    """The options of one local fit (``Worker.fit``; ``ClientContext.fit`` documents each).
+    """The options of one local fit (``ClientTrainer.train``; ``ClientContext.fit`` documents each).
 
     None means the run's setting (``TrainSettings``): epochs, lr, momentum."""
 
@@ -101,9 +101,9 @@ class FitSpec:
     purpose: str = "train"  # keys the fit's random draws, and its kept momentum
     lr: float | None = None
     momentum: float | None = None
-    momentum_buffer: Tensor | None = None  # SGD momentum to continue from (``Worker.momentum_buffer``)
+    momentum_buffer: Tensor | None = None  # SGD momentum to continue from (``ClientTrainer.momentum_buffer``)
     loss_fn: LossFn | None = None  # ``loss_fn(net, x, y)`` replaces the cross-entropy data term
-    # A ClientModule subclass (pfl.engine.worker) whose ``training_step`` is the objective; typed as a
+    # A ClientModule subclass (pfl.engine.trainer) whose ``training_step`` is the objective; typed as a
     # plain class here so that this module never imports the engine that imports it.
     objective: type | None = None
     context: dict[str, Any] | None = None  # the objective's ``fit_context``
@@ -127,7 +127,7 @@ def batches_per_epoch(n: int, batch_size: int, drop_last: bool) -> int:
 def keyed_batches(
     gen: torch.Generator, idx: Tensor, epochs: int, batch_size: int, drop_last: bool
 ) -> Iterator[tuple[int, Tensor]]:
-    """(epoch, index batch) pairs of ``idx``, reshuffled every epoch from ``gen`` (``Worker.epoch_batches``
+    """(epoch, index batch) pairs of ``idx``, reshuffled every epoch from ``gen`` (``ClientTrainer.epoch_batches``
     documents ``drop_last``). The one place a fit's batches are drawn: the sequential worker and the
     stacked trainer (``pfl.engine.stacked``) both take theirs from here."""
     n, bs = len(idx), batch_size

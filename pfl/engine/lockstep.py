@@ -3,7 +3,7 @@ trained together (``trainer.vectorize``).
 
 Each sampled client's local update runs in its own thread, but only one thread runs at a time (an
 explicit handoff), in the order given, so the code between fits runs exactly as in sequential mode.
-The update sees a ``ClientWorker``: the worker itself for everything (gradients, evaluation, batches,
+The update sees a ``LockstepTrainer``: the client trainer itself for everything (gradients, evaluation, batches,
 fits that cannot be stacked: those run right there, one client at a time, exactly), except a ``fit``
 that ``StackedTrainer`` can train and a ``mean_gradient`` (PGFed's full pass): those post a request and
 wait. When every client waits on a request or has finished, the pending fits are trained together
@@ -11,7 +11,7 @@ wait. When every client waits on a request or has finished, the pending fits are
 (``StackedTrainer.mean_gradients``), and the waiting clients resume, one at a time in order, each
 finding the worker as its own sequential call would have left it: after a fit the trained state
 loaded (``snapshot()``), its momentum (``momentum_buffer()``), and torch's global generator seeded by
-the fit's key (``Worker.epoch_batches``; nothing draws from it in a stacked fit); after a mean gradient
+the fit's key (``ClientTrainer.epoch_batches``; nothing draws from it in a stacked fit); after a mean gradient
 the state loaded with the running statistics its passes moved, and the gradient zeroed.
 
 Exact for a local update that does not depend on the other clients' updates of the round: no state
@@ -37,7 +37,7 @@ from pfl.engine.stacked import (
     precision_name,
     spec_problem,
 )
-from pfl.engine.worker import DEFAULT_FIT, FitSpec, FitStats, Worker
+from pfl.engine.trainer import DEFAULT_FIT, ClientTrainer, FitSpec, FitStats
 from pfl.seeding import seed_everything
 
 T = TypeVar("T")
@@ -47,21 +47,21 @@ class _Abandoned(BaseException):
     """Unwinds a waiting client's thread when the round stops (another client raised)."""
 
 
-class ClientWorker:
-    """The worker as one client's local update sees it in lockstep (see the module's docstring)."""
+class LockstepTrainer:
+    """The ``ClientTrainer`` as one client's local update sees it in lockstep (see the module's docstring)."""
 
-    def __init__(self, worker: Worker, lockstep: Lockstep, slot: int):
+    def __init__(self, worker: ClientTrainer, lockstep: Lockstep, slot: int):
         self._worker, self._lockstep, self._slot = worker, lockstep, slot
         self._stacked: FitRequest | None = None  # the last fit, when it was stacked
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._worker, name)
 
-    def fit(self, cid: int, start: Tensor, round_idx: int, spec: FitSpec = DEFAULT_FIT) -> FitStats:
+    def train(self, cid: int, start: Tensor, round_idx: int, spec: FitSpec = DEFAULT_FIT) -> FitStats:
         w = self._worker
         if not self._lockstep.stacks(spec):
             self._stacked = None
-            return w.fit(cid, start, round_idx, spec)
+            return w.train(cid, start, round_idx, spec)
         request = FitRequest.of(w, cid, start, round_idx, spec)
         self._lockstep.wait_for(self._slot, request)
         w.flat.load(request.out)
@@ -91,7 +91,7 @@ class ClientWorker:
 class Lockstep:
     """Runs one round's local updates in lockstep on ``worker``, training their stackable fits together."""
 
-    def __init__(self, worker: Worker, trainer: StackedTrainer):
+    def __init__(self, worker: ClientTrainer, trainer: StackedTrainer):
         self.worker, self.trainer = worker, trainer
         self.model_ok = not model_problems(worker, precision_name(worker))
         self.stacked_fits = self.sequential_fits = self.stacked_gradients = 0  # counts, for tests and logs
@@ -109,7 +109,7 @@ class Lockstep:
             self.sequential_fits += 1
         return ok
 
-    def run(self, updates: Sequence[Callable[[ClientWorker], T]]) -> list[T]:
+    def run(self, updates: Sequence[Callable[[LockstepTrainer], T]]) -> list[T]:
         """``updates[i](client_worker_i)`` for every i, in lockstep; their results in order. The first
         exception a client raises is raised here (with its traceback) once every thread has ended."""
         n = len(updates)
@@ -124,7 +124,7 @@ class Lockstep:
                     if self._abandoned:
                         return
                 with torch.set_grad_enabled(grad_mode):  # grad mode is per thread in torch
-                    results[slot] = updates[slot](ClientWorker(self.worker, self, slot))
+                    results[slot] = updates[slot](LockstepTrainer(self.worker, self, slot))
             except _Abandoned:
                 pass
             except BaseException as e:  # handed to the caller's thread, raised there
@@ -180,4 +180,4 @@ class Lockstep:
                 raise _Abandoned
 
 
-__all__ = ["ClientWorker", "Lockstep"]
+__all__ = ["LockstepTrainer", "Lockstep"]

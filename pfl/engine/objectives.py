@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from pfl.engine.worker import ClientModule
+from pfl.engine.trainer import ClientModule
 
 
 class ProximalObjective(ClientModule):

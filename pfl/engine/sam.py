@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from pfl.engine.flat import FlatModule
-from pfl.engine.worker import ClientModule
+from pfl.engine.trainer import ClientModule
 from pfl.optim.sharpness import SharpnessStep
 
 SAM_KEYS = ("rho", "p", "scale", "region")

@@ -1,7 +1,7 @@
 """Stacked training: several clients' fits as one (clients × parameters) matrix, one vmapped step per
 batch position (``torch.func.functional_call`` + ``vmap(grad_and_value)``).
 
-A ``FitRequest`` is one client's fit (what ``Worker.fit`` would do with its ``FitSpec``); ``StackedTrainer.train``
+A ``FitRequest`` is one client's fit (what ``ClientTrainer.train`` does with its ``FitSpec``); ``StackedTrainer.train``
 trains a list of them, grouped by the structure of their terms (``pfl.engine.terms``: kinds and, for
 ``Freeze``, the slice). Inside a group every client keeps its own learning rate, momentum, epochs,
 initial momentum buffer, terms' tensors and coefficients, and samples (its train split or
@@ -24,7 +24,7 @@ form: ``spec_problem``; a model with float buffers or with dropout drawn from to
 a gradient scaler: ``model_problems``) is left to the lockstep dispatcher (``pfl.engine.lockstep``),
 which trains such fits on the worker. Keyed dropout (``pfl.models.dropout.KeyedDropout``) stacks: each
 vmapped call gets every client's key of the step, and each client draws its sequential step's masks.
-``mean_gradients`` is ``Worker.mean_gradient`` (PGFed's full pass) for several clients, one vmapped
+``mean_gradients`` is ``ClientTrainer.mean_gradient`` (PGFed's full pass) for several clients, one vmapped
 pass per batch position.
 """
 
@@ -44,12 +44,12 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from pfl.engine.sam import SAMObjective
 from pfl.engine.terms import Term, add_scaled_, coefficient, stack_terms, stackable
-from pfl.engine.worker import FitSpec, FitStats, Worker, keyed_batches
+from pfl.engine.trainer import ClientTrainer, FitSpec, FitStats, keyed_batches
 from pfl.models.dropout import KeyedDropout, dropout_key, step_key
 from pfl.optim.sharpness import perturbation
 
 
-def model_problems(worker: Worker, precision: str = "32-true") -> list[str]:
+def model_problems(worker: ClientTrainer, precision: str = "32-true") -> list[str]:
     """Why no fit of this worker's model and settings can be stacked (empty: they can)."""
     return net_problems(worker.module.net, precision, scaler=worker.scaler is not None)
 
@@ -76,12 +76,12 @@ def net_problems(net: nn.Module, precision: str = "32-true", scaler: bool = Fals
     return reasons
 
 
-def precision_name(worker: Worker) -> str:
+def precision_name(worker: ClientTrainer) -> str:
     """The worker's Fabric precision (``32-true`` without Fabric), as ``model_problems`` reads it."""
     return str(getattr(worker.precision, "precision", "32-true"))
 
 
-def forward_context(worker: Worker) -> Callable[[], AbstractContextManager]:
+def forward_context(worker: ClientTrainer) -> Callable[[], AbstractContextManager]:
     """The stacked forward's context, as the sequential worker's ``autocast()``: bf16 autocast under
     ``bf16-mixed`` (``torch.autocast`` itself, which ``torch.compile`` traces), Fabric's own forward
     context under a *-true precision (none for 32-true; the default dtype for 16/bf16-true)."""
@@ -181,8 +181,8 @@ class FitRequest:
     buffer_out: Tensor | None = field(default=None, repr=False)
 
     @classmethod
-    def of(cls, worker: Worker, cid: int, start: Tensor, round_idx: int, spec: FitSpec) -> FitRequest:
-        """The request ``worker.fit(cid, start, round_idx, spec)`` stands for (settings read now)."""
+    def of(cls, worker: ClientTrainer, cid: int, start: Tensor, round_idx: int, spec: FitSpec) -> FitRequest:
+        """The request ``worker.train(cid, start, round_idx, spec)`` stands for (settings read now)."""
         s = worker.settings
         epochs = s.epochs if spec.epochs is None else spec.epochs
         n = len(worker.split(cid).train if spec.indices is None else spec.indices)
@@ -209,7 +209,7 @@ class FitRequest:
 
 @dataclass
 class GradientRequest:
-    """One client's ``Worker.mean_gradient(cid, state, round_idx)`` (PGFed's uploaded ∇f_i and f_i).
+    """One client's ``ClientTrainer.mean_gradient(cid, state, round_idx)`` (PGFed's uploaded ∇f_i and f_i).
     ``grad``, ``loss`` and ``state_out`` (the worker's state as the sequential pass leaves it: ``state``
     with BatchNorm's running statistics moved by its train-mode forwards) are filled by the pass."""
 
@@ -223,17 +223,17 @@ class GradientRequest:
 
 class StackedTrainer:
     """Trains groups of fits with one vmapped step per batch position; ``mean_gradients`` is
-    ``Worker.mean_gradient`` for several clients in one vmapped pass per batch position."""
+    ``ClientTrainer.mean_gradient`` for several clients in one vmapped pass per batch position."""
 
-    def __init__(self, worker: Worker, compile: bool = False):
+    def __init__(self, worker: ClientTrainer, compile: bool = False):
         self.worker = worker
         # Keyed dropout (pfl.models.dropout): every vmapped call then takes one more input, each
         # client's key of the step, so each client draws the masks of its sequential step.
         self.keyed = worker.keyed_dropout
-        # the forward and loss in the fit's context, the backward outside, as Worker.fit
+        # the forward and loss in the fit's context, the backward outside, as ClientTrainer.train
         step, self.unpadded_step = self._vmapped(forward_context(worker))
         self.step = worker.compile_clock.first_call(torch.compile(step, dynamic=True)) if compile else step
-        # The mean gradient's pass, as Worker.gradient: its loss outside any forward context.
+        # The mean gradient's pass, as ClientTrainer.gradient: its loss outside any forward context.
         self.gradient_step, self.unpadded_gradient_step = self._vmapped(contextlib.nullcontext)
         # BatchNorm: each client's running statistics are a row of a (clients × buffers) matrix passed
         # through functional_call, which BatchNorm updates in place, row by row under vmap; its other
@@ -302,7 +302,7 @@ class StackedTrainer:
         bufs = torch.stack([r.start[p:] for r in reqs]).clone()  # running statistics, one row per client
         dtype = params.dtype
         if self.buffer_views or self.keyed:
-            w.module.net.train()  # as Worker.fit: BatchNorm uses and updates batch statistics, dropout drops
+            w.module.net.train()  # as ClientTrainer.train: BatchNorm uses and updates batch statistics, dropout drops
         terms = stack_terms([r.terms for r in reqs])
         lr = coefficient([r.lr for r in reqs], params)  # a float when shared: torch's SGD arithmetic exactly
         moms = [float(r.momentum) for r in reqs]
@@ -383,13 +383,13 @@ class StackedTrainer:
             r.out[:p].copy_(params[j])
             r.out[p:].copy_(bufs[j])
             r.stats.steps, r.stats.seconds = steps[j], seconds
-            r.stats._loss = losses[j]  # averaged when read, as Worker.fit's
+            r.stats._loss = losses[j]  # averaged when read, as ClientTrainer.train's
             r.buffer_out = _buffer_after(r, None if buf is None else buf[j], steps[j])
 
     def mean_gradients(self, reqs: Sequence[GradientRequest]) -> None:
-        """``Worker.mean_gradient`` of every request: at each batch position s, every client's s-th
+        """``ClientTrainer.mean_gradient`` of every request: at each batch position s, every client's s-th
         batch of its train split in index order (no augmentation, outside the fit's forward context,
-        as ``Worker.gradient``) in one vmapped pass; each client's gradients summed in order and
+        as ``ClientTrainer.gradient``) in one vmapped pass; each client's gradients summed in order and
         divided by its number of batches, its losses weighted by batch size in float64, as the
         worker does."""
         w = self.worker
@@ -397,7 +397,7 @@ class StackedTrainer:
         params = torch.stack([r.state[:p] for r in reqs])
         bufs = torch.stack([r.state[p:] for r in reqs]).clone()
         if self.buffer_views or self.keyed:
-            w.module.net.train()  # as Worker.gradient
+            w.module.net.train()  # as ClientTrainer.gradient
         idxs = [w.split(r.cid).train for r in reqs]
         counts = [math.ceil(len(i) / bs) for i in idxs]
         total = torch.zeros_like(params)
@@ -556,7 +556,7 @@ def _buffer_views(net: nn.Module) -> list[tuple[str, slice, torch.Size]]:
 
 
 def _buffer_after(r: FitRequest, trained: Tensor | None, steps: int) -> Tensor | None:
-    """What ``Worker.momentum_buffer()`` returns after this fit: torch keeps no buffer without
+    """What ``ClientTrainer.momentum_buffer()`` returns after this fit: torch keeps no buffer without
     momentum (a restored one stays as it was), and none is created before the first step."""
     if not r.momentum or steps == 0 or trained is None:
         return None if r.buffer is None else r.buffer.clone()

@@ -11,8 +11,10 @@ Two parts:
   in one vmapped pass.
 
 A fit that cannot be stacked (custom loss or objective, a term without a stacked form) runs on the
-worker at once, exactly as in sequential mode; so does every fit of a model or precision that cannot
-be stacked at all (``pfl.engine.stacked.model_problems``), which is why ``trainer.vectorize`` refuses those.
+client trainer at once, exactly as in sequential mode; so does every fit of a model or precision that
+cannot be stacked at all (``pfl.engine.stacked.model_problems``), which is why ``plan_run`` refuses
+``trainer.vectorize true`` for those (``pfl.runner.plan``). Which dispatcher a run uses is decided in
+``pfl.runner.assembly.build_loop`` (``pfl.federation.dispatch``).
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ from typing import Any
 
 from torch import Tensor
 
-from pfl.engine.lockstep import ClientWorker, Lockstep
+from pfl.engine.lockstep import Lockstep, LockstepTrainer
 from pfl.engine.stacked import StackedTrainer, model_problems
-from pfl.engine.worker import FitStats, Worker
+from pfl.engine.trainer import ClientTrainer, FitStats
 from pfl.federation import divergence
 from pfl.federation.distributed import Cohort
 from pfl.federation.store import ClientStore
@@ -25,7 +25,7 @@ from pfl.methods.base import ClientContext, Method, Upload
 
 
 @dataclass
-class Trained:
+class LocalUpdates:
     """One process's local updates of a round."""
 
     uploads: dict[int, Upload] = field(default_factory=dict)
@@ -38,7 +38,7 @@ class Trained:
 
 
 def client_context(
-    cid: int, round_idx: int, worker: Worker | ClientWorker, clients: ClientStore, init_state: Tensor
+    cid: int, round_idx: int, worker: ClientTrainer | LockstepTrainer, clients: ClientStore, init_state: Tensor
 ) -> ClientContext:
     """Client ``cid`` as its local update sees it: its stored state (created empty), which the method
     may change. The one place a trained client's context is built (the dispatchers and the loop)."""
@@ -48,11 +48,11 @@ def client_context(
 class Dispatcher(ABC):
     """Runs a round's local updates on this process's share of the sampled clients."""
 
-    def __init__(self, worker: Worker, clients: ClientStore, init_state: Tensor):
+    def __init__(self, worker: ClientTrainer, clients: ClientStore, init_state: Tensor):
         self.worker, self.clients, self.init_state = worker, clients, init_state
 
     @abstractmethod
-    def train(self, method: Method, round_idx: int, cids: Sequence[int], payloads: dict[int, Any]) -> Trained:
+    def train(self, method: Method, round_idx: int, cids: Sequence[int], payloads: dict[int, Any]) -> LocalUpdates:
         """``method.local_update`` of each of ``cids``, in order, on this process."""
 
     def dispatch(
@@ -60,16 +60,16 @@ class Dispatcher(ABC):
     ) -> tuple[dict[int, Upload], list[FitStats]]:
         """The uploads of every sampled client (by id) and the fits' statistics; a diverged client is
         named (``pfl.federation.divergence``)."""
-        trained = self.train(method, round_idx, sampled, payloads)
-        divergence.check_round(round_idx + 1, sampled, trained.uploads, self.clients, trained.losses(), trained.sums)
-        return trained.uploads, trained.fits
+        updates = self.train(method, round_idx, sampled, payloads)
+        divergence.check_round(round_idx + 1, sampled, updates.uploads, self.clients, updates.losses(), updates.sums)
+        return updates.uploads, updates.fits
 
 
 class SequentialDispatcher(Dispatcher):
     """One client after another on this process's worker."""
 
-    def train(self, method: Method, round_idx: int, cids: Sequence[int], payloads: dict[int, Any]) -> Trained:
-        out = Trained(sums=[])
+    def train(self, method: Method, round_idx: int, cids: Sequence[int], payloads: dict[int, Any]) -> LocalUpdates:
+        out = LocalUpdates(sums=[])
         for cid in cids:
             ctx = client_context(cid, round_idx, self.worker, self.clients, self.init_state)
             out.uploads[cid] = method.local_update(ctx, payloads[cid])
@@ -85,17 +85,19 @@ class VectorizedDispatcher(Dispatcher):
     mode, one client at a time, while the fits they reach together are trained as one stacked step
     (``trainer.vectorize``)."""
 
-    def __init__(self, worker: Worker, clients: ClientStore, init_state: Tensor, trained: ClientStore, compile: bool):
+    def __init__(
+        self, worker: ClientTrainer, clients: ClientStore, init_state: Tensor, trained: ClientStore, compile: bool
+    ):
         super().__init__(worker, clients, init_state)
         self.trained = trained  # the evaluation's store of trained models, pinned alongside
         self.lockstep = Lockstep(worker, StackedTrainer(worker, compile=compile))
 
-    def train(self, method: Method, round_idx: int, cids: Sequence[int], payloads: dict[int, Any]) -> Trained:
-        out = Trained(sums=[])
+    def train(self, method: Method, round_idx: int, cids: Sequence[int], payloads: dict[int, Any]) -> LocalUpdates:
+        out = LocalUpdates(sums=[])
         contexts: dict[int, ClientContext] = {}
 
         def update(cid: int) -> Any:
-            def run(worker: ClientWorker) -> Upload:
+            def run(worker: LockstepTrainer) -> Upload:
                 ctx = contexts[cid] = client_context(cid, round_idx, worker, self.clients, self.init_state)
                 return method.local_update(ctx, payloads[cid])
 
@@ -120,28 +122,28 @@ class MultiProcessDispatcher(Dispatcher):
         super().__init__(local.worker, local.clients, local.init_state)
         self.local, self.cohort, self.sizes = local, cohort, sizes
 
-    def train(self, method: Method, round_idx: int, cids: Sequence[int], payloads: dict[int, Any]) -> Trained:
+    def train(self, method: Method, round_idx: int, cids: Sequence[int], payloads: dict[int, Any]) -> LocalUpdates:
         return self.local.train(method, round_idx, self.cohort.share(cids, self.sizes), payloads)
 
     def dispatch(
         self, method: Method, round_idx: int, sampled: Sequence[int], payloads: dict[int, Any]
     ) -> tuple[dict[int, Upload], list[FitStats]]:
-        trained = self.train(method, round_idx, sampled, payloads)
-        states = {cid: self.clients.get(cid, {}) for cid in trained.uploads}
-        uploads, states, fits = self.cohort.exchange(trained.uploads, states, trained.fits, self.worker.device)
+        updates = self.train(method, round_idx, sampled, payloads)
+        states = {cid: self.clients.get(cid, {}) for cid in updates.uploads}
+        uploads, states, fits = self.cohort.exchange(updates.uploads, states, updates.fits, self.worker.device)
         self.clients.update(states)
         divergence.check_round(round_idx + 1, sampled, uploads, self.clients, {})  # the same on every rank
         divergence.check_losses(round_idx + 1, [f.loss for f in fits])
         return uploads, fits
 
 
-def vectorize_problems(method: Method, worker: Worker, precision: str) -> list[str]:
+def vectorize_problems(method: Method, worker: ClientTrainer, precision: str) -> list[str]:
     """Why ``trainer.vectorize`` cannot train this run's clients together (empty: it can)."""
     return method.vectorize_problems() + model_problems(worker, precision)
 
 
 def make_dispatcher(
-    worker: Worker,
+    worker: ClientTrainer,
     clients: ClientStore,
     init_state: Tensor,
     *,
@@ -165,7 +167,7 @@ __all__ = [
     "Dispatcher",
     "MultiProcessDispatcher",
     "SequentialDispatcher",
-    "Trained",
+    "LocalUpdates",
     "client_context",
     "VectorizedDispatcher",
     "make_dispatcher",

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from pfl.engine.worker import FitStats
+from pfl.engine.trainer import FitStats
 from pfl.methods.base import State
 
 Gather = Callable[[Any], list[Any]]

@@ -2,11 +2,12 @@
 
 The loop receives built parts (``pfl.runner.assembly.build_loop`` assembles them from a run's plan, as
 Lightning Fabric's build-your-own-trainer receives its model and optimizers): the method (local update
-and server hooks), a worker (the engine), the server's context and optimizer, the upload transforms
-(an attack, the robust aggregator: ``pfl.federation.transforms``), the client store, the evaluation
-session, a dispatcher (how local updates run: ``pfl.federation.dispatch``), the run's progress
-(``pfl.federation.progress``) and callbacks: the outputs, the checkpoints (``Checkpointing``: a
-``pfl.federation.checkpoint.Checkpointer`` saving the run's state) and the progress bar.
+and server hooks), the client trainer (``pfl.engine.trainer``; the loop's ``worker``), the server's
+context and optimizer, the upload transforms (an attack, the robust rule: ``pfl.federation.transforms``),
+the client store, the evaluation session, a dispatcher (how local updates run:
+``pfl.federation.dispatch``), the run's progress (``pfl.federation.progress``) and callbacks: the
+outputs, the checkpoints (``Checkpointing``: a ``pfl.federation.checkpoint.Checkpointer`` saving the
+run's state) and the progress bar.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from pfl.engine.flat import FlatModule
-from pfl.engine.worker import Worker
+from pfl.engine.trainer import ClientTrainer
 from pfl.federation import divergence
 from pfl.federation.checkpoint import Checkpointer
 from pfl.federation.dispatch import Dispatcher, client_context
@@ -75,7 +76,7 @@ class FederatedLoop:
         self,
         *,
         method: Method,
-        worker: Worker,
+        worker: ClientTrainer,
         server: ServerContext,
         server_optimizer: ServerOptimizer,
         clients: ClientStore,

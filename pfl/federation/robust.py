@@ -206,9 +206,11 @@ def norm_clip(uploads: dict[int, Upload], ctx: AggregationContext) -> dict[int, 
 
 
 @dataclass(frozen=True)
-class Aggregator:
-    """The run's ``server.aggregator`` with its settings (``Aggregator()`` is mean): an upload transform
-    of the server, after every client-side one (``pfl.federation.transforms``)."""
+class RobustRule:
+    """The run's robust rule (``server.aggregator``, with its settings; ``RobustRule()`` is mean). It does
+    not aggregate: it rewrites a round's uploads (drops, replaces or clips them) so that the method's own
+    aggregation of what is left gives the robust result. A server-side upload transform, after every
+    client-side one (``pfl.federation.transforms``)."""
 
     settings: ServerConfig = field(default_factory=ServerConfig)
     client_side: ClassVar[bool] = False  # rewrites what the aggregation combines, not what clients sent
@@ -218,8 +220,8 @@ class Aggregator:
         return self.settings.aggregator
 
     @classmethod
-    def build(cls, cfg: ServerConfig, method: Method, clients_per_round: int) -> Aggregator:
-        """The run's aggregator; a ConfigError when it cannot apply to ``method`` or to ``clients_per_round``
+    def build(cls, cfg: ServerConfig, method: Method, clients_per_round: int) -> RobustRule:
+        """The run's robust rule; a ConfigError when it cannot apply to ``method`` or to ``clients_per_round``
         uploads a round."""
         entry = AGGREGATORS.get(cfg.aggregator)
         if entry.rule is mean:
@@ -248,7 +250,7 @@ class Aggregator:
 
 __all__ = [
     "AggregationContext",
-    "Aggregator",
+    "RobustRule",
     "RegisteredAggregator",
     "aggregator",
     "clip_factors",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pfl.engine.worker import Worker
+from pfl.engine.trainer import ClientTrainer
 from pfl.federation.progress import RunProgress
 from pfl.methods.base import Method, ServerContext
 from pfl.metrics.evaluate import evaluate_new_clients
@@ -14,7 +14,7 @@ from pfl.metrics.session import EvalSession
 def run_summary(
     method: Method,
     server: ServerContext,
-    worker: Worker,
+    worker: ClientTrainer,
     evals: EvalSession,
     progress: RunProgress,
     seed: int,

@@ -29,7 +29,7 @@ from pfl.methods.choices import check_choices
 from pfl.methods.costs import SCALAR_BYTES, Reports, Times
 
 if TYPE_CHECKING:  # the engine itself (Lightning) is imported by whoever builds a run, not by a method's interface
-    from pfl.engine.worker import ClientModule, Worker
+    from pfl.engine.trainer import ClientModule, ClientTrainer
 
 # What server and client state hold, as methods store them: tensors (models, rows of models, momentum),
 # numbers (counters, statistics), strings (an agent's settings) and lists and dicts of them, the dicts
@@ -154,7 +154,7 @@ class ClientContext:
 
     cid: int
     round: int
-    worker: Worker = field(repr=False)
+    worker: ClientTrainer = field(repr=False)
     state: State
     init_state: Tensor
     fits: list[FitStats] = field(default_factory=list)
@@ -282,7 +282,7 @@ class ClientContext:
         key = "momentum" if purpose == "train" else f"momentum.{purpose}"
         buf = self.state.get(key) if keep_momentum else None
         spec = FitSpec(epochs, terms, purpose, lr, momentum, buf, loss_fn, objective, context, indices)
-        stats = self.worker.fit(self.cid, start, self.round, spec)
+        stats = self.worker.train(self.cid, start, self.round, spec)
         if keep_momentum:
             saved = self.worker.momentum_buffer()
             if saved is not None:

@@ -5,7 +5,7 @@ from typing import Any
 from torch import Tensor
 
 from pfl.engine.flat import ModelLayout
-from pfl.engine.worker import ClientModule
+from pfl.engine.trainer import ClientModule
 from pfl.errors import require
 from pfl.methods.base import ClientContext, ClientOptimizerMethod
 from pfl.methods.layer_sharing import LayerSharing

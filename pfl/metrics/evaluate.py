@@ -19,19 +19,31 @@ import torch
 from torch import Tensor
 from torchmetrics.functional import mean_absolute_error
 
-from pfl.engine.worker import Worker
+from pfl.engine.trainer import ClientTrainer
 from pfl.methods.base import ClientContext, Method, ServerContext
 from pfl.metrics.protocols import g_test_indices, mean_std, reference_metrics, s_test_indices, summarize
 from pfl.metrics.routing import routed_scores
+from pfl.metrics.row_keys import G_TEST, OWN, S_TEST, SCORE, VAL, RowKeys
 from pfl.seeding import numpy_rng
-
-# Per task: the score of a segment and its name in metric keys.
-SCORE = {"classification": "acc", "regression": "mae"}
 
 
 def own_key(task: str) -> str:
     """Key of a P-model's score on its own test (pm.l_acc, or pm.mae for regression)."""
-    return "pm.l_acc" if task == "classification" else "pm.mae"
+    return RowKeys(task).own
+
+
+# The scorer's names: a segment's loss is its name with LOSS appended; client cid's P-model segments are
+# "<cid>:<segment>", the global model's on its test "gm:c<cid>", on the server's global test "gm:global".
+LOSS = "_loss"
+GLOBAL_TEST = "global"
+
+
+def _pm_segment(cid: int, segment: str) -> str:
+    return f"{cid}:{segment}"
+
+
+def _gm_segment(cid: int) -> str:
+    return f"gm:c{cid}"
 
 
 @dataclass
@@ -43,7 +55,7 @@ class EvalSets:
     g: list[Tensor]
 
     @classmethod
-    def build(cls, worker: Worker, seed: int, share_of_others: float, mode: str = "paper") -> EvalSets:
+    def build(cls, worker: ClientTrainer, seed: int, share_of_others: float, mode: str = "paper") -> EvalSets:
         tests = [c.test.cpu().numpy() for c in worker.data.clients]
         union = np.concatenate(tests)
         s, g = [], []
@@ -58,7 +70,7 @@ class EvalSets:
 
 
 @torch.no_grad()
-def predict(worker: Worker, state: Tensor, idx: Tensor) -> Tensor:
+def predict(worker: ClientTrainer, state: Tensor, idx: Tensor) -> Tensor:
     """Outputs of the model ``state`` on pool samples ``idx``, in eval-batch-sized chunks."""
     worker.flat.load(state)
     worker.module.eval()
@@ -77,7 +89,7 @@ def union_of(segments: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
     return samples, dict(zip(segments, where.split([len(v) for v in segments.values()]), strict=True))
 
 
-def score_segments(worker: Worker, state: Tensor, segments: dict[str, Tensor]) -> dict[str, float]:
+def score_segments(worker: ClientTrainer, state: Tensor, segments: dict[str, Tensor]) -> dict[str, float]:
     """Returns ``{name: score}`` and ``{name_loss: mean loss}`` per segment from one forward pass over
     the union of the segments' samples: each sample is scored once, however many segments (or a
     paper S-test's repeated draws) hold it, and a segment's score indexes the per-sample outputs."""
@@ -95,14 +107,16 @@ def score_segments(worker: Worker, state: Tensor, segments: dict[str, Tensor]) -
             scores[name] = int(correct[pos].sum()) / len(pos)  # the exact ratio: equal accuracies stay equal
         else:
             scores[name] = float(mean_absolute_error(o, t))
-        scores[f"{name}_loss"] = float(worker.module.loss(o, t))
+        scores[name + LOSS] = float(worker.module.loss(o, t))
     return scores
 
 
 ROUTE_PREFIX = "route."
 
 
-def routed_row(worker: Worker, routing: tuple[Tensor, Tensor, float], segments: dict[str, Tensor]) -> dict[str, float]:
+def routed_row(
+    worker: ClientTrainer, routing: tuple[Tensor, Tensor, float], segments: dict[str, Tensor]
+) -> dict[str, float]:
     """``route.<set>_acc`` and ``route.<set>_server`` (the share sent to the server) of a method's
     inference rule (``Method.routing``: client-side model, full model, threshold) on each non-empty
     set, from one pass of each model over the sets' union (pfl.metrics.routing)."""
@@ -141,7 +155,7 @@ class _Scorer:
     of models, then released, so evaluating N clients holds a block of P-models, not N (with a disk
     client store, the others stay on disk). The same model on the same index set is scored once."""
 
-    def __init__(self, worker: Worker, shared: set[int], block_bytes: int):
+    def __init__(self, worker: ClientTrainer, shared: set[int], block_bytes: int):
         self.worker, self.shared, self.block_bytes = worker, shared, block_bytes
         self.scores: dict[str, float] = {}
         self._groups: dict[int, tuple[Tensor, dict[str, Tensor]]] = {}  # shared: until finish
@@ -179,7 +193,7 @@ class _Scorer:
         for state, segments in self._groups.values():
             self.scores.update(score_segments(self.worker, state, segments))
         for key, seen in self._aliases.items():
-            for suffix in ("", "_loss"):
+            for suffix in ("", LOSS):
                 if seen + suffix in self.scores:
                     self.scores[key + suffix] = self.scores[seen + suffix]
         return self.scores
@@ -188,7 +202,7 @@ class _Scorer:
 def score_clients(
     method: Method,
     server: ServerContext,
-    worker: Worker,
+    worker: ClientTrainer,
     client: Callable[[int], ClientContext],
     cids: Sequence[int],
     sets: EvalSets | None = None,
@@ -202,8 +216,7 @@ def score_clients(
     scores on the server's global test set (``{"global": .., "global_loss": ..}``, with
     ``global_test``). ``personal(cid)`` overrides the method's P-model (None = keep it)."""
     data, task = worker.data, worker.task
-    score = SCORE[task]
-    own = own_key(task)
+    keys = RowKeys(task)
     global_state = method.global_state(server) if with_global else None
     shared = _shared_tensors(server, global_state)
     scorer = _Scorer(worker, shared, block_bytes)
@@ -216,35 +229,37 @@ def score_clients(
         state = personal(cid) if personal is not None else None
         if state is None:
             state = method.personal_state(server, ctx)
-        segments = {"l": split.test, "val": split.val}
+        segments = {OWN: split.test, VAL: split.val}
         if sets is not None:
-            segments.update(s=sets.s[cid], g=sets.g[cid])
+            segments.update({S_TEST: sets.s[cid], G_TEST: sets.g[cid]})
         for seg, idx in segments.items():
-            scorer.add(state, f"{cid}:{seg}", idx)
+            scorer.add(state, _pm_segment(cid, seg), idx)
         rule = method.routing(server, ctx) if routes else None
         if rule is not None:
-            routed[cid] = routed_row(worker, rule, {k: v for k, v in segments.items() if k != "val"})
+            routed[cid] = routed_row(worker, rule, {k: v for k, v in segments.items() if k != VAL})
         if global_state is not None:
-            scorer.add(global_state, f"gm:c{cid}", split.test)
+            scorer.add(global_state, _gm_segment(cid), split.test)
         del state, ctx
         scorer.end_client()
     if global_state is not None and global_test:
-        scorer.add(global_state, "gm:global", data.global_test)
+        scorer.add(global_state, f"gm:{GLOBAL_TEST}", data.global_test)
     scores = scorer.finish()
 
     rows: list[dict[str, Any]] = []
     for cid in cids:
         split = data.clients[cid]
         row: dict[str, Any] = {"client": cid, "n_train": len(split.train), "n_test": len(split.test)}
-        row[own], row["pm.l_loss"] = scores[f"{cid}:l"], scores[f"{cid}:l_loss"]
-        for seg in ("s", "g", "val"):
-            if f"{cid}:{seg}" in scores:
-                row[f"pm.{seg}_{score}"] = scores[f"{cid}:{seg}"]
+        own = _pm_segment(cid, OWN)
+        row[keys.own], row[keys.own_loss] = scores[own], scores[own + LOSS]
+        for seg in (S_TEST, G_TEST, VAL):
+            if _pm_segment(cid, seg) in scores:
+                row[keys.pm(seg)] = scores[_pm_segment(cid, seg)]
         if global_state is not None:
-            row[f"gm.l_{score}"], row["gm.l_loss"] = scores[f"gm:c{cid}"], scores[f"gm:c{cid}_loss"]
+            gm = _gm_segment(cid)
+            row[keys.gm], row[keys.gm_loss] = scores[gm], scores[gm + LOSS]
         row.update(routed.get(cid, {}))
         rows.append(row)
-    gm_global = {k.removeprefix("gm:"): v for k, v in scores.items() if k.startswith("gm:global")}
+    gm_global = {k.removeprefix("gm:"): v for k, v in scores.items() if k.startswith(f"gm:{GLOBAL_TEST}")}
     return rows, gm_global
 
 
@@ -257,21 +272,21 @@ def summarize_rows(
     """The federation's metrics from every client's row (sorted by client id) and the global model's
     global-test scores; ``reference`` holds LOCAL's per-client own-test scores (R-Acc, PTR, gain) and
     adds ``ref.*``/``gain`` to the rows."""
-    score = SCORE[task]
-    own = own_key(task)
+    keys = RowKeys(task)
+    own = keys.own
     metrics: dict[str, float] = {}
     metrics.update(summarize(own, [r[own] for r in rows], tails=task == "classification"))
-    for key in (f"pm.s_{score}", f"pm.g_{score}", f"pm.val_{score}", "pm.l_loss", "gm.l_loss"):
+    for key in (*keys.spread, keys.gm_loss):
         values = [r[key] for r in rows if key in r]  # a tiny client may have no validation sample
         if values:
             metrics.update(summarize(key, values))
     for key in sorted({k for r in rows for k in r if k.startswith(ROUTE_PREFIX)}):
         metrics.update(summarize(key, [r[key] for r in rows if key in r]))
-    key = f"gm.l_{score}"
-    if rows and key in rows[0]:
-        metrics.update(summarize(key, [r[key] for r in rows], tails=task == "classification"))
-    if gm_global and "global" in gm_global:
-        metrics[f"gm.{score}"], metrics["gm.loss"] = gm_global["global"], gm_global["global_loss"]
+    if rows and keys.gm in rows[0]:
+        metrics.update(summarize(keys.gm, [r[keys.gm] for r in rows], tails=task == "classification"))
+    if gm_global and GLOBAL_TEST in gm_global:
+        score, loss = keys.gm_global
+        metrics[score], metrics[loss] = gm_global[GLOBAL_TEST], gm_global[GLOBAL_TEST + LOSS]
 
     if reference is not None:
         values = [r[own] for r in rows]
@@ -293,7 +308,7 @@ Gather = Callable[[Any], list[Any]]
 def evaluate_federation(
     method: Method,
     server: ServerContext,
-    worker: Worker,
+    worker: ClientTrainer,
     client: Callable[[int], ClientContext],
     sets: EvalSets | None = None,
     personal: Callable[[int], Tensor | None] | None = None,
@@ -338,11 +353,10 @@ def honest_metrics(rows: Sequence[dict[str, Any]], malicious: frozenset[int] | s
     honest = [r for r in rows if r["client"] not in malicious]
     if not honest:
         return {}
-    score = SCORE[task]
-    own = own_key(task)
+    keys = RowKeys(task)
+    own = keys.own
     out = summarize(HONEST_PREFIX + own, [r[own] for r in honest], tails=task == "classification")
-    keys = (f"pm.s_{score}", f"pm.g_{score}", f"pm.val_{score}", "pm.l_loss", f"gm.l_{score}", "gm.l_loss")
-    for key in keys:
+    for key in (*keys.spread, keys.gm, keys.gm_loss):
         values = [r[key] for r in honest if key in r]
         if values:
             out.update(summarize(HONEST_PREFIX + key, values))
@@ -351,7 +365,7 @@ def honest_metrics(rows: Sequence[dict[str, Any]], malicious: frozenset[int] | s
 
 
 def evaluate_new_clients(
-    method: Method, server: ServerContext, worker: Worker, round_idx: int, epochs: int, init_state: Tensor
+    method: Method, server: ServerContext, worker: ClientTrainer, round_idx: int, epochs: int, init_state: Tensor
 ) -> dict[str, float]:
     """``new.{acc|mae}.{mean,std}`` of held-out clients after ``method.adapt_new_client``."""
     n = worker.data.num_clients

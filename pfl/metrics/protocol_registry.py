@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pfl.config import PROTOCOLS
-from pfl.engine.worker import Worker
+from pfl.engine.trainer import ClientTrainer
 from pfl.methods.base import ClientContext, Method, ServerContext
+from pfl.metrics.row_keys import RowKeys
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class ProtocolContext:
 
     method: Method
     server: ServerContext
-    worker: Worker
+    worker: ClientTrainer
     client: Callable[[int], ClientContext]
     round: int
 
@@ -53,10 +54,12 @@ def protocol(name: str, description: str = "") -> Callable[[Measure], Measure]:
     return register
 
 
+_KEYS = RowKeys("classification")  # the keys each built-in fills in a client's row (pfl.metrics.row_keys)
 BUILT_IN = {
-    "local": "P-models on their own test and validation (pm.l_acc, pm.val_acc, ...); always measured",
-    "sg": "FedPG's S- and G-tests of every P-model (pm.s_acc, pm.g_acc)",
-    "global": "the global model on every client's test and on the global test set (gm.*)",
+    "local": f"P-models on their own test and validation ({', '.join(_KEYS.protocol('local'))}); always measured",
+    "sg": f"FedPG's S- and G-tests of every P-model ({', '.join(_KEYS.protocol('sg'))})",
+    "global": f"the global model on every client's test ({', '.join(_KEYS.protocol('global'))}) and on the "
+    f"global test set ({', '.join(_KEYS.gm_global)})",
     "new": "held-out clients after Method.adapt_new_client, at the end of the run (new.*)",
 }
 for _name, _description in BUILT_IN.items():

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from pfl.config import EvalConfig
-from pfl.engine.worker import Worker
+from pfl.engine.trainer import ClientTrainer
 from pfl.errors import ConfigError
 from pfl.methods.base import ClientContext, Method, ServerContext, Upload
 from pfl.metrics.comm import CommCounter
@@ -35,7 +35,7 @@ class EvalSession:
     def __init__(
         self,
         cfg: EvalConfig,
-        worker: Worker,
+        worker: ClientTrainer,
         seed: int,
         trained: MutableMapping[int, Tensor] | None = None,
         share: Share | None = None,

@@ -38,6 +38,7 @@ __all__ = [
     "check_model_builds",
     "check_model_config",
     "meta_model",
+    "structure_model",
     "register",
     "validate_model_config",
 ]
@@ -91,7 +92,7 @@ def _builder(cfg: ModelConfig, shape: tuple[int, ...], num_classes: int) -> Call
 def check_model_builds(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> None:
     """A built-in or timm model that cannot take ``input_shape`` or does not fit in memory is refused,
     from a build on the meta device (nothing allocated, no random number drawn). A user builder reads
-    what it likes and is called once (it may count its calls or draw numbers): only its real build can tell."""
+    what it likes (it may count its calls or draw numbers): only its real build can tell."""
     shape = tuple(input_shape)
     build = _builder(cfg, shape, num_classes)
     if build is not None:
@@ -100,7 +101,8 @@ def check_model_builds(cfg: ModelConfig, input_shape: tuple[int, ...], num_class
 
 def meta_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module | None:
     """A built-in or timm model built on the meta device (its structure; nothing allocated, no random
-    number drawn), or None: a user builder (called once, by the run) or a model that cannot be built there."""
+    number drawn), or None: a user builder (called by the run, and by ``structure_model`` when a check needs
+    its structure) or a model that cannot be built there."""
     build = _builder(cfg, tuple(input_shape), num_classes)
     if build is None:
         return None
@@ -111,6 +113,24 @@ def meta_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int)
         raise
     except Exception:  # a module that needs real tensors to build: its structure is known once built
         return None
+
+
+def structure_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The network ``cfg`` names, for a check of its structure before the run builds it (``trainer.vectorize
+    true``): ``meta_model``'s build where there is one, else a build on the meta device, or on the CPU for a
+    model that cannot be built there. A user builder is called here once more than the run calls it, under
+    a fork of torch's CPU generator, so the run's own build draws the same numbers."""
+    net = meta_model(cfg, input_shape, num_classes)
+    if net is not None:
+        return net
+    with torch.random.fork_rng(devices=[]):
+        try:
+            with torch.device("meta"):
+                return build_checked_model(cfg, input_shape, num_classes)
+        except ConfigError:
+            raise
+        except Exception:  # it needs real tensors to build (e.g. it loads weights)
+            return build_checked_model(cfg, input_shape, num_classes)
 
 
 def build_checked_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:

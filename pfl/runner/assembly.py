@@ -10,7 +10,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from pfl.engine.worker import Worker
+from pfl.engine.trainer import ClientTrainer
 from pfl.federation.attacks import Attack
 from pfl.federation.checkpoint import Checkpointer, RunState
 from pfl.federation.dispatch import make_dispatcher, vectorize_problems
@@ -49,7 +49,7 @@ def build_loop(
     method, t = cfg.method, cfg.trainer
     seed_everything(cfg.seed, "init")
     net = build_checked_model(cfg.model, data.input_shape, data.num_classes)  # checked by validate(cfg)
-    worker = Worker(net, data, plan.settings, cfg.seed, fabric, cfg.eval.batch_size)
+    worker = ClientTrainer(net, data, plan.settings, cfg.seed, fabric, cfg.eval.batch_size)
     init_state = worker.snapshot()
     n = data.num_clients
     val = torch.cat([worker.split(c).val for c in range(n)])
@@ -89,7 +89,8 @@ def build_loop(
         worker.compile_clock.first_forward(worker.module.net)
         if announce_path and cohort.is_zero:
             callbacks = [*callbacks, CompileReport()]
-    problems = [] if t.vectorize is False else vectorize_problems(method, worker, t.precision)
+    # trainer.vectorize true was refused by plan_run when anything stands in its way; auto chooses here.
+    problems = vectorize_problems(method, worker, t.precision) if t.vectorize == "auto" else []
     path = choose_path(t.vectorize, problems, worker.device.type, method.name)
     if announce_path and cohort.is_zero and path.said:
         announce(path.line)
@@ -122,7 +123,7 @@ def build_loop(
         dispatcher=dispatcher,
         schedule=Schedule(t.rounds, t.eval_every, cfg.seed),
         checkpointer=checkpointer,
-        transforms=[x for x in (attack, plan.aggregator) if x is not None],  # the attack first: clients send it
+        transforms=[x for x in (attack, plan.robust_rule) if x is not None],  # the attack first: clients send it
         progress=progress,
         callbacks=callbacks,
     )

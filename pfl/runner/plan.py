@@ -16,7 +16,7 @@ from typing import Any
 from pfl.config import RunConfig, validate_target
 from pfl.data.federated import FederatedData
 from pfl.engine.stacked import net_problems
-from pfl.engine.worker import TrainSettings, task_of
+from pfl.engine.trainer import TrainSettings, task_of
 from pfl.errors import ConfigError
 from pfl.federation.checkpoint import (
     CHECKPOINT,
@@ -25,11 +25,11 @@ from pfl.federation.checkpoint import (
     check_values,
     recorded_settings,
 )
-from pfl.federation.robust import Aggregator
+from pfl.federation.robust import RobustRule
 from pfl.methods import class_path
 from pfl.methods.base import Method
 from pfl.metrics.protocols import s_test_clients
-from pfl.models import check_model_builds, meta_model
+from pfl.models import check_model_builds, structure_model
 from pfl.runner.args import RESUME_ALLOWED, check_resume_progress
 from pfl.runner.training_path import require_vectorizable
 
@@ -137,7 +137,7 @@ class RunPlan:
     """A run, decided: its config and data, and what follows from them.
 
     ``settings``: the clients' local-training settings; ``clients_per_round``: clients sampled a
-    round; ``aggregator``: the server's robust aggregation, checked against the method and the
+    round; ``robust_rule``: the server's robust rule (``server.aggregator``), checked against the method and the
     clients per round; ``recorded``: the settings every checkpoint records; ``resume``: the
     checkpoint a resume continues (None for a new run); ``finished``: a resumed run that already
     has all its rounds and its summary (nothing is left to do)."""
@@ -146,7 +146,7 @@ class RunPlan:
     data: FederatedData
     settings: TrainSettings
     clients_per_round: int
-    aggregator: Aggregator
+    robust_rule: RobustRule
     recorded: dict[str, Any]
     resume: Resumption | None = None
     finished: bool = False
@@ -175,11 +175,10 @@ def plan_run(cfg: RunConfig, data: FederatedData, resume_dir: Path | None = None
         s_test_clients(data.num_clients, cfg.eval.s_acc_others)  # ρ = (m - 1)·c > 1, before any training
     check_model_builds(cfg.model, data.input_shape, data.num_classes)
     per_round = clients_per_round(cfg, data.num_clients)
-    aggregator = Aggregator.build(cfg.server, cfg.method, per_round)
-    if cfg.trainer.vectorize is True:  # refused now when the method or a built-in model's structure says so
-        net = meta_model(cfg.model, data.input_shape, data.num_classes)
-        model = [] if net is None else net_problems(net, cfg.trainer.precision)
-        require_vectorizable(cfg.method.vectorize_problems() + model)
+    robust_rule = RobustRule.build(cfg.server, cfg.method, per_round)
+    if cfg.trainer.vectorize is True:  # refused now, not by build_loop, when the method or the model says so
+        net = structure_model(cfg.model, data.input_shape, data.num_classes)
+        require_vectorizable(cfg.method.vectorize_problems() + net_problems(net, cfg.trainer.precision))
     resume, finished = None, False
     if resume_dir is not None:
         resume = read_resumption(Path(resume_dir))
@@ -189,7 +188,7 @@ def plan_run(cfg: RunConfig, data: FederatedData, resume_dir: Path | None = None
         data=data,
         settings=train_settings(cfg.client, cfg.method, cfg.data.augment),  # client.*, with the method's overrides
         clients_per_round=per_round,
-        aggregator=aggregator,
+        robust_rule=robust_rule,
         recorded=recorded,
         resume=resume,
         finished=finished,

@@ -3,7 +3,8 @@
 ``auto`` (the default) trains them together only on CUDA and only when nothing refuses it: on a CPU
 the stacked step is slower than the sequential loop (docs/performance.md, "Vectorized clients"),
 while on a GPU small clients are launch-bound one at a time. ``true`` insists (a refusal is a
-ConfigError naming the reasons); ``false`` never vectorizes.
+ConfigError naming the reasons, raised by ``pfl.runner.plan.plan_run`` before anything is built);
+``false`` never vectorizes.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ class TrainingPath:
 
 def choose_path(setting: bool | str, problems: list[str], device_type: str, method: str) -> TrainingPath:
     """The path of a run whose ``trainer.vectorize`` is ``setting``, given what refuses vectorizing
-    (``pfl.federation.dispatch.vectorize_problems``) and the training device's type (cpu, cuda, mps)."""
+    (``pfl.federation.dispatch.vectorize_problems``: read by ``auto`` only, since the plan of a run that
+    sets ``true`` has refused it already when anything stands in the way) and the training device's
+    type (cpu, cuda, mps)."""
     if setting is False:
         return TrainingPath(False, "clients trained one at a time: trainer.vectorize is false")
     if setting is True:
-        require_vectorizable(problems)
         return TrainingPath(True, f"clients trained together (vectorized): trainer.vectorize is true, {method}")
     if device_type != "cuda":
         reason = f"trainer.vectorize auto trains clients together only on CUDA (this run is on {device_type})"

@@ -21,7 +21,7 @@ from pfl.cli import main
 from pfl.config import ServerConfig
 from pfl.data import build_data
 from pfl.errors import ConfigError
-from pfl.federation.robust import Aggregator
+from pfl.federation.robust import RobustRule
 from pfl.methods import ClientContext, Method, ServerContext, State, Upload, weighted_mean_of
 from pfl.methods.ditto import Ditto
 from pfl.runner.args import parse_fit_args
@@ -158,7 +158,7 @@ def test_a_users_method_refusing_its_arguments_is_one_line_naming_the_class(caps
 
 def test_a_robust_aggregator_refusing_a_users_method_names_averages_uploads():
     with pytest.raises(ConfigError, match="server.aggregator: median cannot apply to method 'pull'") as err:
-        Aggregator.build(ServerConfig(aggregator="median"), Pull(), 5)
+        RobustRule.build(ServerConfig(aggregator="median"), Pull(), 5)
     assert "averages_uploads = True" in str(err.value)
 
 

@@ -11,7 +11,7 @@ from bench.scaling import store_bytes
 from bench.vmap import vmap_fedavg_round
 from pfl.config import RunConfig
 from pfl.engine.terms import Proximal
-from pfl.engine.worker import FitSpec
+from pfl.engine.trainer import FitSpec
 from pfl.federation.loop import FederatedLoop
 from pfl.methods import methods
 from pfl.models import ModelConfig
@@ -44,9 +44,9 @@ def test_plain_reference_does_the_same_steps_as_the_loop():
 def test_fit_without_terms_equals_fit_through_the_flat_gradient():
     loop = make_loop(tiny_config("fedavg", client={"momentum": 0.9, "weight_decay": 1e-3}))
     w, start = loop.worker, loop.init_state
-    w.fit(2, start, 0)
+    w.train(2, start, 0)
     fast = w.snapshot()
-    w.fit(2, start, 0, FitSpec(terms=[Proximal(start[: w.flat.num_params], 0.0)]))  # a zero term: the flat path
+    w.train(2, start, 0, FitSpec(terms=[Proximal(start[: w.flat.num_params], 0.0)]))  # a zero term: the flat path
     torch.testing.assert_close(fast, w.snapshot(), rtol=0, atol=1e-6)
     assert not torch.equal(fast, start)
     # After a fit without terms, backward writes into the flat gradient again.

@@ -18,7 +18,7 @@ from pfl.data import build_data
 from pfl.data.sources import SOURCES
 from pfl.errors import ConfigError
 from pfl.federation.loop import comparable_metrics
-from pfl.federation.robust import Aggregator
+from pfl.federation.robust import RobustRule
 from pfl.federation.transforms import UploadStep, apply_transforms
 from pfl.methods import Upload
 from pfl.methods.fedavg import FedAvg
@@ -62,7 +62,7 @@ def my_rules(monkeypatch) -> types.ModuleType:
 def test_the_page_aggregator_drops_the_upload_farthest_from_the_median(my_rules):
     rows = [[1.0, 0.0], [2.0, 1.0], [40.0, -30.0], [3.0, 2.0]]
     uploads = {c: Upload(torch.tensor(r), weight=1.0) for c, r in zip((4, 1, 9, 2), rows, strict=True)}
-    kept = Aggregator(ServerConfig(aggregator="my_rules.farthest_out")).apply(uploads, FedAvg(), None)  # type: ignore[arg-type]
+    kept = RobustRule(ServerConfig(aggregator="my_rules.farthest_out")).apply(uploads, FedAvg(), None)  # type: ignore[arg-type]
     assert kept == {c: uploads[c] for c in (1, 2, 4)}  # client 9 is the far one
     assert AGGREGATORS.get("my_rules.farthest_out") is AGGREGATORS.get("farthest_out")
 

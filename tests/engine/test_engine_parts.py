@@ -11,7 +11,7 @@ from torch.func import functional_call
 from pfl.data import DataConfig, build_data
 from pfl.engine.flat import FlatModule
 from pfl.engine.terms import Freeze
-from pfl.engine.worker import FitSpec, TrainSettings, Worker
+from pfl.engine.trainer import ClientTrainer, FitSpec, TrainSettings
 from pfl.models import ModelConfig, build_model
 
 
@@ -44,14 +44,14 @@ def test_param_dict_drives_a_functional_forward():
 def _worker(**settings):
     data = build_data(DataConfig(source="digits", num_clients=2, alpha=1.0, min_samples=20), 0)
     net = build_model(ModelConfig(name="mlp", hidden=[16]), data.input_shape, data.num_classes)
-    return Worker(net, data, TrainSettings(**{"epochs": 1, "batch_size": 16, "lr": 0.1, **settings}), seed=0)
+    return ClientTrainer(net, data, TrainSettings(**{"epochs": 1, "batch_size": 16, "lr": 0.1, **settings}), seed=0)
 
 
 def test_freeze_keeps_a_slice_exact_under_momentum_and_weight_decay():
     w = _worker(momentum=0.9, weight_decay=0.1)
     start = w.snapshot()
     head = w.flat.layout.tail(1)
-    w.fit(0, start, 0, FitSpec(epochs=2, terms=[Freeze(start[: w.flat.num_params], head)]))
+    w.train(0, start, 0, FitSpec(epochs=2, terms=[Freeze(start[: w.flat.num_params], head)]))
     out = w.snapshot()
     assert torch.equal(out[head], start[head])
     assert not torch.equal(out[: head.start], start[: head.start])
@@ -60,9 +60,9 @@ def test_freeze_keeps_a_slice_exact_under_momentum_and_weight_decay():
 def test_custom_loss_replaces_the_data_term():
     w = _worker()
     start = w.snapshot()
-    w.fit(0, start, 0, FitSpec(loss_fn=lambda net, x, y: 0.0 * net(x).sum()))  # a loss with zero gradient
+    w.train(0, start, 0, FitSpec(loss_fn=lambda net, x, y: 0.0 * net(x).sum()))  # a loss with zero gradient
     assert torch.equal(w.snapshot(), start)
-    w.fit(0, start, 0)  # and the default comes back afterwards
+    w.train(0, start, 0)  # and the default comes back afterwards
     assert not torch.equal(w.snapshot(), start)
 
 
@@ -91,3 +91,9 @@ def test_batches_per_epoch_counts_what_keyed_batches_draws(drop_last):
         assert [e for e, _ in drawn].count(0) == [e for e, _ in drawn].count(1) == batches_per_epoch(n, 5, drop_last)
         kept = sum(len(b) for e, b in drawn if e == 0)
         assert kept == (n if not drop_last or n < 5 else n - n % 5), (n, drop_last)
+
+
+def test_client_module_still_imports_from_the_path_the_docs_gave():
+    from pfl.engine import trainer, worker
+
+    assert worker.ClientModule is trainer.ClientModule and worker.__all__ == ["ClientModule"]

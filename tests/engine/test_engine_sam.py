@@ -13,33 +13,33 @@ from torch.func import functional_call
 from pfl.data import DataConfig, build_data
 from pfl.engine.sam import SAMObjective, sam_context
 from pfl.engine.terms import Proximal
-from pfl.engine.worker import FitSpec, TrainSettings, Worker
+from pfl.engine.trainer import ClientTrainer, FitSpec, TrainSettings
 from pfl.optim.sharpness import layer_scale
 
 RHO = 0.05
 
 
-def _worker(net: nn.Module | None = None, batch_size: int = 1000, **settings) -> Worker:
+def _worker(net: nn.Module | None = None, batch_size: int = 1000, **settings) -> ClientTrainer:
     data = build_data(DataConfig(source="digits", num_clients=4, alpha=0.5, min_samples=20), 0)
     torch.manual_seed(0)
     net = net or nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 10))
-    return Worker(net, data, TrainSettings(epochs=1, batch_size=batch_size, lr=0.1, **settings), seed=0)
+    return ClientTrainer(net, data, TrainSettings(epochs=1, batch_size=batch_size, lr=0.1, **settings), seed=0)
 
 
-def _only_batch(worker: Worker, cid: int = 0) -> tuple[Tensor, Tensor]:
+def _only_batch(worker: ClientTrainer, cid: int = 0) -> tuple[Tensor, Tensor]:
     (b,) = list(worker.batches(cid, 0, "train", 1))  # batch_size >= n: one step per epoch
     return worker.data.x[b], worker.data.y[b]
 
 
-def _grad_at(worker: Worker, params: Tensor, x: Tensor, y: Tensor) -> Tensor:
+def _grad_at(worker: ClientTrainer, params: Tensor, x: Tensor, y: Tensor) -> Tensor:
     p = params.detach().clone().requires_grad_(True)
     loss = F.cross_entropy(functional_call(worker.module.net, worker.flat.param_dict(p), (x,)), y)
     return torch.autograd.grad(loss, p)[0]
 
 
-def _fit(worker: Worker, objective=None, context=None, terms=(), cid: int = 0) -> Tensor:
+def _fit(worker: ClientTrainer, objective=None, context=None, terms=(), cid: int = 0) -> Tensor:
     start = worker.snapshot()
-    worker.fit(cid, start, 0, FitSpec(terms=terms, objective=objective, context=context))
+    worker.train(cid, start, 0, FitSpec(terms=terms, objective=objective, context=context))
     trained = worker.snapshot()
     worker.flat.load(start)
     return trained

@@ -15,7 +15,7 @@ import torch
 from pfl.engine.lockstep import Lockstep
 from pfl.engine.stacked import FitRequest, StackedTrainer, spec_problem
 from pfl.engine.terms import Freeze, LinearTerm, Proximal, ProximalStep, Term, stack_terms, stackable
-from pfl.engine.worker import FitSpec, Worker
+from pfl.engine.trainer import ClientTrainer, FitSpec
 from pfl.federation.dispatch import VectorizedDispatcher
 from pfl.methods import methods
 from pfl.methods.fedora import DecoupledPull
@@ -93,8 +93,8 @@ def _worker():
     return make_loop(cfg)
 
 
-def _sequential(worker: Worker, cid: int, start, spec: FitSpec):
-    stats = worker.fit(cid, start, 0, spec)
+def _sequential(worker: ClientTrainer, cid: int, start, spec: FitSpec):
+    stats = worker.train(cid, start, 0, spec)
     return worker.snapshot(), worker.momentum_buffer(), stats
 
 
@@ -228,7 +228,7 @@ def test_a_client_resumes_with_the_worker_as_its_sequential_fit_leaves_it():
 
     def update(cid):
         def run(worker):
-            worker.fit(cid, start, 0, FitSpec(purpose="p"))
+            worker.train(cid, start, 0, FitSpec(purpose="p"))
             seen[cid] = (worker.snapshot(), worker.momentum_buffer(), torch.rand(3), torch.is_grad_enabled())
             return cid
 
@@ -238,7 +238,7 @@ def test_a_client_resumes_with_the_worker_as_its_sequential_fit_leaves_it():
         assert lockstep.run([update(c) for c in (0, 1, 2)]) == [0, 1, 2]
     assert lockstep.stacked_fits == 3 and lockstep.sequential_fits == 0
     for cid, (state, momentum, draw, grad_mode) in seen.items():
-        w.fit(cid, start, 0, FitSpec(purpose="p"))
+        w.train(cid, start, 0, FitSpec(purpose="p"))
         torch.testing.assert_close(state, w.snapshot(), rtol=0, atol=1e-5)
         torch.testing.assert_close(momentum, w.momentum_buffer(), rtol=0, atol=1e-5)
         assert torch.equal(draw, torch.rand(3))  # the global generator as the fit's key leaves it
@@ -252,13 +252,13 @@ def test_a_clients_exception_reaches_the_caller_and_no_thread_is_left():
     reached = []
 
     def failing(worker):
-        worker.fit(1, start, 0)
+        worker.train(1, start, 0)
         raise ValueError("client 1 failed after its fit")
 
     def waiting(cid):
         def run(worker):
-            worker.fit(cid, start, 0)
-            worker.fit(cid, start, 0, replace(FitSpec(), purpose="second"))
+            worker.train(cid, start, 0)
+            worker.train(cid, start, 0, replace(FitSpec(), purpose="second"))
             reached.append(cid)
 
         return run
@@ -310,7 +310,7 @@ def test_padding_every_step_to_the_batch_size_changes_no_result():
 def test_batchnorm_running_statistics_stack_per_client():
     from pfl.engine.sam import SAMObjective, sam_context
     from pfl.engine.stacked import model_problems
-    from pfl.engine.worker import TrainSettings
+    from pfl.engine.trainer import TrainSettings
 
     data = make_loop(tiny_config("fedavg")).worker.data
     dim = data.x[0].numel()
@@ -318,7 +318,7 @@ def test_batchnorm_running_statistics_stack_per_client():
     net = torch.nn.Sequential(
         torch.nn.Flatten(), torch.nn.Linear(dim, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 10)
     )
-    w = Worker(net, data, TrainSettings(batch_size=16, lr=0.1, momentum=0.5), seed=0)
+    w = ClientTrainer(net, data, TrainSettings(batch_size=16, lr=0.1, momentum=0.5), seed=0)
     assert model_problems(w) == [] and w.flat.num_buffers == 32
     sizes = {cid: len(w.split(cid).train) % 16 for cid in range(6)}
     cids = [c for c, rest in sizes.items() if rest != 1][:4]  # a batch of one has no batch statistics
@@ -329,17 +329,17 @@ def test_batchnorm_running_statistics_stack_per_client():
     expected = [_sequential(w, cid, start, spec)[0] for cid, spec in zip(cids, specs, strict=True)]
     requests = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in zip(cids, specs, strict=True)]
     trainer = StackedTrainer(w)
-    w.module.eval()  # as an evaluation leaves it: the stacked fit trains in train mode, as Worker.fit
+    w.module.eval()  # as an evaluation leaves it: the stacked fit trains in train mode, as ClientTrainer.train
     trainer.train(requests[:1] + requests[2:])
     trainer.train(requests[1:2])
     for r, state in zip(requests, expected, strict=True):
         torch.testing.assert_close(r.out, state, rtol=0, atol=1e-5)
         assert not torch.equal(r.out[w.flat.num_params :], start[w.flat.num_params :])  # statistics moved
     cumulative = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.BatchNorm1d(dim, momentum=None))
-    assert "BatchNorm1d" in model_problems(Worker(cumulative, data, TrainSettings(), seed=0))[0]
+    assert "BatchNorm1d" in model_problems(ClientTrainer(cumulative, data, TrainSettings(), seed=0))[0]
 
 
-def _lwsam_spec(w: Worker, start, rho: float, lr: float, momentum: float, scale=None) -> FitSpec:
+def _lwsam_spec(w: ClientTrainer, start, rho: float, lr: float, momentum: float, scale=None) -> FitSpec:
     """PLGU-LF's fit (``PLGULF.local_update``) from ``start``, with a personal model θ of its own."""
     from pfl.engine.sam import sam_context
     from pfl.methods.plgu import PLGULFObjective
@@ -355,7 +355,7 @@ def _lwsam_spec(w: Worker, start, rho: float, lr: float, momentum: float, scale=
     return FitSpec(objective=PLGULFObjective, context=context, lr=lr, momentum=momentum)
 
 
-def _assert_lwsam_stacks(w: Worker, cids: list[int], start, settings: list[tuple]) -> None:
+def _assert_lwsam_stacks(w: ClientTrainer, cids: list[int], start, settings: list[tuple]) -> None:
     specs = [_lwsam_spec(w, start, *s) for s in settings]
     expected = []
     for cid, spec in zip(cids, specs, strict=True):
@@ -392,7 +392,7 @@ def test_stacked_lwsam_fits_equal_the_workers_plgu_lf_fits():
 
 
 def test_stacked_lwsam_fits_keep_each_models_running_statistics():
-    from pfl.engine.worker import TrainSettings
+    from pfl.engine.trainer import TrainSettings
 
     data = make_loop(tiny_config("fedavg")).worker.data
     torch.manual_seed(0)
@@ -400,7 +400,7 @@ def test_stacked_lwsam_fits_keep_each_models_running_statistics():
         torch.nn.Flatten(), torch.nn.Linear(data.x[0].numel(), 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
         torch.nn.Linear(16, 10),
     )  # fmt: skip
-    w = Worker(net, data, TrainSettings(batch_size=16, lr=0.1, momentum=0.5, weight_decay=1e-3), seed=0)
+    w = ClientTrainer(net, data, TrainSettings(batch_size=16, lr=0.1, momentum=0.5, weight_decay=1e-3), seed=0)
     cids = [c for c in range(data.num_clients) if len(w.split(c).train) % 16 != 1][:2]  # no batch of one
     start = w.flat.snapshot()
     _assert_lwsam_stacks(w, cids, start, [(0.05, 0.1, 0.5), (0.1, 0.05, 0.0)])
@@ -511,10 +511,10 @@ def test_stacked_fits_with_per_client_lr_epochs_and_momentum_keep_to_the_trainin
 
 
 def test_stacked_mean_gradients_equal_the_workers_mean_gradients():
-    """PGFed's full pass (``Worker.mean_gradient``), several clients of different sizes in one pass:
+    """PGFed's full pass (``ClientTrainer.mean_gradient``), several clients of different sizes in one pass:
     the same gradient, loss and worker state (BatchNorm's running statistics moved) as one at a time."""
     from pfl.engine.stacked import GradientRequest
-    from pfl.engine.worker import TrainSettings
+    from pfl.engine.trainer import TrainSettings
 
     data = make_loop(tiny_config("fedavg")).worker.data
     torch.manual_seed(0)
@@ -522,7 +522,7 @@ def test_stacked_mean_gradients_equal_the_workers_mean_gradients():
         torch.nn.Flatten(), torch.nn.Linear(data.x[0].numel(), 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
         torch.nn.Linear(16, 10),
     )  # fmt: skip
-    for w in (_worker().worker, Worker(net, data, TrainSettings(batch_size=16), seed=0)):
+    for w in (_worker().worker, ClientTrainer(net, data, TrainSettings(batch_size=16), seed=0)):
         cids = [c for c in range(data.num_clients) if len(w.split(c).train) % 16 != 1][:4]  # no batch of one
         assert len({len(w.split(c).train) // 16 for c in cids}) > 1  # ragged: clients run out of batches
         start = w.flat.snapshot()
@@ -570,11 +570,11 @@ def _dropout_net(dim: int, batch_norm: bool) -> torch.nn.Module:
 def test_stacked_fits_with_keyed_dropout_draw_each_clients_sequential_masks(batch_norm):
     from pfl.engine.sam import SAMObjective, sam_context
     from pfl.engine.stacked import GradientRequest, model_problems
-    from pfl.engine.worker import TrainSettings
+    from pfl.engine.trainer import TrainSettings
 
     data = make_loop(tiny_config("fedavg")).worker.data
     settings = TrainSettings(batch_size=16, lr=0.1, momentum=0.5, weight_decay=1e-3)
-    w = Worker(_dropout_net(data.x[0].numel(), batch_norm), data, settings, seed=0)
+    w = ClientTrainer(_dropout_net(data.x[0].numel(), batch_norm), data, settings, seed=0)
     assert model_problems(w) == [] and w.keyed_dropout
     cids = [c for c in range(data.num_clients) if len(w.split(c).train) % 16 not in (1, 2)][:3]
     start = w.flat.snapshot()
@@ -584,7 +584,7 @@ def test_stacked_fits_with_keyed_dropout_draw_each_clients_sequential_masks(batc
     assert torch.equal(again, expected[0])  # the same keys draw the same masks
     requests = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in zip(cids, specs, strict=True)]
     trainer = StackedTrainer(w)
-    w.module.eval()  # as an evaluation leaves it: the stacked fit drops in train mode, as Worker.fit
+    w.module.eval()  # as an evaluation leaves it: the stacked fit drops in train mode, as ClientTrainer.train
     trainer.train(requests[:1] + requests[2:])
     trainer.train(requests[1:2])
     for r, state in zip(requests, expected, strict=True):
@@ -596,7 +596,7 @@ def test_stacked_fits_with_keyed_dropout_draw_each_clients_sequential_masks(batc
         torch.testing.assert_close(r.grad, grad, rtol=0, atol=1e-6)
         assert r.loss == pytest.approx(loss, abs=1e-6)
     # Without dropout the fit is another one: the masks are drawn.
-    plain = Worker(_dropout_net(data.x[0].numel(), batch_norm), data, settings, seed=0)
+    plain = ClientTrainer(_dropout_net(data.x[0].numel(), batch_norm), data, settings, seed=0)
     plain.module.net[-2].p = 0.0
     assert not torch.allclose(_sequential(plain, cids[0], start, specs[0])[0], expected[0], atol=1e-4)
 

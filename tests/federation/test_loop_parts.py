@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pfl.engine.worker import TrainSettings
+from pfl.engine.trainer import TrainSettings
 from pfl.errors import ConfigError
 from pfl.federation.checkpoint import Checkpointer
 from pfl.federation.dispatch import (
@@ -92,7 +92,7 @@ def test_the_learning_rate_schedule_is_the_settings_own():
     assert loop.worker.settings is before and before.lr == 0.2  # the rounds read the schedule, never write it
     assert loop.client(0).lr == 0.2 * 0.5**2  # the context of round 2
     worker = loop.worker
-    worker.fit(0, loop.init_state, 3)  # a fit of round 3 steps with round 3's rate
+    worker.train(0, loop.init_state, 3)  # a fit of round 3 steps with round 3's rate
     assert worker._last_optimizer.param_groups[0]["lr"] == 0.2 * 0.5**3
 
 

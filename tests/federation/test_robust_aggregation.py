@@ -11,7 +11,7 @@ import torch
 from pfl.config import ServerConfig, validate
 from pfl.errors import ConfigError
 from pfl.federation.robust import (
-    Aggregator,
+    RobustRule,
     clip_factors,
     coordinate_median,
     krum_scores,
@@ -27,9 +27,9 @@ from tests.conftest import make_loop, tiny_config
 from tests.methods.registry_properties import NOT_AVERAGING
 
 
-def rule(kind: str, **settings) -> Aggregator:
+def rule(kind: str, **settings) -> RobustRule:
     """The aggregator ``kind`` with the given ``server.*`` settings."""
-    return Aggregator(ServerConfig(aggregator=kind, **settings))
+    return RobustRule(ServerConfig(aggregator=kind, **settings))
 
 
 def aggregate(loop, uploads: dict) -> None:
@@ -104,10 +104,10 @@ def test_clip_factors_scale_to_the_quantile_of_the_norms():
     assert clip_factors(zeros, 0.5).tolist() == [1.0, 1.0, 0.0]
 
 
-# -- Aggregator.apply: what the method's weighted mean then combines ----------------------------
+# -- RobustRule.apply: what the method's weighted mean then combines ----------------------------
 def test_mean_leaves_the_uploads_untouched():
     uploads = uploads_of(ROWS)
-    assert Aggregator().apply(uploads, FedAvg(), None) is uploads  # type: ignore[arg-type]
+    assert RobustRule().apply(uploads, FedAvg(), None) is uploads  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -195,7 +195,7 @@ def test_fedavg_upload_reference_is_the_global_model_in_the_uploads_coordinates(
 
 def test_default_run_builds_mean_and_trains_as_before():
     plain = make_loop(tiny_config("fedavg", trainer=HALF))
-    assert [type(t) for t in plain.transforms] == [Aggregator] and plain.transforms[0] == Aggregator()
+    assert [type(t) for t in plain.transforms] == [RobustRule] and plain.transforms[0] == RobustRule()
     explicit = make_loop(tiny_config("fedavg", trainer=HALF, server={"aggregator": "mean", "krum_f": 5}))
     for _ in range(2):
         plain.run_round(), explicit.run_round()
@@ -288,7 +288,7 @@ def test_krum_needs_more_than_2f_plus_2_clients_per_round(kind, per_round, f, hi
 
 def test_the_aggregator_is_a_value():
     with pytest.raises(dataclasses.FrozenInstanceError):
-        Aggregator().kind = "median"  # type: ignore[misc]
+        RobustRule().kind = "median"  # type: ignore[misc]
 
 
 def test_multi_krum_keeps_at_most_the_clients_of_a_round():

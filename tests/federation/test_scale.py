@@ -433,7 +433,7 @@ def test_vectorized_rounds_equal_the_sequential_rounds(method, args, client, dat
 
 def test_vectorize_refuses_what_it_cannot_do_exactly():
     from pfl.engine.stacked import model_problems
-    from pfl.engine.worker import TrainSettings, Worker
+    from pfl.engine.trainer import ClientTrainer, TrainSettings
 
     cases = [
         tiny_config("ditto", {"prox": "autograd"}, trainer={"vectorize": True}),
@@ -453,5 +453,5 @@ def test_vectorize_refuses_what_it_cannot_do_exactly():
         "": torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Dropout(0.0), torch.nn.Linear(dim, 10)),
     }
     for word, net in nets.items():
-        reasons = model_problems(Worker(net, data, TrainSettings(), seed=0))
+        reasons = model_problems(ClientTrainer(net, data, TrainSettings(), seed=0))
         assert (word in " ".join(reasons)) if word else reasons == []

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pfl.federation.attacks import Attack
-from pfl.federation.robust import Aggregator
+from pfl.federation.robust import RobustRule
 from pfl.federation.transforms import UploadStep, apply_transforms, check_order
 from pfl.methods import Upload
 from tests.conftest import make_loop, tiny_config
@@ -44,5 +44,5 @@ def test_a_server_side_transform_before_a_client_side_one_is_refused():
 def test_a_run_lists_the_attack_before_the_aggregator():
     attack = {"kind": "scale", "fraction": 0.3}
     loop = make_loop(tiny_config("fedavg", attack=attack, server={"aggregator": "median"}))
-    assert [type(t) for t in loop.transforms] == [Attack, Aggregator]
+    assert [type(t) for t in loop.transforms] == [Attack, RobustRule]
     assert loop.transforms[0].client_side and not loop.transforms[1].client_side

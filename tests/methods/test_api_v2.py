@@ -18,7 +18,7 @@ from lightning.fabric.plugins.precision import MixedPrecision
 from pfl.config import ServerConfig
 from pfl.engine.fit_spec import FitSpec, FitStats, mean_of
 from pfl.engine.terms import Proximal
-from pfl.engine.worker import ClientModule
+from pfl.engine.trainer import ClientModule
 from pfl.errors import ConfigError
 from pfl.federation.server_opt import ServerOptimizer
 from pfl.methods import method_class
@@ -305,9 +305,9 @@ def test_conflict_fraction_is_measured_in_the_evaluated_round_only():
 
 def test_a_fit_without_batches_reports_no_loss_and_leaves_the_round_mean_alone():
     loop = make_loop(tiny_config("fedavg"))
-    stats = loop.worker.fit(0, loop.server["global"], 0, FitSpec(epochs=0))
+    stats = loop.worker.train(0, loop.server["global"], 0, FitSpec(epochs=0))
     assert stats.steps == 0 and math.isnan(stats.loss)
-    assert math.isfinite(loop.worker.fit(0, loop.server["global"], 0, FitSpec(epochs=1)).loss)
+    assert math.isfinite(loop.worker.train(0, loop.server["global"], 0, FitSpec(epochs=1)).loss)
 
 
 def test_a_fits_loss_is_the_in_order_float32_mean_of_its_last_epochs_batch_losses():
@@ -318,6 +318,6 @@ def test_a_fits_loss_is_the_in_order_float32_mean_of_its_last_epochs_batch_losse
     stats = FitStats(4, 4, 4, losses, 0.0)  # kept as tensors until read, then the float
     assert stats.loss == 0.25 and stats.loss == 0.25
     loop = make_loop(tiny_config("fedavg"))
-    fit = loop.worker.fit(0, loop.server["global"], 0, FitSpec(epochs=2))
+    fit = loop.worker.train(0, loop.server["global"], 0, FitSpec(epochs=2))
     last = [loss.item() for loss in fit._loss]  # the last epoch's batch losses, before the read
     assert len(last) == fit.steps // 2 and fit.loss == pytest.approx(sum(last) / len(last), rel=1e-6)

@@ -19,7 +19,7 @@ import yaml
 
 from pfl.cli import list_methods, main
 from pfl.data import DataConfig, build_data
-from pfl.engine.worker import TrainSettings, Worker
+from pfl.engine.trainer import ClientTrainer, TrainSettings
 from pfl.errors import ConfigError
 from pfl.methods import ClientOptimizerMethod, Method, Upload, method_class, register
 from pfl.methods.base import ClientContext, ServerContext, weighted_mean
@@ -126,7 +126,7 @@ def test_digits_experiment_runs_every_new_method_from_the_cli(tmp_path):
 def _worker(**settings):
     data = build_data(DataConfig(source="digits", num_clients=2, alpha=1.0, min_samples=20), 0)
     net = build_model(ModelConfig(name="mlp", hidden=[8]), data.input_shape, data.num_classes)
-    return Worker(net, data, TrainSettings(**{"epochs": 2, "batch_size": 16, "lr": 0.1, **settings}), seed=0)
+    return ClientTrainer(net, data, TrainSettings(**{"epochs": 2, "batch_size": 16, "lr": 0.1, **settings}), seed=0)
 
 
 def test_drop_last_drops_exactly_the_remainder_batch():

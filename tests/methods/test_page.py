@@ -384,7 +384,7 @@ def test_the_server_agent_reads_a_resumed_state_on_the_training_device():
     """A resumed run's server state is on the training device (checkpoint.restore moves it there), the
     uploads too; the server agent answers on the host and the aggregate stays on the device."""
     from pfl.engine.flat import ModelLayout
-    from pfl.engine.worker import EvalStats
+    from pfl.engine.trainer import EvalStats
     from pfl.federation.store import tree_map
     from pfl.methods import ServerContext, Upload
     from tests.helpers.device_tags import is_on_device, training_device

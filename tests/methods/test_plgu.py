@@ -119,7 +119,7 @@ def test_plgu_grep_default_with_rho_zero_is_fedrep():
     ],
 )
 def test_plgu_grep_body_steps_and_passes_per_mini_batch(monkeypatch, args, steps, passes):
-    from pfl.engine.worker import ClientModule, StepOptimizer
+    from pfl.engine.trainer import ClientModule, StepOptimizer
 
     counts = {"steps": 0, "passes": 0}
     step, backward = StepOptimizer.step, ClientModule.manual_backward
@@ -427,8 +427,8 @@ def test_plgu_lf_fits_describe_their_stacked_form():
     for layers, perturbs in ((0, True), (99, False)):
         loop = make_loop(tiny_config("plgu_lf", {"personal_layers": layers}, client={"momentum": 0.5, "lr": 0.03}))
         specs = []
-        fit = loop.worker.fit
-        loop.worker.fit = lambda cid, start, round_idx, spec, fit=fit, seen=specs: (
+        fit = loop.worker.train
+        loop.worker.train = lambda cid, start, round_idx, spec, fit=fit, seen=specs: (
             seen.append(spec) or fit(cid, start, round_idx, spec)
         )
         loop.run_round()

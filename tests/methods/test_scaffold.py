@@ -7,7 +7,7 @@ import torch
 
 from pfl.config import ServerConfig
 from pfl.errors import ConfigError
-from pfl.federation.robust import Aggregator
+from pfl.federation.robust import RobustRule
 from pfl.methods.scaffold import Scaffold
 from tests.conftest import make_loop, tiny_config
 from tests.methods.helpers import HALF, _grads, exchanged_round
@@ -98,5 +98,5 @@ def test_scaffold_refuses_an_unknown_weighting_before_training():
 
 def test_scaffold_takes_a_robust_aggregator_for_its_averaged_model():
     # The model is the mean of the uploads, so median / trimmed mean / Krum can stand in for it.
-    aggregator = Aggregator.build(ServerConfig(aggregator="median"), Scaffold(), clients_per_round=4)
+    aggregator = RobustRule.build(ServerConfig(aggregator="median"), Scaffold(), clients_per_round=4)
     assert aggregator.kind == "median"

@@ -9,20 +9,20 @@ import torch
 from torch import nn
 
 from pfl.data import ClientSplit, FederatedData
-from pfl.engine.worker import TrainSettings, Worker
+from pfl.engine.trainer import ClientTrainer, TrainSettings
 from pfl.metrics.evaluate import EvalSets, predict
 from pfl.runner.experiment import run_experiment
 from tests.conftest import make_loop, tiny_config
 from tests.methods.helpers import _trained
 
 
-def _equal_test_federation(clients: int, test_size: int) -> Worker:
+def _equal_test_federation(clients: int, test_size: int) -> ClientTrainer:
     """``clients`` clients with one training sample and ``test_size`` test samples each, disjoint."""
     per = 1 + test_size
     splits = [ClientSplit(torch.tensor([k * per]), torch.arange(k * per + 1, (k + 1) * per)) for k in range(clients)]
     x, y = torch.zeros(clients * per, 2), torch.zeros(clients * per, dtype=torch.long)
     data = FederatedData("equal", x, y, 2, splits, torch.zeros(0, dtype=torch.long))
-    return Worker(nn.Sequential(nn.Flatten(), nn.Linear(2, 2)), data, TrainSettings(), seed=0)
+    return ClientTrainer(nn.Sequential(nn.Flatten(), nn.Linear(2, 2)), data, TrainSettings(), seed=0)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from pfl.data import ClientSplit, FederatedData, build_data
-from pfl.engine.worker import FitSpec, TrainSettings, Worker
+from pfl.engine.trainer import ClientTrainer, FitSpec, TrainSettings
 from pfl.errors import ConfigError
 from pfl.federation.loop import comparable_metrics
 from pfl.methods import ClientContext
@@ -40,7 +40,7 @@ def known_federation():
         start += len(flags)
     clients = [ClientSplit(splits[f"t{k}"], splits[f"c{k}"]) for k in range(4)]
     data = FederatedData("known", torch.tensor(np.stack(xs)), torch.tensor(ys), 2, clients, splits["global"])
-    worker = Worker(nn.Sequential(nn.Flatten(), nn.Linear(2, 2)), data, TrainSettings(), seed=0)
+    worker = ClientTrainer(nn.Sequential(nn.Flatten(), nn.Linear(2, 2)), data, TrainSettings(), seed=0)
     state = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0])  # weight = I, bias = 0
     correct = torch.zeros(len(ys))
     for name, flags in CORRECT.items():
@@ -139,7 +139,7 @@ def test_pm_source_local_update_uses_the_model_trained_before_aggregation():
         cid = row["client"]
         test = loop.worker.data.clients[cid].test
         if cid in sampled:
-            loop.worker.fit(cid, loop.init_state, 0)  # the same keyed local update, redone by hand
+            loop.worker.train(cid, loop.init_state, 0)  # the same keyed local update, redone by hand
             assert torch.equal(loop.worker.snapshot(), loop.evals.trained[cid])
             assert row["pm.l_acc"] == pytest.approx(loop.worker.evaluate(loop.evals.trained[cid], test).acc)
         else:  # never trained: the global model
@@ -231,7 +231,7 @@ def test_new_clients_are_scored_after_fine_tuning_the_global_model(epochs):
     w, split = loop.worker, loop.worker.new_clients[0]
     start = loop.server["global"]
     if epochs:
-        w.fit(w.data.num_clients, start, loop.round, FitSpec(epochs=epochs, purpose="new_client"))
+        w.train(w.data.num_clients, start, loop.round, FitSpec(epochs=epochs, purpose="new_client"))
         start = w.snapshot()
     assert m["new.acc.mean"] == pytest.approx(w.evaluate(start, split.test).acc)
     assert m["new.acc.std"] == 0.0

@@ -8,15 +8,19 @@ import dataclasses
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from torch import nn
 
 import pfl.runner.assembly as assembly
+import pfl.runner.experiment as experiment
 from pfl.data import build_data
 from pfl.engine.stacked import net_problems
 from pfl.errors import ConfigError
 from pfl.federation.attacks import Attack
 from pfl.federation.checkpoint import Checkpointer, RunState
+from pfl.federation.dispatch import SequentialDispatcher
 from pfl.federation.loop import Checkpointing, ProgressBar, comparable_metrics
 from pfl.federation.progress import RunProgress
 from pfl.models import ModelConfig, meta_model
@@ -33,7 +37,7 @@ def test_the_plan_holds_every_derived_value_and_is_frozen():
     cfg = tiny_config("fedprox", client={"lr": 0.2, "lr_decay": 0.5}, trainer={"fraction": 0.5})
     plan = plan_run(cfg, build_data(cfg.data, cfg.seed))
     assert plan.clients_per_round == 3 and plan.settings.lr_at(2) == 0.2 * 0.25
-    assert plan.aggregator.kind == "mean" and plan.resume is None and not plan.finished and plan.start_round == 0
+    assert plan.robust_rule.kind == "mean" and plan.resume is None and not plan.finished and plan.start_round == 0
     assert plan.recorded["method.name"].endswith("FedProx") or plan.recorded["method.name"] == "fedprox"
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.clients_per_round = 4  # type: ignore[misc]
@@ -71,7 +75,34 @@ def test_a_built_in_models_structure_is_read_on_the_meta_device():
 
 
 def _user_builder(cfg, input_shape, num_classes):
-    raise AssertionError("a user builder is called once, by the run")
+    raise AssertionError("meta_model never calls a user builder")
+
+
+def _dropout_builder(cfg, input_shape, num_classes):
+    """A user's model whose structure refuses trainer.vectorize (dropout), known only once it is built."""
+    return nn.Sequential(nn.Flatten(), nn.Dropout(0.5), nn.Linear(int(np.prod(input_shape)), num_classes))
+
+
+def test_vectorize_true_with_a_users_model_is_refused_by_the_plan_before_anything_is_built(tmp_path, monkeypatch):
+    cfg = tiny_config(
+        "fedavg",
+        model={"name": "tests.runner.test_plan:_dropout_builder"},
+        trainer={"vectorize": True},
+        tracking={"root": str(tmp_path), "wandb": False},
+    )
+    built, loops = [], []
+    monkeypatch.setattr(assembly, "build_checked_model", lambda *a: built.append(a))
+    monkeypatch.setattr(experiment, "build_loop", lambda *a, **k: loops.append(a))
+    state = torch.random.get_rng_state()
+    with pytest.raises(ConfigError, match=r"^trainer.vectorize: the model has dropout"):
+        plan_run(cfg, build_data(cfg.data, cfg.seed))
+    assert torch.equal(torch.random.get_rng_state(), state)  # the plan's build drew nothing the run's would
+    with pytest.raises(ConfigError, match=r"^trainer.vectorize: the model has dropout"):
+        experiment.run_experiment(cfg)
+    assert built == [] and loops == [] and list(tmp_path.iterdir()) == []  # no model, no loop, no run folder
+    monkeypatch.undo()
+    auto = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, vectorize="auto"))
+    assert type(build_loop(plan_run(auto, build_data(cfg.data, cfg.seed))).dispatcher) is SequentialDispatcher
 
 
 def test_a_resume_is_checked_and_read_by_the_plan(tmp_path, monkeypatch):

@@ -22,7 +22,7 @@ import torch
 
 from pfl.cli import main
 from pfl.config import EvalConfig, validate, validate_target
-from pfl.engine.worker import FitStats
+from pfl.engine.trainer import FitStats
 from pfl.errors import ConfigError, TrainingDiverged
 from pfl.federation import divergence
 from pfl.federation.checkpoint import load_checkpoint
