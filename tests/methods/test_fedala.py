@@ -8,20 +8,6 @@ import torch
 from pfl.errors import ConfigError
 from pfl.methods.fedala import FedALA
 from tests.conftest import make_loop, tiny_config
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("fedala",)
-    BOUNDS = (
-        ("fedala", "eta", 0.0, -0.01),
-        ("fedala", "rand_percent", 0.5, 0.0),
-        ("fedala", "rand_percent", 100.0, 100.01),
-        ("fedala", "layer_idx", 0, -1),
-        ("fedala", "threshold", 0.0, -0.01),
-        ("fedala", "num_pre_loss", 1, 0),
-        ("fedala", "max_start_epochs", 1, 0),
-    )
 
 
 def test_fedala_with_weights_fixed_at_one_downloads_the_global_model():

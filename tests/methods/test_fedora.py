@@ -19,11 +19,6 @@ from pfl.optim.propagation import new_client_row, principal_angle_similarity, pr
 from pfl.runner.args import parse_fit_args
 from tests.conftest import make_loop, tiny_config
 from tests.methods.helpers import NEW, VAL, exchanged_round, new_client_context, personal, run
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("fedora",)
 
 
 def fedora_loop(args=None, **groups):

@@ -7,11 +7,6 @@ import torch
 
 from pfl.errors import ConfigError
 from tests.conftest import make_loop, tiny_config
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("fedrecon",)
 
 
 def test_fedrecon_without_local_parameters_is_fedavg():

@@ -8,11 +8,6 @@ import torch
 from pfl.federation.loop import comparable_metrics
 from tests.conftest import make_loop, tiny_config
 from tests.methods.helpers import NEW, VAL, exchanged_round, new_client_context, personal, run
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("ifca",)
 
 
 @pytest.mark.parametrize("clusters", [2, 3])

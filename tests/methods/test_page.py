@@ -16,11 +16,6 @@ from pfl.optim.ddpg import client_action_to_hparams, server_action_to_weights
 from tests.conftest import make_loop, tiny_config
 from tests.methods.helpers import FAST_AGENTS, RANGE, VAL, fixed_client_action, reference_round
 from tests.methods.helpers import REPO_ROOT as ROOT
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("page",)
 
 
 def page_config(method_args: dict | None = None, **groups):
