@@ -354,8 +354,7 @@ class Method:
     vectorizable: ClassVar[bool] = True
     """Whether the clients' local updates are independent within a round, so lockstep runs them exactly."""
     one_at_a_time: ClassVar[str] = ""
-    """Why every fit of the method runs one client at a time (a custom loss, its own loop of gradient
-    calls), for ``vectorize_problems``; empty: some of its fits stack."""
+    """Why every fit runs one client at a time (a custom loss, its own loop), for ``vectorize_problems``."""
     averages_uploads: ClassVar[bool] = True
     """Whether ``aggregate`` takes a weighted mean of ``Upload.state``; a new ``aggregate`` must state it."""
     uploads_gradients: ClassVar[bool] = False

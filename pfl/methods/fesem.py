@@ -29,6 +29,7 @@ class FeSEM(ClusterModels):
 
     name = "fesem"
     description = "stochastic EM clustering of client models by parameter distance, one model per cluster"
+    averages_uploads = False  # one model per cluster
 
     def init_server(self, server: ServerContext) -> State:
         gen = torch_generator(server.seed, "fesem", "assign")

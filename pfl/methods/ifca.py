@@ -21,11 +21,9 @@ def lowest_loss_cluster(client: ClientContext, models: Tensor) -> int:
 
 
 class ClusterModels(Method):
-    """k models, one per cluster of clients (IFCA, FeSEM): no global model, and the server averages each
-    cluster's uploads apart, not all of them."""
+    """k models, one per cluster of clients (IFCA, FeSEM), and no global model."""
 
     has_global_model = False
-    averages_uploads = False  # one model per cluster
 
     def __init__(self, clusters: int = 4):
         require(clusters >= 1, "method.clusters", f"must be >= 1 (got {clusters})")
@@ -47,6 +45,7 @@ class IFCA(ClusterModels):
 
     name = "ifca"
     description = "k cluster models, each client trains the one with the lowest loss on its data"
+    averages_uploads = False  # one model per cluster
 
     def init_server(self, server: ServerContext) -> State:
         return {"models": cluster_starts(server.init_state, server.layout, self.clusters, server.seed, "ifca")}
