@@ -12,8 +12,7 @@ from pfl.data.config import validate_data_config
 from pfl.data.settings import DataConfig
 from pfl.errors import require
 from pfl.models import ModelConfig, check_model_config
-from pfl.registry import Registry
-from pfl.suggest import choice_fix
+from pfl.registry import Registry, require_choice
 
 ACCELERATORS = ("cpu", "cuda", "gpu", "mps", "auto")
 # Every precision Lightning Fabric takes, written out so that reading a config never imports Lightning
@@ -188,12 +187,7 @@ class ServerConfig:
 
 
 def validate_server(cfg: ServerConfig) -> None:
-    require(
-        cfg.optimizer in SERVER_OPTIMIZERS,
-        "server.optimizer",
-        f"unknown optimizer {cfg.optimizer!r}",
-        choice_fix(cfg.optimizer, SERVER_OPTIMIZERS),
-    )
+    require_choice(cfg.optimizer, SERVER_OPTIMIZERS, "server.optimizer", "optimizer")
     require(cfg.lr > 0 and cfg.lr < float("inf"), "server.lr", f"must be a finite number > 0 (got {cfg.lr})")
     require(0 <= cfg.momentum < 1, "server.momentum", f"must be in [0, 1) (got {cfg.momentum})")
     require(0 <= cfg.beta1 < 1, "server.beta1", f"must be in [0, 1) (got {cfg.beta1})")
@@ -239,13 +233,8 @@ class AttackConfig:
 
 
 def validate_attack(a: AttackConfig) -> None:
-    require(a.kind in ATTACKS, "attack.kind", f"unknown attack {a.kind!r}", choice_fix(a.kind, ATTACKS))
-    require(
-        a.space in ATTACK_SPACES,
-        "attack.space",
-        f"unknown space {a.space!r}",
-        choice_fix(a.space, ATTACK_SPACES),
-    )
+    require_choice(a.kind, ATTACKS, "attack.kind", "attack")
+    require_choice(a.space, ATTACK_SPACES, "attack.space", "space")
     require(0 <= a.fraction < 1, "attack.fraction", f"must be in [0, 1) (got {a.fraction})")
     if a.scale is not None:
         require(a.scale > 0 and a.scale < float("inf"), "attack.scale", f"must be a finite number > 0 (got {a.scale})")
@@ -336,30 +325,15 @@ def validate(cfg: RunConfig) -> None:
         )
     require(t.eval_every >= 1, "trainer.eval_every", f"must be >= 1 (got {t.eval_every})")
     require(t.checkpoint_every >= 1, "trainer.checkpoint_every", f"must be >= 1 (got {t.checkpoint_every})")
-    require(
-        t.accelerator in ACCELERATORS,
-        "trainer.accelerator",
-        f"unknown accelerator {t.accelerator!r}",
-        choice_fix(t.accelerator, ACCELERATORS),
-    )
-    require(
-        t.precision in PRECISIONS,
-        "trainer.precision",
-        f"unknown precision {t.precision!r}",
-        choice_fix(t.precision, PRECISIONS),
-    )
+    require_choice(t.accelerator, ACCELERATORS, "trainer.accelerator", "accelerator")
+    require_choice(t.precision, PRECISIONS, "trainer.precision", "precision")
     require(
         not t.precision.startswith("transformer-engine") or transformer_engine_available(),
         "trainer.precision",
         f"{t.precision} needs NVIDIA's transformer_engine package, which is not installed",
         "install it (pip install 'transformer_engine>=0.11.0', CUDA only) or choose e.g. bf16-mixed or 16-mixed",
     )
-    require(
-        t.client_store in CLIENT_STORES,
-        "trainer.client_store",
-        f"unknown store {t.client_store!r}",
-        choice_fix(t.client_store, CLIENT_STORES),
-    )
+    require_choice(t.client_store, CLIENT_STORES, "trainer.client_store", "store")
     require(t.store_budget_mb >= 0, "trainer.store_budget_mb", f"must be >= 0 (got {t.store_budget_mb})")
     require(t.devices >= 1, "trainer.devices", f"must be >= 1 (got {t.devices})")
     require(
@@ -402,7 +376,7 @@ def validate_eval(e: EvalConfig) -> None:
         ("pm_source", e.pm_source, PM_SOURCES),
         ("s_test", e.s_test, S_TESTS),
     ):
-        require(value in choices, f"eval.{name}", f"unknown value {value!r}", choice_fix(value, choices))
+        require_choice(value, choices, f"eval.{name}")
     require(0 < e.s_acc_others <= 1, "eval.s_acc_others", f"must be in (0, 1] (got {e.s_acc_others})")
     for name in e.protocols:
         PROTOCOLS.check(name)

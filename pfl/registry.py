@@ -17,10 +17,16 @@ import importlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
-from pfl.errors import ConfigError
-from pfl.suggest import did_you_mean
+from pfl.errors import ConfigError, require
+from pfl.suggest import choice_fix, did_you_mean
 
 T = TypeVar("T")
+
+
+def require_choice(value: str, options: Sequence[str], field: str, what: str = "value") -> None:
+    """A field whose choices are a fixed list, not a registry: a ConfigError naming ``field``
+    ("unknown <what> <value>", and the closest of ``options``) unless ``value`` is one of them."""
+    require(value in options, field, f"unknown {what} {value!r}", choice_fix(value, options))
 
 
 def origin(obj: Any) -> str:

@@ -9,7 +9,7 @@ import pytest
 
 from pfl.config import AGGREGATORS, PROTOCOLS
 from pfl.errors import ConfigError
-from pfl.registry import Registry
+from pfl.registry import Registry, require_choice
 
 
 def rule_a():
@@ -89,3 +89,13 @@ def test_built_ins_are_imported_on_first_lookup():
     reg: Registry = Registry("rule", "group.rule", "mod.rule", builtins=("tests.nonexistent_module",))
     with pytest.raises(ModuleNotFoundError):
         reg.names()
+
+
+def test_a_fixed_choice_is_refused_naming_the_field_the_kind_and_the_closest_option():
+    require_choice("disk", ("memory", "disk"), "trainer.client_store", "store")
+    with pytest.raises(ConfigError) as err:
+        require_choice("dsk", ("memory", "disk"), "trainer.client_store", "store")
+    assert (err.value.field, err.value.problem) == ("trainer.client_store", "unknown store 'dsk'")
+    assert "disk" in err.value.fix
+    with pytest.raises(ConfigError, match=r"^data\.partition: unknown value 'x'"):
+        require_choice("x", ("iid",), "data.partition")

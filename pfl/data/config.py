@@ -28,26 +28,17 @@ from pfl.data.rotation import rotate_groups
 from pfl.data.settings import CLIENT_TESTS, PARTITIONS, SYNTHETIC_VARIANTS, DataConfig
 from pfl.data.sources import SOURCES, Pool, load_pool, source_entry
 from pfl.errors import ConfigError, require
+from pfl.registry import require_choice
 from pfl.seeding import numpy_rng
-from pfl.suggest import choice_fix
-
-
-def _choice(value: str, options: tuple[str, ...], name: str) -> None:
-    require(value in options, name, f"unknown value {value!r}", choice_fix(value, options))
 
 
 def validate_data_config(cfg: DataConfig) -> None:
     if is_ecosystem(cfg.source):
         check_ecosystem_config(cfg)
     source = source_entry(cfg.source)  # a ConfigError for a name no registry holds
-    _choice(cfg.partition, PARTITIONS, "data.partition")
-    _choice(cfg.synthetic.variant, SYNTHETIC_VARIANTS, "data.synthetic.variant")
-    require(
-        cfg.augment in AUGMENTATIONS,
-        "data.augment",
-        f"unknown augmentation {cfg.augment!r}",
-        choice_fix(cfg.augment, AUGMENTATIONS),
-    )
+    require_choice(cfg.partition, PARTITIONS, "data.partition")
+    require_choice(cfg.synthetic.variant, SYNTHETIC_VARIANTS, "data.synthetic.variant")
+    require_choice(cfg.augment, AUGMENTATIONS, "data.augment", "augmentation")
     require(cfg.num_clients >= 1, "data.num_clients", f"must be >= 1 (got {cfg.num_clients})")
     require(cfg.alpha > 0, "data.alpha", f"Dirichlet concentration must be > 0 (got {cfg.alpha})")
     require(cfg.min_samples >= 1, "data.min_samples", f"must be >= 1 (got {cfg.min_samples})")

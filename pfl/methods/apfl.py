@@ -8,14 +8,14 @@ from torch.func import functional_call
 from pfl.engine.terms import ExtraParamSGD
 from pfl.errors import require
 from pfl.methods.base import ClientContext, ServerContext, State, Upload
-from pfl.methods.fedavg import FedAvg
+from pfl.methods.fedavg import PersonalFedAvg
 from pfl.methods.registry import register
 
 EvalMix = Literal["global", "local"]
 
 
 @register
-class APFL(FedAvg):
+class APFL(PersonalFedAvg):
     """APFL (Deng et al. 2020): each client trains its copy w of the global model (FedAvg) and, in
     the same steps, a personal model v on the loss of the mixture v̄ = α·v + (1 − α)·w, with w the
     pre-step model and no gradient into w (w's step uses only its own loss). α is fixed (``mix``).
@@ -37,12 +37,8 @@ class APFL(FedAvg):
 
     name = "apfl"
     description = "FedAvg model w + personal v trained through the mixture mix*v + (1-mix)*w"
-    has_personal_model = True
 
-    fixed_options = ("finetune_epochs", "share_buffers")  # passed to the parent fixed: not options of apfl
-
-    def vectorize_problems(self) -> list[str]:
-        return self.runs_one_at_a_time("fits train the personal model through a custom loss (loss_fn)")
+    one_at_a_time = "fits train the personal model through a custom loss (loss_fn)"
 
     def __init__(
         self,
@@ -50,7 +46,7 @@ class APFL(FedAvg):
         eval_mix: EvalMix = "global",
         **kwargs: Any,
     ):
-        super().__init__(finetune_epochs=0, share_buffers=True, **kwargs)
+        super().__init__(**kwargs)
         require(0 <= mix <= 1, "method.mix", f"the mixing weight must be in [0, 1] (got {mix})")
         self.mix, self.eval_mix = mix, eval_mix
 

@@ -353,6 +353,8 @@ class Method:
     """Whether a client's "train" fit keeps its momentum across rounds (None: ``client.keep_momentum``)."""
     vectorizable: ClassVar[bool] = True
     """Whether the clients' local updates are independent within a round, so lockstep runs them exactly."""
+    one_at_a_time: ClassVar[str] = ""
+    """Why every fit runs one client at a time (a custom loss, its own loop), for ``vectorize_problems``."""
     averages_uploads: ClassVar[bool] = True
     """Whether ``aggregate`` takes a weighted mean of ``Upload.state``; a new ``aggregate`` must state it."""
     uploads_gradients: ClassVar[bool] = False
@@ -372,7 +374,9 @@ class Method:
         """Why ``trainer.vectorize`` cannot train this method's clients together with its current
         settings, in one line each (empty: at least some of its fits stack; ``pfl.engine.lockstep``).
         A method whose fits all run one client at a time (custom losses or objectives, its own loop)
-        says so here: lockstep would run it exactly, but gain nothing."""
+        says so in ``one_at_a_time``: lockstep would run it exactly, but gain nothing."""
+        if self.one_at_a_time:
+            return self.runs_one_at_a_time(self.one_at_a_time)
         if self.vectorizable:
             return []
         return [f"{self.name}'s clients' local updates depend on each other within a round"]

@@ -6,14 +6,14 @@ from pfl.engine.objectives import ProximalObjective
 from pfl.engine.terms import Proximal, ProximalStep
 from pfl.errors import require
 from pfl.methods.base import ClientContext, ServerContext, State, Upload
-from pfl.methods.fedavg import FedAvg
+from pfl.methods.fedavg import PersonalFedAvg
 from pfl.methods.registry import register
 
 ProxMode = Literal["exact", "gradient", "autograd"]
 
 
 @register
-class Ditto(FedAvg):
+class Ditto(PersonalFedAvg):
     """Ditto: FedAvg for the global model w; each client also keeps a personal model v trained on
     f_i(v) + λ/2·‖v − w‖².
 
@@ -33,9 +33,6 @@ class Ditto(FedAvg):
 
     name = "ditto"
     description = "FedAvg global model + personal models regularised towards it by lam/2*||v - w||^2"
-    has_personal_model = True
-
-    fixed_options = ("finetune_epochs", "share_buffers")  # passed to the parent fixed: not options of ditto
 
     def __init__(
         self,
@@ -44,7 +41,7 @@ class Ditto(FedAvg):
         prox: ProxMode = "exact",
         **kwargs: Any,
     ):
-        super().__init__(finetune_epochs=0, share_buffers=True, **kwargs)
+        super().__init__(**kwargs)
         require(lam >= 0, "method.lam", f"must be >= 0 (got {lam})")
         require(personal_epochs >= 1, "method.personal_epochs", f"must be >= 1 (got {personal_epochs})")
         self.lam, self.personal_epochs, self.prox = lam, personal_epochs, prox

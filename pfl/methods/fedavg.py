@@ -81,3 +81,14 @@ class FedAvg(ClientOptimizerMethod):
         if self.finetune_epochs == 0:
             return start
         return client.fit(start, epochs=self.finetune_epochs, purpose="finetune")
+
+
+class PersonalFedAvg(FedAvg):
+    """FedAvg's global model plus a personal model the method trains itself (APFL, Ditto, FedRoD): the
+    personal model replaces fine-tuning, and the buffers are shared; both are fixed, not options."""
+
+    has_personal_model = True
+    fixed_options = ("finetune_epochs", "share_buffers")  # passed to FedAvg fixed: not options of a subclass
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(finetune_epochs=0, share_buffers=True, **kwargs)

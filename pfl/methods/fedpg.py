@@ -11,7 +11,7 @@ documented in docs/fedpg.md ("The federated method").
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -32,6 +32,16 @@ from pfl.optim.descent import (
 CONFLICT_REL_TOL = 1e-7
 Solver = Literal["auto", "cvxopt", "frank_wolfe", "pgd"]  # pfl.optim.minnorm.SOLVERS
 Rescale = Literal["none", "mean", "median"]  # pfl.optim.descent.RESCALES
+
+
+class Solved(NamedTuple):
+    """A round's solve, what choosing the step along the common direction ``d`` looks at."""
+
+    uploads: dict[int, Upload]
+    cids: list[int]  # the clients whose uploads are finite, sorted
+    losses: Tensor  # their uploaded L_i(w), float64
+    d: Tensor
+    info: CommonDirectionInfo
 
 
 @register
@@ -148,7 +158,7 @@ class FedPG(Method):
             history = torch.stack([server["history"][c].to(grads) for c in absent]) if absent else None
             d, lam, info = common_direction(grads, fairness_row, history, self.rescale, solver=self.solver)
             conflicts = count_conflicts(info.slopes, [grads, fairness_row, history], info.norm_sq)
-        eta, search = self.choose_step(server, uploads, cids, losses, d, info)
+        eta, search = self.choose_step(server, Solved(uploads, cids, losses, d, info))
         with server.timed("solve"):
             new = w.clone()
             new[:p] += eta * d
@@ -179,15 +189,7 @@ class FedPG(Method):
         for c in stale:
             del server["history"][c], server["history_round"][c]
 
-    def choose_step(
-        self,
-        server: ServerContext,
-        uploads: dict[int, Upload],
-        cids: list[int],
-        losses: Tensor,
-        d: Tensor,
-        info: CommonDirectionInfo,
-    ) -> tuple[float, dict[str, Any]]:
+    def choose_step(self, server: ServerContext, solved: Solved) -> tuple[float, dict[str, Any]]:
         """The step along d and what the search did (FedPG: the decayed ``server_lr``, no search)."""
         return self.step_size(server), {}
 
@@ -284,28 +286,13 @@ class SFedPG(FedPG):
         state["armijo_rounds"] = 0
         return state
 
-    def choose_step(
-        self,
-        server: ServerContext,
-        uploads: dict[int, Upload],
-        cids: list[int],
-        losses: Tensor,
-        d: Tensor,
-        info: CommonDirectionInfo,
-    ) -> tuple[float, dict[str, Any]]:
+    def choose_step(self, server: ServerContext, solved: Solved) -> tuple[float, dict[str, Any]]:
         with server.timed("search"):  # mostly the sampled clients evaluating their loss at each trial
-            return self.line_search(server, uploads, cids, losses, d, info)
+            return self.line_search(server, solved)
 
-    def line_search(
-        self,
-        server: ServerContext,
-        uploads: dict[int, Upload],
-        cids: list[int],
-        losses: Tensor,
-        d: Tensor,
-        info: CommonDirectionInfo,
-    ) -> tuple[float, dict[str, Any]]:
+    def line_search(self, server: ServerContext, solved: Solved) -> tuple[float, dict[str, Any]]:
         """Algorithm 1's search along d; each trial asks every sampled client for its loss."""
+        uploads, cids, losses, d, info = solved
         w = server["global"]
         p = server.layout.num_params
         candidate = w.clone()

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from pfl.engine.terms import ExtraParamSGD
 from pfl.errors import require
 from pfl.methods.base import ClientContext, ServerContext, State, Upload
-from pfl.methods.fedavg import FedAvg
+from pfl.methods.fedavg import PersonalFedAvg
 from pfl.methods.heads import split_head
 from pfl.methods.registry import register
 
@@ -24,7 +24,7 @@ HeadInit = Literal["zero", "init"]
 
 
 @register
-class FedRoD(FedAvg):
+class FedRoD(PersonalFedAvg):
     """FedRoD (Chen & Chao 2022): the generic model (body + generic head) is trained with the
     balanced-softmax risk and averaged; each client adds a personal linear head trained with
     cross-entropy on generic logits + personal logits, on detached features.
@@ -46,12 +46,8 @@ class FedRoD(FedAvg):
 
     name = "fedrod"
     description = "generic model with balanced softmax + personal linear head on detached features"
-    has_personal_model = True
 
-    fixed_options = ("finetune_epochs", "share_buffers")  # passed to the parent fixed: not options of fedrod
-
-    def vectorize_problems(self) -> list[str]:
-        return self.runs_one_at_a_time("fits train the personal head through a custom loss (loss_fn)")
+    one_at_a_time = "fits train the personal head through a custom loss (loss_fn)"
 
     def __init__(
         self,
@@ -59,7 +55,7 @@ class FedRoD(FedAvg):
         head_init: HeadInit = "zero",
         **kwargs: Any,
     ):
-        super().__init__(finetune_epochs=0, share_buffers=True, **kwargs)
+        super().__init__(**kwargs)
         require(head_lr is None or head_lr > 0, "method.head_lr", "must be > 0, or null for client.lr")
         self.head_lr, self.head_init = head_lr, head_init
 

@@ -6,16 +6,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from pfl.errors import require
-from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload, weighted_mean
-from pfl.methods.ifca import lowest_loss_cluster
+from pfl.methods.base import ClientContext, ServerContext, State, Upload, weighted_mean
+from pfl.methods.ifca import ClusterModels, lowest_loss_cluster
 from pfl.methods.model_rows import cluster_starts
 from pfl.methods.registry import register
 from pfl.seeding import torch_generator
 
 
 @register
-class FeSEM(Method):
+class FeSEM(ClusterModels):
     """FeSEM: the server keeps k centres c_j and an assignment r_i per client. Each round a sampled
     client receives c_{r_i}, trains it locally for E epochs and uploads θ_i; the server then runs one
     stochastic EM step on the uploads: E-step r_i = argmin_j ‖θ_i − c_j‖² (parameters only), M-step
@@ -30,12 +29,7 @@ class FeSEM(Method):
 
     name = "fesem"
     description = "stochastic EM clustering of client models by parameter distance, one model per cluster"
-    has_global_model = False
     averages_uploads = False  # one model per cluster
-
-    def __init__(self, clusters: int = 4):
-        require(clusters >= 1, "method.clusters", f"must be >= 1 (got {clusters})")
-        self.clusters = clusters
 
     def init_server(self, server: ServerContext) -> State:
         gen = torch_generator(server.seed, "fesem", "assign")

@@ -20,8 +20,18 @@ def lowest_loss_cluster(client: ClientContext, models: Tensor) -> int:
     return min(range(len(losses)), key=losses.__getitem__)
 
 
+class ClusterModels(Method):
+    """k models, one per cluster of clients (IFCA, FeSEM), and no global model."""
+
+    has_global_model = False
+
+    def __init__(self, clusters: int = 4):
+        require(clusters >= 1, "method.clusters", f"must be >= 1 (got {clusters})")
+        self.clusters = clusters
+
+
 @register
-class IFCA(Method):
+class IFCA(ClusterModels):
     """IFCA, model-averaging variant: the server sends all k cluster models; client i picks
     j = argmin_j L_i(θ_j) on its train split, trains θ_j for E epochs and uploads it with j; cluster j
     becomes the sample-weighted mean of its uploads (a cluster nobody picked keeps its model). The
@@ -35,12 +45,7 @@ class IFCA(Method):
 
     name = "ifca"
     description = "k cluster models, each client trains the one with the lowest loss on its data"
-    has_global_model = False
     averages_uploads = False  # one model per cluster
-
-    def __init__(self, clusters: int = 4):
-        require(clusters >= 1, "method.clusters", f"must be >= 1 (got {clusters})")
-        self.clusters = clusters
 
     def init_server(self, server: ServerContext) -> State:
         return {"models": cluster_starts(server.init_state, server.layout, self.clusters, server.seed, "ifca")}

@@ -24,8 +24,7 @@ class PerFedAvg(Method):
     name = "perfedavg"
     description = "MAML-style (first-order) global model; P-model = global + one local SGD step"
 
-    def vectorize_problems(self) -> list[str]:
-        return self.runs_one_at_a_time("local update is its own loop of gradient calls (MAML steps)")
+    one_at_a_time = "local update is its own loop of gradient calls (MAML steps)"
 
     def __init__(
         self,

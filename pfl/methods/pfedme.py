@@ -47,8 +47,7 @@ class PFedMe(Method):
     description = "Moreau-envelope personalization: K inner steps on theta, outer step on the local w"
     averages_uploads = True  # w ← (1 − β)w + β·(the mean of the uploads)
 
-    def vectorize_problems(self) -> list[str]:
-        return self.runs_one_at_a_time("local update is its own loop of gradient calls (inner proximal solves)")
+    one_at_a_time = "local update is its own loop of gradient calls (inner proximal solves)"
 
     def __init__(
         self,

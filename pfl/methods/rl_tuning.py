@@ -204,6 +204,8 @@ class HparamRange:
 
 # The DDPG agent's defaults are DDPGConfig's: DDPGParams names them once more only as its own fields.
 AGENT_DEFAULTS = {f.name: f.default for f in fields(DDPGConfig) if f.default is not MISSING}
+# DDPGConfig's fields that DDPGParams holds under the same name and passes to each agent as they are.
+AGENT_FIELDS = ("tau", "gamma", "buffer_size", "warmup", "ou_theta", "ou_sigma", "ou_dt", "eps_decay_steps", "init")
 
 
 @dataclass(frozen=True)
@@ -298,17 +300,9 @@ class DDPGParams:
                 hidden=self.widths,
                 actor_lr=self.actor_lr if actor_lr is None else actor_lr,
                 critic_lr=self.critic_lr if critic_lr is None else critic_lr,
-                tau=self.tau,
-                gamma=self.gamma,
-                buffer_size=self.buffer_size,
                 batch_size=self.ddpg_batch_size,
-                warmup=self.warmup,
                 noise=noise,
-                ou_theta=self.ou_theta,
-                ou_sigma=self.ou_sigma,
-                ou_dt=self.ou_dt,
-                eps_decay_steps=self.eps_decay_steps,
-                init=self.init,
+                **{name: getattr(self, name) for name in AGENT_FIELDS},
             )
         except ConfigError as err:
             key = err.field.removeprefix("ddpg.")

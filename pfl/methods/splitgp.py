@@ -83,8 +83,7 @@ class SplitGP(Method):
     description = "split model: client-side part with its own head (personal) + server-side part (global)"
     has_personal_model = True
 
-    def vectorize_problems(self) -> list[str]:
-        return self.runs_one_at_a_time("fits train the auxiliary head through a custom loss (loss_fn)")
+    one_at_a_time = "fits train the auxiliary head through a custom loss (loss_fn)"
 
     def __init__(
         self,

@@ -1,12 +1,35 @@
-"""Runs each method file's ``TestRegistryProperties`` once per method it names (``METHODS``), or once per
-entry of the data attribute a property is marked with (``registry_properties.over``)."""
+"""Adds to each method module's test file its ``TestRegistryProperties`` (``registry_properties.properties_of``)
+and runs it once per method it names (``METHODS``), or once per entry of the data attribute a property is
+marked with (``registry_properties.over``)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from pfl.models import ModelConfig
 from tests.methods.defaults_learn import run_defaults
+from tests.methods.registry_properties import properties_of
+
+HERE = Path(__file__).resolve().parent
+
+
+class MethodTestFile(pytest.Module):
+    """``test_<module>.py``: its own tests, then the registry-wide properties of the methods
+    ``pfl/methods/<module>.py`` registers."""
+
+    def collect(self) -> list[pytest.Item | pytest.Collector]:
+        properties = properties_of(self.path.stem.removeprefix("test_"))
+        if properties is not None:  # collected like a class written in the file
+            setattr(self.obj, properties.__name__, properties)
+        return super().collect()
+
+
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+    if module_path.parent != HERE or not module_path.name.startswith("test_"):
+        return None
+    return MethodTestFile.from_parent(parent, path=module_path)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

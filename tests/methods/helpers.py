@@ -58,6 +58,25 @@ def run(loop, rounds):
     return loop
 
 
+def assert_global_is_fedavgs(loop: FederatedLoop, rounds: int = 3, **groups: Any) -> None:
+    """Runs ``loop`` beside FedAvg on the same tiny federation (``groups``): after every round their
+    global models are bit-identical."""
+    fedavg = make_loop(tiny_config("fedavg", **groups))
+    for r in range(rounds):
+        loop.run_round()
+        fedavg.run_round()
+        assert torch.equal(loop.server["global"], fedavg.server["global"]), f"round {r}"
+
+
+def resumed_after(cfg, rounds: int, run_dir: Path) -> tuple[FederatedLoop, FederatedLoop]:
+    """A loop run ``rounds`` rounds and checkpointed in ``run_dir``, and a fresh loop resumed from it."""
+    first = run(make_loop(cfg, run_dir=run_dir), rounds)
+    first.checkpointer.save()
+    resumed = make_loop(cfg)
+    assert resumed.checkpointer.resume(run_dir)
+    return first, resumed
+
+
 def personal(loop):
     return torch.stack(
         [loop.method.personal_state(loop.server, loop.client(c)) for c in range(loop.server.num_clients)]

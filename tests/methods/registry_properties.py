@@ -1,9 +1,9 @@
 """Properties every registered method must have, checked in each method's own test file.
 
-A method's test module (``tests/methods/test_<module>.py``, mirroring ``pfl/methods/<module>.py``) holds
-``class TestRegistryProperties(RegistryProperties): METHODS = (...)`` with the names its module registers;
-``tests/methods/conftest.py`` runs every test below once per name. ``test_mirror.py`` checks that every
-registered method is covered exactly once, so a new method gets these checks when its test file is added:
+A method module's test file (``tests/methods/test_<module>.py``, mirroring ``pfl/methods/<module>.py``) runs
+them as its ``TestRegistryProperties`` class, once per name the module registers: ``tests/methods/conftest.py``
+adds that class (``properties_of``) to the file, so a new method gets these checks when its test file is
+added, and ``python -m pytest tests/methods/test_<module>.py`` runs them with the file's own tests:
 
 - it trains end to end, and the same seed gives the same numbers;
 - a round does not depend on the order in which its clients are trained;
@@ -15,15 +15,15 @@ registered method is covered exactly once, so a new method gets these checks whe
   and W&B record) are exactly the options its config can set;
 - its defaults learn on the default experiment (``tests/methods/defaults_learn.py``).
 
-Some properties hold for a part of the methods only, and the class names which: each runs once per entry of
-its data attribute, and a class whose attribute is empty does not have the test at all:
+Some properties hold for a part of the methods only, and the tables below name which: each runs once per
+entry for the file's methods, and a file none of whose methods has an entry does not have the test at all:
 
 - ``RESUMED_FROM_A_COPY``: two rounds, a deep copy of the state loaded into a fresh loop, and the next round
   is the same in both;
 - ``OFFICIAL_CONFIGS``: the PGFed code's baselines, each with a ``conf/method/<name>_official.yaml``;
 - ``PAPER_DEFAULTS``: the class defaults are its paper's config, what ``hparams()`` adds to it is neutral,
   and it declares its models;
-- ``BOUNDS``: ``(name, field, ok, bad)``, a hyperparameter accepted at ``ok`` and refused with a
+- ``BOUNDS``: per method, ``(field, ok, bad)``: a hyperparameter accepted at ``ok`` and refused with a
   ``ConfigError`` naming ``method.<field>`` at ``bad``.
 """
 
@@ -42,6 +42,7 @@ import torch
 from pfl.errors import ConfigError
 from pfl.federation.loop import comparable_metrics
 from pfl.methods import method_class, methods
+from pfl.methods.registry import catalogue
 from tests.conftest import make_loop, tiny_config
 from tests.methods.defaults_learn import META_INITIALIZATION, floors, run_defaults
 
@@ -62,6 +63,39 @@ FLAGS = {n: (True, False) for n in GLOBAL_ONLY} | {n: (False, True) for n in PER
 # Krum, ...) is refused for them, and every other method accepts it.
 NOT_AVERAGING = ("fedamp", "fedfomo", "fedmgda_plus", "fedora", "fedpg", "fedu", "fesem", "ifca", "local")
 NOT_AVERAGING += ("pfedhn", "plgu_ghn", "sfedpg")
+
+# The methods each partial property is checked for (see the docstring).
+RESUMED_FROM_A_COPY = ("apfl", "fedbabu", "feddyn", "fedfomo", "fedper", "fedrep", "fedrod", "lgfedavg")
+RESUMED_FROM_A_COPY += ("perfedavg", "pfedme", "pgfed", "pgfedmo", "pgfed_ce")
+OFFICIAL_CONFIGS = ("apfl", "fedavg", "fedbabu", "feddyn", "fedfomo", "fedper", "fedrep", "fedrod", "lgfedavg")
+OFFICIAL_CONFIGS += ("local", "perfedavg", "pfedme", "pgfed", "pgfedmo")
+PAPER_DEFAULTS = ("apfl", "ditto", "fedavg", "fedbabu", "feddyn", "fedfomo", "fedper", "fedprox", "fedrep")
+PAPER_DEFAULTS += ("fedrod", "lgfedavg", "local", "perfedavg", "pfedme", "pgfed", "pgfedmo", "pgfed_ce")
+BOUNDS: dict[str, tuple[tuple[str, Any, Any], ...]] = {
+    "apfl": (("mix", 0.0, -0.01), ("mix", 1.0, 1.01), ("eval_mix", "local", "mixed")),
+    "ditto": (("lam", 0.0, -0.01), ("personal_epochs", 1, 0), ("prox", "gradient", "exactly")),
+    "fedala": (("eta", 0.0, -0.01), ("rand_percent", 0.5, 0.0), ("rand_percent", 100.0, 100.01), ("layer_idx", 0, -1))
+    + (("threshold", 0.0, -0.01), ("num_pre_loss", 1, 0), ("max_start_epochs", 1, 0)),
+    "fedamp": (("alpha_k", 1e-6, 0.0), ("alpha_k", 1.0, float("inf")), ("sigma", 1e-6, 0.0), ("lam", 0.0, -0.01)),
+    "fedavg": (("finetune_epochs", 0, -1), ("client_momentum", 0.0, -0.01), ("client_momentum", 0.99, 1.0)),
+    "fedbabu": (("head_layers", 0, -1), ("finetune_epochs", 0, -1), ("finetune_lr", 1e-6, 0.0)),
+    "feddyn": (("alpha", 0.0, -0.01), ("weighting", "samples", "median")),
+    "fedfomo": (("num_models", 0, -1), ("val_frac", 0.01, 0.0), ("val_frac", 0.99, 1.0), ("epsilon", 0.0, -0.01))
+    + (("epsilon", 1.0, 1.01), ("epsilon_decay", 0.0, -0.01)),
+    "fedper": (("personal_layers", 0, -1),),
+    "fedprox": (("mu", 0.0, -0.01),),
+    "fedrep": (("head_epochs", 0, -1),),
+    "fedrod": (("head_lr", 1e-6, 0.0), ("head_init", "init", "ones")),
+    "fedsam": (("rho", 0.0, -0.01), ("p", 1.0, 0.99)),
+    "fedu": (("eta", 1e-6, 0.0),),
+    "lgfedavg": (("global_layers", 0, -1),),
+    "perfedavg": (("inner_lr", 0.0, -0.01), ("outer_lr", 1e-6, 0.0)),
+    "pfedme": (("lam", 0.0, -0.01), ("inner_steps", 1, 0), ("personal_lr", 1e-6, 0.0), ("beta", 1e-6, 0.0))
+    + (("personal_l2", 0.0, -0.01),),
+    "pgfed": (("mu", 0.0, -0.01), ("eta2", 0.0, -0.01), ("beta", 0.0, -0.01), ("beta", 0.99, 1.0))
+    + (("alpha_init", 0.0, -0.01),),
+    "pgfed_ce": (("ce_scalar", "mean", "sum"),),
+}
 
 
 def _config(name: str, args: dict | None = None):
@@ -90,8 +124,8 @@ def over(attribute: str, argnames: str = "name") -> Callable[[Callable], Callabl
 
 
 class RegistryProperties:
-    """Base of each method file's ``TestRegistryProperties``; ``METHODS`` names the methods to check, the
-    attributes below name those a partial property is checked for."""
+    """Base of each method file's ``TestRegistryProperties`` (``properties_of``): ``METHODS`` names the
+    methods to check, the attributes below the entries of the tables above for those methods."""
 
     METHODS: tuple[str, ...] = ()
     RESUMED_FROM_A_COPY: tuple[str, ...] = ()
@@ -222,3 +256,22 @@ class RegistryProperties:
         assert getattr(cls(**{field: ok}), field) == ok
         with pytest.raises(ConfigError, match=f"method.{field}"):
             cls(**{field: bad})
+
+
+def properties_of(module: str) -> type[RegistryProperties] | None:
+    """The ``TestRegistryProperties`` of ``tests/methods/test_<module>.py``: the properties of the methods
+    ``pfl/methods/<module>.py`` registers, with their entries of the tables above; None when it registers none."""
+    listed = catalogue()
+    modules = {n: m.module for n, m in listed.items()} if listed else {n: c.__module__ for n, c in methods().items()}
+    names = tuple(n for n, m in modules.items() if m == f"pfl.methods.{module}")
+    if not names:
+        return None
+    attributes = {
+        "METHODS": names,
+        "RESUMED_FROM_A_COPY": tuple(n for n in RESUMED_FROM_A_COPY if n in names),
+        "OFFICIAL_CONFIGS": tuple(n for n in OFFICIAL_CONFIGS if n in names),
+        "PAPER_DEFAULTS": tuple(n for n in PAPER_DEFAULTS if n in names),
+        "BOUNDS": tuple((n, *bound) for n in names for bound in BOUNDS.get(n, ())),
+        "__module__": f"tests.methods.test_{module}",
+    }
+    return type("TestRegistryProperties", (RegistryProperties,), attributes)

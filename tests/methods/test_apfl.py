@@ -18,19 +18,6 @@ from tests.methods.helpers import (
     exchanged_round,
 )
 from tests.methods.reference import drawn_batches, flat_params, initial_net
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("apfl",)
-    RESUMED_FROM_A_COPY = ("apfl",)
-    OFFICIAL_CONFIGS = ("apfl",)
-    PAPER_DEFAULTS = ("apfl",)
-    BOUNDS = (
-        ("apfl", "mix", 0.0, -0.01),
-        ("apfl", "mix", 1.0, 1.01),
-        ("apfl", "eval_mix", "local", "mixed"),
-    )
 
 
 def test_apfl_mixing_zero_is_fedavg_on_the_personal_side():

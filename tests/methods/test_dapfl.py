@@ -13,11 +13,6 @@ from pfl.optim.ddpg import client_action_to_hparams
 from pfl.runner.args import build_fit_parser
 from tests.conftest import make_loop, tiny_config
 from tests.methods.helpers import FAST_AGENTS, RANGE, VAL, exchanged_round, fixed_client_action, reference_round
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("dapfl",)
 
 
 class FixedDapFL(DapFL):

@@ -11,17 +11,6 @@ from tests.methods.helpers import (
     _one_client_loop,
 )
 from tests.methods.reference import drawn_batches, flat_params, initial_net
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("ditto",)
-    PAPER_DEFAULTS = ("ditto",)
-    BOUNDS = (
-        ("ditto", "lam", 0.0, -0.01),
-        ("ditto", "personal_epochs", 1, 0),
-        ("ditto", "prox", "gradient", "exactly"),
-    )
 
 
 @pytest.mark.parametrize("prox", ["exact", "gradient", "autograd"])

@@ -8,29 +8,11 @@ import torch
 from pfl.errors import ConfigError
 from pfl.methods.fedala import FedALA
 from tests.conftest import make_loop, tiny_config
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("fedala",)
-    BOUNDS = (
-        ("fedala", "eta", 0.0, -0.01),
-        ("fedala", "rand_percent", 0.5, 0.0),
-        ("fedala", "rand_percent", 100.0, 100.01),
-        ("fedala", "layer_idx", 0, -1),
-        ("fedala", "threshold", 0.0, -0.01),
-        ("fedala", "num_pre_loss", 1, 0),
-        ("fedala", "max_start_epochs", 1, 0),
-    )
+from tests.methods.helpers import assert_global_is_fedavgs
 
 
 def test_fedala_with_weights_fixed_at_one_downloads_the_global_model():
-    fedala = make_loop(tiny_config("fedala", {"eta": 0.0}))
-    fedavg = make_loop(tiny_config("fedavg"))
-    for _ in range(3):
-        fedala.run_round()
-        fedavg.run_round()
-        assert torch.equal(fedala.server["global"], fedavg.server["global"])
+    assert_global_is_fedavgs(make_loop(tiny_config("fedala", {"eta": 0.0})))
 
 
 def _ala_by_hand(cfg, loop, cid, g, own, weights, passes, stop_after):

@@ -12,17 +12,6 @@ from pfl.methods import ClientContext, Method, ServerContext, State, Upload
 from pfl.methods.fedamp import attention_weights
 from tests.conftest import make_loop, tiny_config
 from tests.methods.helpers import exchanged_round, personal, run
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("fedamp",)
-    BOUNDS = (
-        ("fedamp", "alpha_k", 1e-6, 0.0),
-        ("fedamp", "alpha_k", 1.0, float("inf")),
-        ("fedamp", "sigma", 1e-6, 0.0),
-        ("fedamp", "lam", 0.0, -0.01),
-    )
 
 
 class LocalProx(Method):

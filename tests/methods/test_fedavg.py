@@ -12,18 +12,6 @@ from tests.methods.helpers import (
     exchanged_round,
 )
 from tests.methods.reference import drawn_batches, flat_params, initial_net
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("fedavg",)
-    OFFICIAL_CONFIGS = ("fedavg",)
-    PAPER_DEFAULTS = ("fedavg",)
-    BOUNDS = (
-        ("fedavg", "finetune_epochs", 0, -1),
-        ("fedavg", "client_momentum", 0.0, -0.01),
-        ("fedavg", "client_momentum", 0.99, 1.0),
-    )
 
 
 def test_fedavg_finetuned_personal_model_is_sgd_from_the_global_model_on_the_finetune_batches():

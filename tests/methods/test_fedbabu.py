@@ -9,19 +9,6 @@ from tests.methods.helpers import (
     HALF,
     exchanged_round,
 )
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("fedbabu",)
-    RESUMED_FROM_A_COPY = ("fedbabu",)
-    OFFICIAL_CONFIGS = ("fedbabu",)
-    PAPER_DEFAULTS = ("fedbabu",)
-    BOUNDS = (
-        ("fedbabu", "head_layers", 0, -1),
-        ("fedbabu", "finetune_epochs", 0, -1),
-        ("fedbabu", "finetune_lr", 1e-6, 0.0),
-    )
 
 
 def test_fedbabu_head_stays_at_init_and_only_the_body_is_exchanged():

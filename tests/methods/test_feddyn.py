@@ -13,18 +13,6 @@ from tests.methods.helpers import (
     exchanged_round,
 )
 from tests.methods.reference import drawn_batches, initial_net
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("feddyn",)
-    RESUMED_FROM_A_COPY = ("feddyn",)
-    OFFICIAL_CONFIGS = ("feddyn",)
-    PAPER_DEFAULTS = ("feddyn",)
-    BOUNDS = (
-        ("feddyn", "alpha", 0.0, -0.01),
-        ("feddyn", "weighting", "samples", "median"),
-    )
 
 
 def test_feddyn_alpha_zero_is_fedavg():

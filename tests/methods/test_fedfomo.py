@@ -15,22 +15,6 @@ from tests.methods.helpers import (
     _full_grad,
     exchanged_round,
 )
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("fedfomo",)
-    RESUMED_FROM_A_COPY = ("fedfomo",)
-    OFFICIAL_CONFIGS = ("fedfomo",)
-    PAPER_DEFAULTS = ("fedfomo",)
-    BOUNDS = (
-        ("fedfomo", "num_models", 0, -1),
-        ("fedfomo", "val_frac", 0.01, 0.0),
-        ("fedfomo", "val_frac", 0.99, 1.0),
-        ("fedfomo", "epsilon", 0.0, -0.01),
-        ("fedfomo", "epsilon", 1.0, 1.01),
-        ("fedfomo", "epsilon_decay", 0.0, -0.01),
-    )
 
 
 def test_fedfomo_with_only_its_own_model_is_local():

@@ -14,12 +14,6 @@ from pfl.errors import ConfigError
 from pfl.federation.attacks import Attack
 from pfl.methods import ServerContext, Upload, method_class
 from tests.methods.helpers import bare_server
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("fedmgda_plus",)
-
 
 ROOT = Path(__file__).resolve().parents[2]
 

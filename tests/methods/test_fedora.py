@@ -18,12 +18,7 @@ from pfl.models import ModelConfig
 from pfl.optim.propagation import new_client_row, principal_angle_similarity, propagation_matrix, subspace_basis
 from pfl.runner.args import parse_fit_args
 from tests.conftest import make_loop, tiny_config
-from tests.methods.helpers import NEW, VAL, exchanged_round, new_client_context, personal, run
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("fedora",)
+from tests.methods.helpers import NEW, VAL, exchanged_round, new_client_context, personal, resumed_after, run
 
 
 def fedora_loop(args=None, **groups):
@@ -177,11 +172,7 @@ def test_the_codes_single_store_equals_the_papers_two_with_full_participation():
 def test_resume_keeps_bases_graph_and_stores(tmp_path):
     cfg = tiny_config("fedora", trainer={"rounds": 4, "clients_per_round": 4}, data=VAL)
     full = make_loop(cfg).fit()
-    first = make_loop(cfg, run_dir=tmp_path)
-    run(first, 2)
-    first.checkpointer.save()
-    resumed = make_loop(cfg)
-    assert resumed.checkpointer.resume(tmp_path)
+    first, resumed = resumed_after(cfg, 2, tmp_path)
     for key in ("bases", "W", "M", "theta", "theta_hat", "seen", "sizes"):
         assert torch.equal(resumed.server[key], first.server[key]), key
     sampled = resumed.sampled_clients().tolist()

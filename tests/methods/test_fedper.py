@@ -7,15 +7,6 @@ import torch
 from tests.methods.helpers import (
     _fit,
 )
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("fedper",)
-    RESUMED_FROM_A_COPY = ("fedper",)
-    OFFICIAL_CONFIGS = ("fedper",)
-    PAPER_DEFAULTS = ("fedper",)
-    BOUNDS = (("fedper", "personal_layers", 0, -1),)
 
 
 def test_fedper_without_personal_layers_is_fedavg():

@@ -19,12 +19,6 @@ from pfl.optim.descent import fairness_gradient, fairness_value
 from tests.conftest import make_loop, tiny_config
 from tests.helpers.device_tags import is_on_device, training_device
 from tests.methods.helpers import bare_server, exchanged_round
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("fedpg", "sfedpg")
-
 
 TOL = 1e-9
 

@@ -1,11 +1,2 @@
-"""Tests of pfl/methods/fedprox.py."""
-
-from __future__ import annotations
-
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("fedprox",)
-    PAPER_DEFAULTS = ("fedprox",)
-    BOUNDS = (("fedprox", "mu", 0.0, -0.01),)
+"""Tests of pfl/methods/fedprox.py: the registry-wide properties (tests/methods/registry_properties.py),
+which tests/methods/conftest.py adds to each method module's test file, are all it needs."""

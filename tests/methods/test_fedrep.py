@@ -12,15 +12,6 @@ from tests.methods.helpers import (
     SYNTHETIC,
     _fit,
 )
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("fedrep",)
-    RESUMED_FROM_A_COPY = ("fedrep",)
-    OFFICIAL_CONFIGS = ("fedrep",)
-    PAPER_DEFAULTS = ("fedrep",)
-    BOUNDS = (("fedrep", "head_epochs", 0, -1),)
 
 
 @pytest.mark.parametrize("data", [{}, SYNTHETIC])

@@ -14,18 +14,6 @@ from tests.methods.helpers import (
     _one_client,
 )
 from tests.methods.reference import drawn_batches, flat_params, initial_net
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("fedrod",)
-    RESUMED_FROM_A_COPY = ("fedrod",)
-    OFFICIAL_CONFIGS = ("fedrod",)
-    PAPER_DEFAULTS = ("fedrod",)
-    BOUNDS = (
-        ("fedrod", "head_lr", 1e-6, 0.0),
-        ("fedrod", "head_init", "init", "ones"),
-    )
 
 
 def test_fedrod_personal_model_adds_the_personal_head_and_the_generic_model_ignores_it():

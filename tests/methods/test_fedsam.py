@@ -5,15 +5,6 @@ from __future__ import annotations
 import torch
 
 from tests.methods.helpers import fit_half_momentum as _fit
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("fedsam",)
-    BOUNDS = (
-        ("fedsam", "rho", 0.0, -0.01),
-        ("fedsam", "p", 1.0, 0.99),
-    )
 
 
 # -- identities -----------------------------------------------------------------------------------

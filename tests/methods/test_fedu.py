@@ -10,12 +10,6 @@ from pfl.methods.fedu import FedU
 from pfl.seeding import torch_generator
 from tests.conftest import make_loop, tiny_config
 from tests.methods.helpers import exchanged_round, personal, run
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("fedu",)
-    BOUNDS = (("fedu", "eta", 1e-6, 0.0),)
 
 
 def test_fedu_without_coupling_is_local_bit_for_bit():

@@ -8,11 +8,6 @@ from pfl.methods import weighted_mean_of
 from pfl.seeding import torch_generator
 from tests.conftest import make_loop, tiny_config
 from tests.methods.helpers import NEW, exchanged_round, new_client_context, run
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("fesem",)
 
 
 def test_fesem_assigns_each_upload_to_the_nearest_centre():

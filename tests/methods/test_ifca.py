@@ -7,12 +7,7 @@ import torch
 
 from pfl.federation.loop import comparable_metrics
 from tests.conftest import make_loop, tiny_config
-from tests.methods.helpers import NEW, VAL, exchanged_round, new_client_context, personal, run
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("ifca",)
+from tests.methods.helpers import NEW, VAL, exchanged_round, new_client_context, personal, resumed_after, run
 
 
 @pytest.mark.parametrize("clusters", [2, 3])
@@ -90,11 +85,7 @@ def test_same_seed_same_numbers_and_client_order_does_not_matter(name):
 def test_resume_equals_the_uninterrupted_run(name, tmp_path):
     cfg = tiny_config(name, trainer={"rounds": 4, "clients_per_round": 4}, data=VAL)
     full = make_loop(cfg).fit()
-    first = make_loop(cfg, run_dir=tmp_path)
-    run(first, 2)
-    first.checkpointer.save()
-    resumed = make_loop(cfg)
-    assert resumed.checkpointer.resume(tmp_path)
+    _, resumed = resumed_after(cfg, 2, tmp_path)
     assert comparable_metrics(resumed.fit()) == comparable_metrics(full)
 
 

@@ -15,15 +15,6 @@ from tests.methods.helpers import (
     exchanged_round,
 )
 from tests.methods.reference import drawn_batches, flat_params, initial_net
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("lgfedavg",)
-    RESUMED_FROM_A_COPY = ("lgfedavg",)
-    OFFICIAL_CONFIGS = ("lgfedavg",)
-    PAPER_DEFAULTS = ("lgfedavg",)
-    BOUNDS = (("lgfedavg", "global_layers", 0, -1),)
 
 
 def test_lgfedavg_with_all_layers_global_is_fedavg():

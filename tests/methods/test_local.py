@@ -1,11 +1,2 @@
-"""Tests of pfl/methods/local.py."""
-
-from __future__ import annotations
-
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("local",)
-    OFFICIAL_CONFIGS = ("local",)
-    PAPER_DEFAULTS = ("local",)
+"""Tests of pfl/methods/local.py: the registry-wide properties (tests/methods/registry_properties.py),
+which tests/methods/conftest.py adds to each method module's test file, are all it needs."""

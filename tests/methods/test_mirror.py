@@ -7,19 +7,19 @@
   (``pfl/<module>.py``: ``test_<module>*.py``) and the few files that test no single package
   (``CROSS_CUTTING``, each with its reason).
 - The method tests mirror the method modules: ``pfl/methods/<module>.py`` is tested by
-  ``tests/methods/test_<module>.py``, whose ``TestRegistryProperties`` names exactly the methods the module
-  registers, so every registered method gets the registry-wide properties and a mutation target is a file.
+  ``tests/methods/test_<module>.py``, which runs the registry-wide properties of exactly the methods the
+  module registers (``registry_properties.properties_of``), so every registered method gets them and a
+  mutation target is a file.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib
 from pathlib import Path
 
 from pfl.methods import method_class, methods
+from tests.methods import registry_properties
 from tests.methods.defaults_learn import floors
-from tests.methods.registry_properties import RegistryProperties
 
 HERE = Path(__file__).resolve().parent
 TESTS = HERE.parent
@@ -132,19 +132,23 @@ def _registered_by_module() -> dict[str, set[str]]:
     return by_module
 
 
-def test_every_method_module_has_its_test_file_checking_exactly_its_methods():
+def test_every_method_module_has_its_test_file_checking_exactly_its_methods(request):
+    folder = request.node.parent.parent  # tests/methods, as pytest collects it
     for module, names in _registered_by_module().items():
         path = HERE / f"test_{module}.py"
         assert path.exists(), f"pfl/methods/{module}.py registers {sorted(names)} but {path.name} is missing"
-        tests = importlib.import_module(f"tests.methods.test_{module}")
-        checked = getattr(tests, "TestRegistryProperties", None)
-        assert checked is not None and issubclass(checked, RegistryProperties), (
-            f"{path.name}: no TestRegistryProperties"
-        )
-        assert set(checked.METHODS) == names, f"{path.name} checks {sorted(checked.METHODS)}, not {sorted(names)}"
-        for attribute in ("RESUMED_FROM_A_COPY", "OFFICIAL_CONFIGS", "PAPER_DEFAULTS"):
-            assert set(getattr(checked, attribute)) <= names, f"{path.name}: {attribute} names another module's method"
-        assert {entry[0] for entry in checked.BOUNDS} <= names, f"{path.name}: BOUNDS names another module's method"
+        collected = request.node.ihook.pytest_pycollect_makemodule(module_path=path, parent=folder).collect()
+        checked = [node.obj for node in collected if node.name == "TestRegistryProperties"]
+        assert checked, f"{path.name}: no TestRegistryProperties collected"
+        assert set(checked[0].METHODS) == names, f"{path.name} checks {sorted(checked[0].METHODS)}, not {sorted(names)}"
+
+
+def test_the_partial_properties_name_registered_methods_only():
+    """A misspelt name in a table would silently check nothing."""
+    tables = ("RESUMED_FROM_A_COPY", "OFFICIAL_CONFIGS", "PAPER_DEFAULTS", "BOUNDS")
+    for table in tables:
+        unknown = set(getattr(registry_properties, table)) - set(methods())
+        assert not unknown, f"registry_properties.{table} names {sorted(unknown)}, which no module registers"
 
 
 def test_the_floor_is_well_above_chance(fedavg_run):

@@ -14,13 +14,15 @@ from pfl.methods.costs import Times
 from pfl.methods.page import PAGE
 from pfl.optim.ddpg import client_action_to_hparams, server_action_to_weights
 from tests.conftest import make_loop, tiny_config
-from tests.methods.helpers import FAST_AGENTS, RANGE, VAL, fixed_client_action, reference_round
+from tests.methods.helpers import (
+    FAST_AGENTS,
+    RANGE,
+    VAL,
+    assert_global_is_fedavgs,
+    fixed_client_action,
+    reference_round,
+)
 from tests.methods.helpers import REPO_ROOT as ROOT
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("page",)
 
 
 def page_config(method_args: dict | None = None, **groups):
@@ -57,11 +59,7 @@ def test_page_with_fixed_actions_is_fedavg_with_those_learning_rates_epochs_and_
 
 def test_page_tuning_nothing_is_fedavg():
     loop = make_loop(tiny_config("page", {"tune": []}))
-    fedavg = make_loop(tiny_config("fedavg"))
-    for _ in range(3):
-        loop.run_round()
-        fedavg.run_round()
-        assert torch.equal(loop.server["global"], fedavg.server["global"])
+    assert_global_is_fedavgs(loop)
     assert "agent" not in loop.server.state and "agent" not in loop.clients[0]
 
 

@@ -14,18 +14,7 @@ from tests.methods.helpers import (
     _one_client_loop,
 )
 from tests.methods.reference import drawn_batches, initial_net
-from tests.methods.registry_properties import CONF, RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("perfedavg",)
-    RESUMED_FROM_A_COPY = ("perfedavg",)
-    OFFICIAL_CONFIGS = ("perfedavg",)
-    PAPER_DEFAULTS = ("perfedavg",)
-    BOUNDS = (
-        ("perfedavg", "inner_lr", 0.0, -0.01),
-        ("perfedavg", "outer_lr", 1e-6, 0.0),
-    )
+from tests.methods.registry_properties import CONF
 
 
 def test_perfedavg_zero_inner_step_is_sgd_on_every_second_batch():

@@ -13,11 +13,6 @@ from tests.methods.helpers import SAM_HALF as HALF
 from tests.methods.helpers import equal_servers as _equal_servers
 from tests.methods.helpers import exchanged_round
 from tests.methods.helpers import fit_half_momentum as _fit
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("pfedhn", "plgu_ghn")
 
 
 @pytest.mark.parametrize("sam_gradient", ["paper", "surrogate"])

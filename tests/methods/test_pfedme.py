@@ -14,21 +14,6 @@ from tests.methods.helpers import (
     exchanged_round,
 )
 from tests.methods.reference import drawn_batches, initial_net
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("pfedme",)
-    RESUMED_FROM_A_COPY = ("pfedme",)
-    OFFICIAL_CONFIGS = ("pfedme",)
-    PAPER_DEFAULTS = ("pfedme",)
-    BOUNDS = (
-        ("pfedme", "lam", 0.0, -0.01),
-        ("pfedme", "inner_steps", 1, 0),
-        ("pfedme", "personal_lr", 1e-6, 0.0),
-        ("pfedme", "beta", 1e-6, 0.0),
-        ("pfedme", "personal_l2", 0.0, -0.01),
-    )
 
 
 def test_pfedme_with_unit_proximal_steps_is_fedavg():

@@ -17,22 +17,6 @@ from tests.methods.helpers import (
     exchanged_round,
     tensor_bytes,
 )
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("pgfed", "pgfed_ce", "pgfedmo")
-    RESUMED_FROM_A_COPY = ("pgfed", "pgfedmo", "pgfed_ce")
-    OFFICIAL_CONFIGS = ("pgfed", "pgfedmo")
-    PAPER_DEFAULTS = ("pgfed", "pgfedmo", "pgfed_ce")
-    BOUNDS = (
-        ("pgfed", "mu", 0.0, -0.01),
-        ("pgfed", "eta2", 0.0, -0.01),
-        ("pgfed", "beta", 0.0, -0.01),
-        ("pgfed", "beta", 0.99, 1.0),
-        ("pgfed", "alpha_init", 0.0, -0.01),
-        ("pgfed_ce", "ce_scalar", "mean", "sum"),
-    )
 
 
 def test_mu_zero_equals_fedavg_locally_trained_models():

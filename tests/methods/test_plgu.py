@@ -37,12 +37,6 @@ from tests.methods.helpers import SAM_HALF as HALF
 from tests.methods.helpers import SAM_MOMENTUM as MOMENTUM
 from tests.methods.helpers import equal_servers as _equal_servers
 from tests.methods.helpers import fit_half_momentum as _fit
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("plgu_grep", "plgu_lf")
-
 
 ONE_BATCH = {"batch_size": 1000, "epochs": 1, "lr": 0.1}
 

@@ -166,6 +166,15 @@ def test_ddpg_params_errors_name_the_methods_own_fields():
             cls(epoch_max=0)
 
 
+def test_every_agent_setting_the_params_hold_reaches_the_agent():
+    shared = {f.name for f in fields(DDPGParams)} & {f.name for f in fields(DDPGConfig)}
+    assert set(rl_tuning.AGENT_FIELDS) == shared - {"hidden", "actor_lr", "critic_lr"}  # those are passed apart
+    values = {"tau": 0.5, "gamma": 0.9, "buffer_size": 100, "warmup": 2, "ou_theta": 0.3, "ou_sigma": 0.1}
+    values |= {"ou_dt": 0.5, "eps_decay_steps": 7, "init": "code"}
+    agent = DDPGParams(**values).agent(3, 2, noise=True)
+    assert {name: getattr(agent, name) for name in values} == values
+
+
 def test_page_and_dapfl_ddpg_choices_are_literals_their_parser_validates():
     """Every choice among the shared agent options is a Literal in the signature jsonargparse reads."""
     signature = inspect.signature(rl_tuning.DDPGMethod.__init__).parameters

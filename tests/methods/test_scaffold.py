@@ -12,11 +12,6 @@ from pfl.methods.scaffold import Scaffold
 from tests.conftest import make_loop, tiny_config
 from tests.methods.helpers import HALF, _grads, exchanged_round
 from tests.methods.reference import drawn_batches, initial_net
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("scaffold",)
 
 
 def test_scaffold_steps_control_variates_and_aggregation_match_the_formulas():

@@ -12,11 +12,6 @@ from pfl.errors import ConfigError
 from pfl.methods.splitgp import SplitGP
 from tests.conftest import make_loop, tiny_config
 from tests.methods.helpers import _trained, exchanged_round
-from tests.methods.registry_properties import RegistryProperties
-
-
-class TestRegistryProperties(RegistryProperties):
-    METHODS = ("splitgp",)
 
 
 def test_splitgp_cut_counts_parametrised_layers():

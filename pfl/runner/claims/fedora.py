@@ -180,34 +180,38 @@ def diagnose(s: SeedSummaries) -> list[str]:
     return lines
 
 
+def fedora_claim(key: str, paper: str, statement: str, base: list[str]) -> Claim:
+    """A FedORA claim: the same runs, contrasts and diagnosis on the federation ``base`` sets up."""
+    metrics = ("pm.l_acc", "pm.val_acc", "r_acc.mean", "ptr", "gain")
+    return Claim(
+        key,
+        paper,
+        statement,
+        base,
+        runs=FEDORA_RUNS,
+        contrasts=ptr_contrasts(),
+        winner="fedora",
+        metrics=metrics,
+        diagnose=diagnose,
+        notes=notes,
+        lr_grid=FEDORA_GRID,
+    )
+
+
 CLAIMS = [
-    Claim(
-        key="fedora_rotated",
-        paper="FedORA (KDD'23), Table 1",
-        statement="On rotated MNIST (feature shift, every client at its own angle) FedORA has the highest positive "
+    fedora_claim(
+        "fedora_rotated",
+        "FedORA (KDD'23), Table 1",
+        "On rotated MNIST (feature shift, every client at its own angle) FedORA has the highest positive "
         "transferability ratio (PTR >= 0.9: almost every client is at least as accurate as when training alone) "
         "while FedAvg's PTR is low",
-        base=[*FEDORA_BALANCED, *COMMON],
-        runs=FEDORA_RUNS,
-        contrasts=ptr_contrasts(),
-        winner="fedora",
-        diagnose=diagnose,
-        notes=notes,
-        metrics=("pm.l_acc", "pm.val_acc", "r_acc.mean", "ptr", "gain"),
-        lr_grid=FEDORA_GRID,
+        [*FEDORA_BALANCED, *COMMON],
     ),
-    Claim(
-        key="fedora_rotated_big",
-        paper="FedORA (KDD'23), Table 3",
-        statement="With one client holding far more data than the others (8x the others' training set), FedORA "
+    fedora_claim(
+        "fedora_rotated_big",
+        "FedORA (KDD'23), Table 3",
+        "With one client holding far more data than the others (8x the others' training set), FedORA "
         "still has the highest PTR (>= 0.9) while FedAvg's PTR is low",
-        base=[*FEDORA_BIG, *COMMON],
-        runs=FEDORA_RUNS,
-        contrasts=ptr_contrasts(),
-        winner="fedora",
-        diagnose=diagnose,
-        notes=notes,
-        metrics=("pm.l_acc", "pm.val_acc", "r_acc.mean", "ptr", "gain"),
-        lr_grid=FEDORA_GRID,
+        [*FEDORA_BIG, *COMMON],
     ),
 ]
