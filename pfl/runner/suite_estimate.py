@@ -4,9 +4,10 @@ A QUICK run is one seed at 1/10 of the rounds. Its wall time is a start-up cost 
 data, a CUDA context) plus rounds; the full run is the same start-up plus its own rounds. The start-up
 is taken as the shortest QUICK run's time (an upper bound of it: that run also trained at least a
 round), and the rest scales with the rounds. With warm workers only each worker's first run pays the
-imports; scaled with its rounds, that errs high by at most (workers x imports x the rounds' factor). It is an estimate, marked as such wherever it is printed:
-evaluation and the last rounds can cost more or less than the first, and runs that share one device
-slow each other down by more than their share when the device is saturated.
+imports; scaled with its rounds, that errs high by at most (workers x imports x the rounds' factor).
+It is an estimate, marked as such wherever it is printed: evaluation and the last rounds can cost more
+or less than the first, and runs that share one device slow each other down by more than their share
+when the device is saturated.
 """
 
 from __future__ import annotations
