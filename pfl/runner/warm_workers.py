@@ -21,6 +21,7 @@ that was its stdout, whose descriptor 1 is then ``/dev/null``, so nothing a run 
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import resource
@@ -164,7 +165,17 @@ def run_one(argv: list[str], stderr_path: str) -> dict[str, Any]:
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
+    release_memory()
     return {"code": code, "cpu": _cpu_seconds() - start}
+
+
+def release_memory() -> None:
+    """Give back what the run left: its objects (cycles included) and, where it used a GPU, the blocks
+    torch's caching allocator keeps, so that workers sharing one card hold only what their runs use."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def serve(requests: IO[str], answers: IO[str]) -> None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import signal
+import sys
+import types
+import weakref
 
-from pfl.runner.warm_workers import WarmWorker
+from pfl.runner.warm_workers import WarmWorker, release_memory
 from tests.helpers.cli_runs import TINY, child_env
 
 
@@ -81,3 +85,25 @@ def test_a_worker_that_cannot_start_says_why(tmp_path, monkeypatch):
         assert (code, cpu) == (1, None) and "this pfl is broken" in err
     finally:
         w.close()
+
+
+def test_after_a_run_its_cycles_are_collected_and_a_gpus_cached_blocks_given_back(monkeypatch):
+    class Node:
+        pass
+
+    node = Node()
+    node.me = node  # a cycle: only the collector frees it
+    alive = weakref.ref(node)
+    del node
+    emptied = []
+    cuda = types.SimpleNamespace(is_initialized=lambda: True, empty_cache=lambda: emptied.append(True))
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    gc.disable()  # no automatic collection in between
+    try:
+        release_memory()
+    finally:
+        gc.enable()
+    assert alive() is None and emptied == [True]
+    cuda.is_initialized = lambda: False  # a run that never touched the GPU
+    release_memory()
+    assert emptied == [True]
