@@ -179,7 +179,7 @@ def loop_on_device(cfg: Any) -> Any:
     loop = build_loop(plan_run(cfg, build_data(cfg.data, cfg.seed)), StandInFabric(), announce_path=False)
     lockstep = getattr(loop.dispatcher, "lockstep", None)
     if lockstep is not None:
-        for name in ("step", "unpadded_step"):
+        for name in ("step", "unpadded_step", "gradient_step", "unpadded_gradient_step"):
             step = getattr(lockstep.trainer, name)
             setattr(lockstep.trainer, name, lambda *args, step=step: tuple(on_device(out) for out in step(*args)))
         run = lockstep.run  # each client's update runs in a thread of its own: the mode is per thread
