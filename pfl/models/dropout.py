@@ -90,6 +90,8 @@ class KeyedDropout(nn.Dropout):
         key = getattr(_state, "key", None)
         if key is None:
             return F.dropout(x, self.p, True, self.inplace)
+        if self.p == 1:  # every element dropped, as nn.Dropout (the rescaling below would divide by 0)
+            return x * 0
         layer = mix32(key ^ mix32(self.index + 1))
         element = mix32(torch.arange(x.numel(), device=x.device).view(x.shape) & _MASK32)
         keep = (mix32(element ^ layer) >> (32 - _BITS)) >= round(self.p * (1 << _BITS))
