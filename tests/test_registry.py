@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
 
@@ -9,7 +10,7 @@ import pytest
 
 from pfl.config import AGGREGATORS, PROTOCOLS
 from pfl.errors import ConfigError
-from pfl.registry import Registry, require_choice
+from pfl.registry import Registry, origin, require_choice
 
 
 def rule_a():
@@ -30,8 +31,19 @@ def test_names_keep_the_order_of_registration_and_a_taken_name_is_refused_in_one
     with pytest.raises(ValueError) as err:
         reg.add("first", rule_b)
     assert str(err.value) == (f"two rules are named 'first': {__name__}.rule_a and {__name__}.rule_b")
-    with pytest.raises(ValueError, match="without dots"):
-        reg.add("a.b", rule_a)
+    for bad in ("a.b", "", 7):
+        with pytest.raises(ValueError, match="non-empty string without dots"):
+            reg.add(bad, rule_a)
+    assert reg.names() == ["first", "second"]
+
+
+def test_an_entry_without_a_qualname_is_told_apart_by_its_repr():
+    plain = object()  # a module (its class's) but no qualname
+    assert origin(rule_a) == f"{__name__}.rule_a" and origin(plain) == repr(plain)
+    reg: Registry = Registry("rule", "group.rule", "mod.rule")
+    reg.add("p", functools.partial(rule_a))
+    with pytest.raises(ValueError, match="two rules are named 'p': functools.partial"):
+        reg.add("p", functools.partial(rule_b))  # two definitions, though both come from functools
 
 
 def test_an_unknown_name_offers_the_close_one_or_every_choice():
@@ -89,6 +101,24 @@ def test_built_ins_are_imported_on_first_lookup():
     reg: Registry = Registry("rule", "group.rule", "mod.rule", builtins=("tests.nonexistent_module",))
     with pytest.raises(ModuleNotFoundError):
         reg.names()
+
+
+def test_a_built_in_that_looks_its_registry_up_while_imported_sees_its_own_entries_so_far(tmp_path, monkeypatch):
+    reg: Registry = Registry("rule", "group.rule", "mod.rule", builtins=("reg_first", "reg_second"))
+    home = types.ModuleType("reg_home")
+    home.reg, home.seen = reg, []
+    monkeypatch.setitem(sys.modules, "reg_home", home)
+    (tmp_path / "reg_first.py").write_text(
+        "from reg_home import reg, seen\nreg.add('a1', len)\nseen.append(reg.names())\nreg.add('a2', abs)\n"
+    )
+    (tmp_path / "reg_second.py").write_text("from reg_home import reg\nreg.add('b1', min)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        # the built-ins are imported once, in their order: the look-up inside the first imports no other
+        assert reg.names() == ["a1", "a2", "b1"] and home.seen == [["a1"]]
+    finally:
+        for name in ("reg_first", "reg_second"):
+            sys.modules.pop(name, None)
 
 
 def test_a_fixed_choice_is_refused_naming_the_field_the_kind_and_the_closest_option():

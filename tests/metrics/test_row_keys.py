@@ -3,6 +3,8 @@ declare, for both tasks."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -73,3 +75,11 @@ def test_the_built_in_protocols_describe_their_declared_keys():
     keys = RowKeys("classification")
     for name in ("local", "sg", "global"):
         assert all(key in BUILT_IN[name] for key in keys.protocol(name)), name
+
+
+def test_the_keys_of_a_task_are_a_value_no_reader_can_change():
+    keys = RowKeys("classification")  # one instance is shared by readers (pfl.metrics.protocol_registry)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        keys.task = "regression"  # type: ignore[misc]
+    assert keys.own == "pm.l_acc"
+    assert keys == RowKeys("classification") and len({keys, RowKeys("classification"), RowKeys("regression")}) == 2
