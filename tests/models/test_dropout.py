@@ -158,3 +158,16 @@ def test_layers_at_p_zero_or_none_at_all_are_not_active():
     assert number_keyed_dropouts(torch.nn.Sequential(KeyedDropout(0.0), torch.nn.Linear(2, 2))) is False
     assert number_keyed_dropouts(torch.nn.Linear(2, 2)) is False
     assert number_keyed_dropouts(torch.nn.Sequential(KeyedDropout(0.0), KeyedDropout(0.1))) is True
+
+
+def test_a_draw_is_the_hashs_top_24_bits():
+    """p is resolved to 2^-24: with p half-way between two 24-bit thresholds, an element whose 24-bit
+    draw equals the lower one is kept (round(p * 2^24) rounds half to even), whatever its 25th bit."""
+    key = 5
+    layer_hash = lowbias32(key ^ lowbias32(1))
+    hashes = [lowbias32(lowbias32(e) ^ layer_hash) for e in range(4096)]
+    e = next(i for i, h in enumerate(hashes) if (h >> 8) % 2 == 0 and (h >> 7) % 2 == 0)
+    layer = KeyedDropout(0.5).train()
+    layer.p = (2 * (hashes[e] >> 8) + 1) / 2**25
+    assert round(layer.p * 2**24) == hashes[e] >> 8
+    assert _drop(layer, torch.ones(4096), key)[e] != 0
