@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import resource
 import signal
 import sys
 import types
 import weakref
 
-from pfl.runner.warm_workers import WarmWorker, release_memory
+import pytest
+
+from pfl.runner.warm_workers import WarmWorker, release_memory, run_child
 from tests.helpers.cli_runs import TINY, child_env
 
 
@@ -107,3 +111,21 @@ def test_after_a_run_its_cycles_are_collected_and_a_gpus_cached_blocks_given_bac
     cuda.is_initialized = lambda: False  # a run that never touched the GPU
     release_memory()
     assert emptied == [True]
+
+
+def test_a_process_per_run_reports_its_exit_code_whole_stderr_and_user_plus_system_seconds(tmp_path):
+    busy = (
+        "import os, sys\n"
+        f"for i in range(3000):\n    open({str(tmp_path / 'f')!r}, 'w').write(str(i))\n"  # system time
+        "sum(range(3 * 10**6))\n"  # user time
+        "sys.stderr.write('first line\\nlast line')\n"
+        "sys.exit(3)\n"
+    )
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    code, err, cpu = run_child([sys.executable, "-c", busy], dict(os.environ))
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert (code, err) == (3, "first line\nlast line")
+    user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
+    assert system > 0 and cpu == pytest.approx(user + system, abs=1e-4)  # timevals summed in floats
+    code, _, _ = run_child([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], {})
+    assert code == -signal.SIGKILL
