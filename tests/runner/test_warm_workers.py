@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import io
 import json
 import os
 import resource
@@ -13,7 +14,8 @@ import weakref
 
 import pytest
 
-from pfl.runner.warm_workers import WarmWorker, release_memory, run_child
+import pfl.cli
+from pfl.runner.warm_workers import WarmWorker, release_memory, run_child, run_one, serve
 from tests.helpers.cli_runs import TINY, child_env
 
 
@@ -129,3 +131,52 @@ def test_a_process_per_run_reports_its_exit_code_whole_stderr_and_user_plus_syst
     assert system > 0 and cpu == pytest.approx(user + system, abs=1e-4)  # timevals summed in floats
     code, _, _ = run_child([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], {})
     assert code == -signal.SIGKILL
+
+
+def _ends_with(outcome):
+    def main(argv=None):
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    return main
+
+
+@pytest.mark.parametrize(
+    ("outcome", "code"),
+    [(4, 4), (SystemExit(5), 5), (SystemExit(None), 0), (SystemExit("bye"), 1), (RuntimeError("boom"), 1)],
+)
+def test_a_run_in_the_worker_ends_with_the_code_python_m_pfl_would(tmp_path, monkeypatch, capsys, outcome, code):
+    """(capsys.disabled: stderr is the process's descriptor 2, as in a worker.)"""
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(pfl.cli, "main", _ends_with(outcome))
+    err = tmp_path / "err"
+    with capsys.disabled():
+        result = run_one(["methods"], str(err))
+    assert result["code"] == code and result["cpu"] >= 0
+    assert ("Traceback" in err.read_text() and "boom" in err.read_text()) == isinstance(outcome, RuntimeError)
+    os.write(2, b"")  # descriptor 2 is this process's own again
+    assert os.fstat(2).st_ino != os.stat(err).st_ino
+
+
+def test_a_run_in_the_worker_writes_its_stderr_to_its_own_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    first, second = tmp_path / "a", tmp_path / "b"
+    with capsys.disabled():
+        assert run_one(["nonsense"], str(first))["code"] == 2
+        monkeypatch.setattr(pfl.cli, "main", _ends_with(0))  # a run that writes nothing
+        assert run_one(["methods"], str(second))["code"] == 0
+    assert "unknown command 'nonsense'" in first.read_text() and second.read_text() == ""
+
+
+def test_the_worker_answers_each_request_with_a_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    requests = io.StringIO(
+        json.dumps({"argv": ["methods"], "stderr": str(tmp_path / "a")})
+        + "\n"
+        + json.dumps({"argv": ["nonsense"], "stderr": str(tmp_path / "b")})
+        + "\n"
+    )
+    answers = io.StringIO()
+    serve(requests, answers)
+    assert [json.loads(line)["code"] for line in answers.getvalue().splitlines()] == [0, 2]
