@@ -113,19 +113,13 @@ def test_an_installed_pfl_runs_the_default_experiment_by_name_from_another_folde
     assert out.returncode == 0, out.stderr
     summary = json.loads((elsewhere / "runs" / "r" / "summary.json").read_text())
     assert summary["rounds"] == 2 and summary["dataset"] == "digits"
-    used = subprocess.run(
-        [sys.executable, "-c", "import pfl.runner.config_files as c; print(c.conf_dir())"],
-        cwd=elsewhere,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert Path(used.stdout.strip()) == target / "pfl" / "conf"  # the installed copy's, not the checkout's
-    indexed = subprocess.run(
-        [sys.executable, "-c", "import pfl.runner.fit_help as h; print(h.INDEX, h.indexed_help('ditto') is not None)"],
-        cwd=elsewhere,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert indexed.stdout.split() == [str(target / "pfl" / "runner" / "fit_help.json"), "True"]  # its sources match
+
+    def printed(code: str) -> str:
+        return subprocess.run(
+            [sys.executable, "-c", code], cwd=elsewhere, env=env, capture_output=True, text=True
+        ).stdout
+
+    used = printed("import pfl.runner.config_files as c; print(c.conf_dir())")
+    assert Path(used.strip()) == target / "pfl" / "conf"  # the installed copy's, not the checkout's
+    indexed = printed("import pfl.runner.fit_help as h; print(h.INDEX, h.indexed_help('ditto') is not None)")
+    assert indexed.split() == [str(target / "pfl" / "runner" / "fit_help.json"), "True"]  # its sources match

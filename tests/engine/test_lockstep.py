@@ -98,6 +98,21 @@ def _sequential(worker: ClientTrainer, cid: int, start, spec: FitSpec):
     return worker.snapshot(), worker.momentum_buffer(), stats
 
 
+def _stacked_as_sequential(w, cids, start, specs):
+    """Fit the clients stacked (the second spec's client alone, as a group of its own) from a model left in
+    eval mode, as an evaluation leaves it (the stacked fit trains in train mode, as ClientTrainer.train), and
+    check each result against its sequential fit; the requests and the stacked trainer."""
+    expected = [_sequential(w, cid, start, spec)[0] for cid, spec in zip(cids, specs, strict=True)]
+    requests = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in zip(cids, specs, strict=True)]
+    trainer = StackedTrainer(w)
+    w.module.eval()
+    trainer.train(requests[:1] + requests[2:])
+    trainer.train(requests[1:2])
+    for r, state in zip(requests, expected, strict=True):
+        torch.testing.assert_close(r.out, state, rtol=0, atol=1e-5)
+    return requests, trainer
+
+
 def test_a_stacked_fit_equals_the_workers_fit_option_by_option():
     loop = _worker()
     w, start = loop.worker, loop.init_state
@@ -326,14 +341,8 @@ def test_batchnorm_running_statistics_stack_per_client():
     start = w.flat.snapshot()
     start[w.flat.num_params :] = torch.rand(w.flat.num_buffers)  # running statistics that differ from the init
     specs = [FitSpec(epochs=2), FitSpec(objective=SAMObjective, context=sam_context(0.05)), FitSpec(), FitSpec()]
-    expected = [_sequential(w, cid, start, spec)[0] for cid, spec in zip(cids, specs, strict=True)]
-    requests = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in zip(cids, specs, strict=True)]
-    trainer = StackedTrainer(w)
-    w.module.eval()  # as an evaluation leaves it: the stacked fit trains in train mode, as ClientTrainer.train
-    trainer.train(requests[:1] + requests[2:])
-    trainer.train(requests[1:2])
-    for r, state in zip(requests, expected, strict=True):
-        torch.testing.assert_close(r.out, state, rtol=0, atol=1e-5)
+    requests, trainer = _stacked_as_sequential(w, cids, start, specs)
+    for r in requests:
         assert not torch.equal(r.out[w.flat.num_params :], start[w.flat.num_params :])  # statistics moved
     cumulative = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.BatchNorm1d(dim, momentum=None))
     assert "BatchNorm1d" in model_problems(ClientTrainer(cumulative, data, TrainSettings(), seed=0))[0]
@@ -579,16 +588,9 @@ def test_stacked_fits_with_keyed_dropout_draw_each_clients_sequential_masks(batc
     cids = [c for c in range(data.num_clients) if len(w.split(c).train) % 16 not in (1, 2)][:3]
     start = w.flat.snapshot()
     specs = [FitSpec(epochs=2), FitSpec(objective=SAMObjective, context=sam_context(0.05)), FitSpec(purpose="p")]
-    expected = [_sequential(w, cid, start, spec)[0] for cid, spec in zip(cids, specs, strict=True)]
-    again = _sequential(w, cids[0], start, specs[0])[0]
-    assert torch.equal(again, expected[0])  # the same keys draw the same masks
-    requests = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in zip(cids, specs, strict=True)]
-    trainer = StackedTrainer(w)
-    w.module.eval()  # as an evaluation leaves it: the stacked fit drops in train mode, as ClientTrainer.train
-    trainer.train(requests[:1] + requests[2:])
-    trainer.train(requests[1:2])
-    for r, state in zip(requests, expected, strict=True):
-        torch.testing.assert_close(r.out, state, rtol=0, atol=1e-5)
+    first = _sequential(w, cids[0], start, specs[0])[0]
+    assert torch.equal(first, _sequential(w, cids[0], start, specs[0])[0])  # the same keys draw the same masks
+    _, trainer = _stacked_as_sequential(w, cids, start, specs)
     gradients = [GradientRequest(cid, start, 2) for cid in cids]
     trainer.mean_gradients(gradients)
     for r in gradients:
@@ -598,7 +600,7 @@ def test_stacked_fits_with_keyed_dropout_draw_each_clients_sequential_masks(batc
     # Without dropout the fit is another one: the masks are drawn.
     plain = ClientTrainer(_dropout_net(data.x[0].numel(), batch_norm), data, settings, seed=0)
     plain.module.net[-2].p = 0.0
-    assert not torch.allclose(_sequential(plain, cids[0], start, specs[0])[0], expected[0], atol=1e-4)
+    assert not torch.allclose(_sequential(plain, cids[0], start, specs[0])[0], first, atol=1e-4)
 
 
 @pytest.mark.parametrize("name", ["fedavg", "pgfed"])
