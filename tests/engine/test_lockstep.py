@@ -98,6 +98,18 @@ def _sequential(worker: ClientTrainer, cid: int, start, spec: FitSpec):
     return worker.snapshot(), worker.momentum_buffer(), stats
 
 
+def _bn_net(inputs: int) -> torch.nn.Module:
+    """A small MLP with one BatchNorm layer, drawn from seed 0."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Flatten(),
+        torch.nn.Linear(inputs, 16),
+        torch.nn.BatchNorm1d(16),
+        torch.nn.ReLU(),
+        torch.nn.Linear(16, 10),
+    )
+
+
 def _stacked_as_sequential(w, cids, start, specs):
     """Fit the clients stacked (the second spec's client alone, as a group of its own) from a model left in
     eval mode, as an evaluation leaves it (the stacked fit trains in train mode, as ClientTrainer.train), and
@@ -404,11 +416,7 @@ def test_stacked_lwsam_fits_keep_each_models_running_statistics():
     from pfl.engine.trainer import TrainSettings
 
     data = make_loop(tiny_config("fedavg")).worker.data
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(
-        torch.nn.Flatten(), torch.nn.Linear(data.x[0].numel(), 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
-        torch.nn.Linear(16, 10),
-    )  # fmt: skip
+    net = _bn_net(data.x[0].numel())
     w = ClientTrainer(net, data, TrainSettings(batch_size=16, lr=0.1, momentum=0.5, weight_decay=1e-3), seed=0)
     cids = [c for c in range(data.num_clients) if len(w.split(c).train) % 16 != 1][:2]  # no batch of one
     start = w.flat.snapshot()
@@ -526,11 +534,7 @@ def test_stacked_mean_gradients_equal_the_workers_mean_gradients():
     from pfl.engine.trainer import TrainSettings
 
     data = make_loop(tiny_config("fedavg")).worker.data
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(
-        torch.nn.Flatten(), torch.nn.Linear(data.x[0].numel(), 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
-        torch.nn.Linear(16, 10),
-    )  # fmt: skip
+    net = _bn_net(data.x[0].numel())
     for w in (_worker().worker, ClientTrainer(net, data, TrainSettings(batch_size=16), seed=0)):
         cids = [c for c in range(data.num_clients) if len(w.split(c).train) % 16 != 1][:4]  # no batch of one
         assert len({len(w.split(c).train) // 16 for c in cids}) > 1  # ragged: clients run out of batches
