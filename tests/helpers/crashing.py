@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 from pfl.methods.fedavg import FedAvg
 
@@ -13,6 +14,7 @@ class KilledMethod(FedAvg):
     name = "killed"
 
     def __init__(self) -> None:
+        print("killed while building the method", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
 

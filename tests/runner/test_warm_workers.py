@@ -56,8 +56,9 @@ def test_a_failed_process_is_replaced_and_reported_as_python_m_pfl_would_end(tmp
     traceback and the worker is replaced (it may be in any state); bad input keeps the worker."""
     w = WarmWorker(child_env())
     try:
-        code, _, cpu = w.run(_argv(tmp_path, "k", "--method.class_path", "tests.helpers.crashing.KilledMethod"))
+        code, err, cpu = w.run(_argv(tmp_path, "k", "--method.class_path", "tests.helpers.crashing.KilledMethod"))
         assert (code, cpu, w.proc) == (-signal.SIGKILL, None, None)
+        assert "killed while building the method" in err  # what the run wrote before it died
         code, err, _ = w.run(_argv(tmp_path, "bad", "--client.lr", "-1"))
         pid = w.proc.pid
         assert code == 2 and "client.lr" in err.splitlines()[-1]
