@@ -66,6 +66,8 @@ def test_a_failed_process_is_replaced_and_reported_as_python_m_pfl_would_end(tmp
         assert w.proc is None and code == 1
         assert "Traceback" in err and "an unexpected failure inside a user's method" in err
         assert "client.lr" not in err  # each run's stderr is its own
+        code, _, cpu = w.run(_argv(tmp_path, "e", "--method.class_path", "tests.helpers.crashing.ExitingMethod"))
+        assert (code, cpu, w.proc) == (1, None, None)  # ended without an answer: a failed run, even on status 0
         assert w.run(["methods"])[0] == 0 and w.proc.pid != pid
     finally:
         w.close()
@@ -89,7 +91,7 @@ def test_a_worker_that_cannot_start_says_why(tmp_path, monkeypatch):
     (tmp_path / "pfl" / "__init__.py").write_text("raise ImportError('this pfl is broken')\n")
     try:
         code, err, cpu = w.run(["methods"])
-        assert (code, cpu) == (1, None) and "this pfl is broken" in err
+        assert (code, cpu) == (1, None) and err.startswith("Traceback") and "this pfl is broken" in err
     finally:
         w.close()
 
