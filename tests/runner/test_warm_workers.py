@@ -8,6 +8,7 @@ import json
 import os
 import resource
 import signal
+import subprocess
 import sys
 import types
 import weakref
@@ -183,3 +184,26 @@ def test_the_worker_answers_each_request_with_a_line(tmp_path, monkeypatch):
     answers = io.StringIO()
     serve(requests, answers)
     assert [json.loads(line)["code"] for line in answers.getvalue().splitlines()] == [0, 2]
+
+
+def test_a_run_in_the_worker_counts_its_own_and_its_childrens_user_and_system_seconds(tmp_path, monkeypatch):
+    def busy(argv=None):
+        for i in range(3000):  # system time
+            (tmp_path / "f").write_text(str(i))
+        sum(range(2 * 10**6))  # user time
+        child = f"for i in range(3000): open({str(tmp_path / 'g')!r}, 'w').write(str(i))\nsum(range(4 * 10**6))"
+        subprocess.run([sys.executable, "-c", child], check=True)  # a child's user and system time
+        return 0
+
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(pfl.cli, "main", busy)
+    before = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    cpu = run_one(["methods"], str(tmp_path / "err"))["cpu"]
+    after = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    parts = {
+        f"{who}.{field}": getattr(a, field) - getattr(b, field)
+        for who, b, a in zip(("self", "children"), before, after, strict=True)
+        for field in ("ru_utime", "ru_stime")
+    }
+    assert min(parts.values()) > 0.01, parts  # every part counts for something here
+    assert cpu == pytest.approx(sum(parts.values()), abs=0.003)
