@@ -19,7 +19,6 @@ result table is saved beside the runs (``results.md``, ``results.csv``).
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import itertools
 import math
@@ -295,20 +294,23 @@ def run_parallel(
         return code, err, time.perf_counter() - started, cpu
 
     failed = []
-    with contextlib.ExitStack() as stack, ThreadPoolExecutor(max_workers=workers) as pool:
-        stack.callback(lambda: [w.close() for w in started_workers])
-        pending = {pool.submit(launch, name, argv): name for name, argv in jobs.items()}
-        while pending:
-            done, _ = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
-            for future in done:
-                name = pending.pop(future)
-                code, err, took, cpu = future.result()
-                progress.finished(name, run_status(code), took)
-                if on_finish is not None:
-                    on_finish(name, code, took, cpu)
-                if code != 0:
-                    failed.append(f"{name}: {(err.strip().splitlines() or [''])[-1]}")
-            progress.tick()
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            pending = {pool.submit(launch, name, argv): name for name, argv in jobs.items()}
+            while pending:
+                done, _ = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+                for future in done:
+                    name = pending.pop(future)
+                    code, err, took, cpu = future.result()
+                    progress.finished(name, run_status(code), took)
+                    if on_finish is not None:
+                        on_finish(name, code, took, cpu)
+                    if code != 0:
+                        failed.append(f"{name}: {(err.strip().splitlines() or [''])[-1]}")
+                progress.tick()
+    finally:  # the worker processes end with the runs, also when a run's failure or a stop ends them early
+        for worker in started_workers:
+            worker.close()
     progress.close()
     if failed:
         raise ConfigError(what, f"{len(failed)} of {len(jobs)} runs failed: {'; '.join(failed)}")
