@@ -114,14 +114,23 @@ def hyphenate(argv: list[str]) -> list[str]:
     return out
 
 
-def parse_fit_args(argv: list[str]) -> tuple[RunConfig, Namespace, ArgumentParser, Path | None]:
+def parse_fit_args(
+    argv: list[str], parsers: dict[str, ArgumentParser] | None = None
+) -> tuple[RunConfig, Namespace, ArgumentParser, Path | None]:
     """The run's configuration from ``argv``, validated. With ``--resume DIR`` the overrides are first
-    checked against DIR/config.yaml (``check_resume_overrides``); nothing is written here."""
+    checked against DIR/config.yaml (``check_resume_overrides``); nothing is written here. ``parsers``:
+    each method's parser, built once and kept there (a caller parsing many runs in a row; building
+    one costs as much as a parse)."""
     argv, resume_dir = _rewrite_resume(hyphenate(list(argv)))
     name, argv = method_from_argv(argv)
     if resume_dir is not None:
         check_resume_method(resume_dir, name)
-    parser = build_fit_parser(name)
+    if parsers is None:
+        parser = build_fit_parser(name)
+    elif name in parsers:
+        parser = parsers[name]
+    else:
+        parser = parsers[name] = build_fit_parser(name)
     ns = _parse(parser, argv)
     if resume_dir is not None:
         check_resume_overrides(resume_dir, ns)

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pfl.config import RunConfig
 from pfl.errors import EXIT_DIVERGED, ConfigError, require
 from pfl.methods import methods
 from pfl.metrics.compare_plots import clients_figure, curve_figure, plot_groups
@@ -70,15 +71,41 @@ def shortened(argv: list[str], rounds: int) -> list[str]:
     return [*argv, "--trainer.rounds", str(rounds), "--trainer.eval_every", str(rounds)]
 
 
-def quick_rounds(argv: list[str]) -> int:
-    return max(1, parse_fit_args(argv)[0].trainer.rounds // QUICK_SHARE)
+class Configs:
+    """The suite's parsing of run arguments: each method's parser built once, each argv parsed once (a
+    full suite parses every run's configuration before the first starts, and its report reads some
+    again: hundreds of parses, each as costly as building a parser)."""
+
+    def __init__(self) -> None:
+        self.parsers: dict = {}
+        self.parsed: dict[tuple[str, ...], RunConfig] = {}
+
+    def config(self, argv: list[str]) -> RunConfig:
+        """``parse_fit_args(argv)``'s validated configuration (raises its ConfigError)."""
+        key = tuple(argv)
+        if key not in self.parsed:
+            self.parsed[key] = parse_fit_args(argv, self.parsers)[0]
+        return self.parsed[key]
 
 
-def claim_jobs(claim: Claim, out: Path, quick: bool, lrs: dict[str, float] | None = None) -> list[Job]:
+def quick_rounds(argv: list[str], configs: Configs | None = None) -> int:
+    return max(1, (configs or Configs()).config(argv).trainer.rounds // QUICK_SHARE)
+
+
+def claim_jobs(
+    claim: Claim,
+    out: Path,
+    quick: bool,
+    lrs: dict[str, float] | None = None,
+    configs: Configs | None = None,
+    check: bool = True,
+) -> list[Job]:
     """The claim's runs, seed by seed (every label of the first seed, then of the next: a suite stopped
     part-way has whole seeds, each a complete paired comparison); QUICK: the first seed, 1/10 of the
     rounds. ``lrs`` are the learning rates the grid chose (label -> lr). Every configuration is parsed
-    here, before anything runs."""
+    here, before anything runs (``configs``: the suite's parses, kept; ``check`` false: not parsed, for
+    a caller that only plans)."""
+    configs = configs or Configs()
     seeds = claim.seeds[:1] if quick else claim.seeds
     require(bool(seeds), f"{claim.key}.seeds", "a claim needs at least one seed")
     jobs = []
@@ -89,15 +116,19 @@ def claim_jobs(claim: Claim, out: Path, quick: bool, lrs: dict[str, float] | Non
             argv = [*claim.base, *args, *chosen, "--seed", str(seed)]
             argv += ["--tracking.root", str(where.parent), "--tracking.name", where.name, *RUN_FLAGS]
             if quick:
-                argv = shortened(argv, quick_rounds(argv))
-            parse_fit_args(argv)
+                argv = shortened(argv, quick_rounds(argv, configs))
+            if check:
+                configs.config(argv)
             jobs.append(Job(claim.key, label, seed, ["fit", *argv], where, f"{claim.key}/{label}/s{seed}"))
     return jobs
 
 
-def grid_jobs(claim: Claim, out: Path, edge: dict[str, float] | None = None) -> list[Job]:
+def grid_jobs(
+    claim: Claim, out: Path, edge: dict[str, float] | None = None, configs: Configs | None = None
+) -> list[Job]:
     """The lr-grid stage's short runs on the claim's first seed (none without a grid); ``edge``: instead,
     the one extra lr of each label whose choice sat on the grid's edge (``beyond_edge``)."""
+    configs = configs or Configs()
     grid = claim.lr_grid
     if grid is None:
         return []
@@ -110,7 +141,7 @@ def grid_jobs(claim: Claim, out: Path, edge: dict[str, float] | None = None) -> 
             argv = [*claim.base, *args, grid.arg, str(lr), "--seed", str(seed)]
             argv = shortened([*argv, "--tracking.root", str(where.parent), "--tracking.name", where.name, *RUN_FLAGS],
                              grid.rounds)  # fmt: skip
-            cfg = parse_fit_args(argv)[0]
+            cfg = configs.config(argv)
             require(
                 cfg.data.val_frac > 0,
                 f"{claim.key}.lr_grid",
@@ -205,14 +236,15 @@ def run_claims(
     )
 
     # Every run's configuration is checked before the first one starts (the chosen lrs are grid values).
-    grids = {c.key: [] if quick else grid_jobs(c, out) for c in ready}
-    jobs = {c.key: claim_jobs(c, out, quick) for c in ready}
+    configs = Configs()
+    grids = {c.key: [] if quick else grid_jobs(c, out, configs=configs) for c in ready}
+    jobs = {c.key: claim_jobs(c, out, quick, configs=configs) for c in ready}
     started = time.time()
     ran = launch([j for c in ready for j in grids[c.key]], "lr grid")
     grid_done = {key: _finished_jobs(grid, started, ran) for key, grid in grids.items()}
     # A choice on the grid's edge may lie past it: one more lr in that direction, and the choice again.
     edges = {c.key: edge_steps(c, choose_lrs(c, out, {j.run_dir for j in grid_done[c.key]})[0]) for c in ready}
-    beyond = {c.key: grid_jobs(c, out, edges[c.key]) if edges[c.key] else [] for c in ready}
+    beyond = {c.key: grid_jobs(c, out, edges[c.key], configs) if edges[c.key] else [] for c in ready}
     started = time.time()
     ran = launch([j for c in ready for j in beyond[c.key]], "lr grid edge")
     grid_lines: dict[str, list[str]] = {}
@@ -221,7 +253,7 @@ def run_claims(
         if grids[c.key]:  # the claim's runs again, with the chosen learning rates
             done_dirs = {j.run_dir for j in grid_done[c.key]}
             chosen, grid_lines[c.key] = choose_lrs(c, out, done_dirs, edges[c.key])
-            jobs[c.key] = claim_jobs(c, out, quick, chosen)
+            jobs[c.key] = claim_jobs(c, out, quick, chosen, configs)
     started = time.time()
     ran = launch([j for c in ready for j in jobs[c.key]], "reproduce")
     done = {key: _finished_jobs(claim_runs, started, ran) for key, claim_runs in jobs.items()}
@@ -249,7 +281,7 @@ def run_claims(
     timing = SuiteTime(time.perf_counter() - t0, workers, len(ran), reused, per_claim, times.invocations())
     timing.device = times.device
     if quick:
-        timing.estimate = full_suite_estimate(ready, out, jobs, times)
+        timing.estimate = full_suite_estimate(ready, out, jobs, times, configs)
     report = out / "REPORT.md"
     # replaced whole: a stop never leaves half a report, nor writes through a second name of the file
     write_atomic(report, "\n".join([*_header(claims, verdicts, quick, timing), *sections]) + "\n")
@@ -260,14 +292,22 @@ def run_claims(
     return report
 
 
-def full_suite_estimate(claims: list[Claim], out: Path, quick_jobs: dict[str, list[Job]], times: RunTimes) -> list[str]:
+def full_suite_estimate(
+    claims: list[Claim], out: Path, quick_jobs: dict[str, list[Job]], times: RunTimes, configs: Configs | None = None
+) -> list[str]:
     """QUICK: the report's estimate of the full suite (every seed, every round, the lr grids) from the QUICK
-    runs' recorded wall times, each scaled by its rounds (``pfl.runner.suite_estimate``)."""
+    runs' recorded wall times, each scaled by its rounds (``pfl.runner.suite_estimate``). A label's rounds
+    are read from its first seed's run (the seeds' arguments differ in the seed and the run folder alone)."""
+    configs = configs or Configs()
     planned, quick_rounds = [], {}
     for c in claims:
         quick_of = {j.label: j for j in quick_jobs[c.key]}
-        quick_rounds.update({j.name: _rounds(j) for j in quick_of.values()})
-        planned += [Planned(quick_of[j.label].name, _rounds(j)) for j in claim_jobs(c, out, quick=False)]
+        quick_rounds.update({j.name: _rounds(j, configs) for j in quick_of.values()})
+        label_rounds: dict[str, int] = {}
+        for j in claim_jobs(c, out, quick=False, configs=configs, check=False):
+            if j.label not in label_rounds:
+                label_rounds[j.label] = _rounds(j, configs)
+            planned.append(Planned(quick_of[j.label].name, label_rounds[j.label]))
         grid = c.lr_grid
         if grid is not None:  # every label it applies to, at each of its values
             planned += [Planned(quick_of[k].name, grid.rounds) for k in c.runs if grid.applies(k) for _ in grid.values]
@@ -282,8 +322,8 @@ def full_suite_estimate(claims: list[Claim], out: Path, quick_jobs: dict[str, li
     ]
 
 
-def _rounds(job: Job) -> int:
-    return parse_fit_args(job.argv[1:])[0].trainer.rounds
+def _rounds(job: Job, configs: Configs) -> int:
+    return configs.config(job.argv[1:]).trainer.rounds
 
 
 def default_workers() -> int:

@@ -139,6 +139,31 @@ def test_a_configuration_that_does_not_parse_is_refused_when_the_jobs_are_built(
         rep.claim_jobs(broken, tmp_path, quick=False)
 
 
+def test_the_suite_builds_each_methods_parser_once_and_parses_each_run_once(fake, tmp_path, monkeypatch):
+    import pfl.runner.args as args
+
+    built, parsed = [], []
+    real_build, real_parse = args.build_fit_parser, args._parse
+    monkeypatch.setattr(args, "build_fit_parser", lambda name: built.append(name) or real_build(name))
+    monkeypatch.setattr(
+        args, "_parse", lambda parser, argv, *a: parsed.append(tuple(argv)) or real_parse(parser, argv, *a)
+    )
+    monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(seeds=(0, 1, 2))])
+    rep.run_claims(tmp_path, quick=True, workers=2)
+    # QUICK: each label's full argv on the first seed (for its rounds), then its shortened run; the
+    # estimate reads each label's rounds from that same first-seed argv, already parsed: 4 parses, not 10
+    assert len(parsed) == len(set(parsed)) == 4
+    built.clear()
+    configs = rep.Configs()
+    (job, *_) = rep.claim_jobs(tiny_claim(seeds=(0, 1, 2)), tmp_path, quick=False, configs=configs)
+    assert built == ["local", "ditto"]  # 6 runs, a parser per method
+    kept = configs.config(job.argv[1:])
+    assert configs.config(job.argv[1:]) is kept  # parsed once
+    fresh = args.parse_fit_args(job.argv[1:])[0]
+    assert (kept.trainer, kept.client, kept.data, kept.seed) == (fresh.trainer, fresh.client, fresh.data, fresh.seed)
+    assert vars(kept.method) == vars(fresh.method)
+
+
 def test_grid_jobs_run_each_lr_of_the_labels_it_applies_to_on_the_first_seed(tmp_path):
     assert rep.grid_jobs(tiny_claim(), tmp_path) == []
     claim = tiny_claim(base=[*BASE, "--data.val_frac", "0.2"], lr_grid=LrGrid((0.5, 1e-3), labels=("ditto",), rounds=4))
