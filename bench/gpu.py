@@ -32,6 +32,7 @@ LABELS = {
     "plain": "plain PyTorch loop",
     "sequential": "pfl sequential",
     "vectorized": "pfl vectorized",
+    "captured": "pfl vectorized + CUDA graphs",
     "processes": "pfl N processes",
     "compiled": "pfl vectorized + compiled",
 }
@@ -83,7 +84,7 @@ def run_table(
     for path in sorted(set(PATHS) - set(paths), key=PATHS.index):
         for w in ws:
             keep(Cell(w.name, path, reason="not run: --paths leaves it out"))
-    in_process = [p for p in ("plain", "sequential", "vectorized") if p in paths]
+    in_process = [p for p in ("plain", "sequential", "vectorized", "captured") if p in paths]
     for w in ws if in_process else ():
         data = build_data(w).to(device)
         for path in in_process:

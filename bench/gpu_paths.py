@@ -38,7 +38,7 @@ from pfl.federation.loop import FederatedLoop, sample_clients
 from pfl.runner.assembly import build_loop
 from pfl.runner.plan import clients_per_round, plan_run
 
-PATHS = ("plain", "sequential", "vectorized", "processes", "compiled")
+PATHS = ("plain", "sequential", "vectorized", "captured", "processes", "compiled")
 MIB = 2**20
 
 
@@ -137,9 +137,16 @@ def measure_plain(w: Workload, data: Any, device: torch.device) -> Cell:
 
 
 def build(
-    w: Workload, data: Any, device: torch.device, *, vectorize: bool, compile: bool, cohort: Cohort | None = None
+    w: Workload,
+    data: Any,
+    device: torch.device,
+    *,
+    vectorize: bool,
+    compile: bool,
+    cohort: Cohort | None = None,
+    graphs: bool = False,
 ) -> FederatedLoop:
-    cfg = run_config(w, vectorize=vectorize, compile=compile)
+    cfg = run_config(w, vectorize=vectorize, compile=compile, graphs=graphs)
     return build_loop(plan_run(cfg, data), fabric_for(device, w.precision), announce_path=False, cohort=cohort)
 
 
@@ -153,12 +160,27 @@ def loop_step(loop: FederatedLoop) -> Callable[[], int]:
 
 
 def measure_loop(w: Workload, data: Any, device: torch.device, path: str) -> Cell:
-    """sequential, vectorized or compiled (vectorized + trainer.compile; its first two rounds compile)."""
-    loop = build(w, data, device, vectorize=path != "sequential", compile=path == "compiled")
+    """sequential, vectorized, captured (vectorized + trainer.cuda_graphs; its first round captures) or
+    compiled (vectorized + trainer.compile; its first two rounds compile)."""
+    graphs = path == "captured"
+    loop = build(w, data, device, vectorize=path != "sequential", compile=path == "compiled", graphs=graphs)
     warmup = 2 if path == "compiled" else 1  # the second round meets the other last-batch sizes
     rate, warm = timed_rounds(loop_step(loop), warmup, w.rounds, device)
     note = f"first rounds {' + '.join(f'{s:.1f}' for s in warm)} s (compiling)" if path == "compiled" else ""
+    if graphs:
+        note = capture_note(loop, device, warm[0])
     return Cell(w.name, path, rate, peak_mib(device), note=note)
+
+
+def capture_note(loop: FederatedLoop, device: torch.device, first_round_s: float) -> str:
+    """What ``trainer.cuda_graphs`` did in the measured rounds: captured (and the first round's time, where
+    the captures happen), uncaptured and why, or nothing off CUDA."""
+    if device.type != "cuda":
+        return "not captured: CUDA graphs need CUDA (this ran as vectorized)"
+    step = loop.dispatcher.lockstep.trainer.step  # type: ignore[attr-defined]
+    if getattr(step, "fallback", None):
+        return f"not captured: {step.fallback}"
+    return f"{len(step.graphs)} graph(s), first round {first_round_s:.1f} s (capturing)"
 
 
 def measure(w: Workload, data: Any, device: torch.device, path: str) -> Cell:

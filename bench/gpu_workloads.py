@@ -86,9 +86,9 @@ def build_data(w: Workload, seed: int = 0) -> FederatedData:
     return FederatedData(w.name, x, y, 10, clients, global_test=torch.zeros(0, dtype=torch.long))
 
 
-def run_config(w: Workload, *, vectorize: bool, compile: bool) -> RunConfig:
+def run_config(w: Workload, *, vectorize: bool, compile: bool, graphs: bool = False) -> RunConfig:
     """The run configuration of one path of ``w`` (trainer.vectorize true or false, never auto: the table
-    names its path)."""
+    names its path; ``graphs``: trainer.cuda_graphs)."""
     return RunConfig(
         method=method_class(w.method)(**BENCH_METHOD_ARGS.get(w.method, {})),
         seed=0,
@@ -99,6 +99,7 @@ def run_config(w: Workload, *, vectorize: bool, compile: bool) -> RunConfig:
             precision=w.precision,
             vectorize=vectorize,
             compile=compile,
+            cuda_graphs=graphs,
         ),
         client=ClientConfig(epochs=1, batch_size=w.batch_size, lr=0.05),
         data=DataConfig(num_clients=w.num_clients),

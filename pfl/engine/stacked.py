@@ -42,6 +42,7 @@ from lightning.fabric.plugins.precision import MixedPrecision
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from pfl.engine.cuda_graphs import CapturedStep
 from pfl.engine.sam import SAMObjective
 from pfl.engine.terms import Term, add_scaled_, coefficient, stack_terms, stackable
 from pfl.engine.trainer import ClientTrainer, FitSpec, FitStats, keyed_batches
@@ -81,13 +82,14 @@ def precision_name(worker: ClientTrainer) -> str:
     return str(getattr(worker.precision, "precision", "32-true"))
 
 
-def forward_context(worker: ClientTrainer) -> Callable[[], AbstractContextManager]:
+def forward_context(worker: ClientTrainer, cache: bool = True) -> Callable[[], AbstractContextManager]:
     """The stacked forward's context, as the sequential worker's ``autocast()``: bf16 autocast under
-    ``bf16-mixed`` (``torch.autocast`` itself, which ``torch.compile`` traces), Fabric's own forward
-    context under a *-true precision (none for 32-true; the default dtype for 16/bf16-true)."""
+    ``bf16-mixed`` (``torch.autocast`` itself, which ``torch.compile`` traces; ``cache`` false: without
+    its cast cache, as CUDA graph capture needs), Fabric's own forward context under a *-true precision
+    (none for 32-true; the default dtype for 16/bf16-true)."""
     if isinstance(worker.precision, MixedPrecision):
         device = worker.device.type
-        return lambda: torch.autocast(device_type=device, dtype=torch.bfloat16)
+        return lambda: torch.autocast(device_type=device, dtype=torch.bfloat16, cache_enabled=cache)
     return worker.autocast
 
 
@@ -225,14 +227,19 @@ class StackedTrainer:
     """Trains groups of fits with one vmapped step per batch position; ``mean_gradients`` is
     ``ClientTrainer.mean_gradient`` for several clients in one vmapped pass per batch position."""
 
-    def __init__(self, worker: ClientTrainer, compile: bool = False):
+    def __init__(self, worker: ClientTrainer, compile: bool = False, graphs: bool = False):
         self.worker = worker
         # Keyed dropout (pfl.models.dropout): every vmapped call then takes one more input, each
         # client's key of the step, so each client draws the masks of its sequential step.
         self.keyed = worker.keyed_dropout
+        # trainer.cuda_graphs: the padded step replayed from CUDA graphs (pfl.engine.cuda_graphs)
+        captured = graphs and not compile and worker.device.type == "cuda"
         # the forward and loss in the fit's context, the backward outside, as ClientTrainer.train
-        step, self.unpadded_step = self._vmapped(forward_context(worker))
-        self.step = worker.compile_clock.first_call(torch.compile(step, dynamic=True)) if compile else step
+        step, self.unpadded_step = self._vmapped(forward_context(worker, cache=not captured))
+        if compile:
+            self.step = worker.compile_clock.first_call(torch.compile(step, dynamic=True))
+        else:
+            self.step = CapturedStep(step) if captured else step
         # The mean gradient's pass, as ClientTrainer.gradient: its loss outside any forward context.
         self.gradient_step, self.unpadded_gradient_step = self._vmapped(contextlib.nullcontext)
         # BatchNorm: each client's running statistics are a row of a (clients × buffers) matrix passed
@@ -242,9 +249,9 @@ class StackedTrainer:
         net = worker.module.net
         self.buffer_views = _buffer_views(net)
         self._others = {n: b for n, b in net.named_buffers() if not b.is_floating_point()}
-        # Compiled, every step pads to the batch size: one input width, so a short last batch never
-        # compiles another graph.
-        self.static_width = compile
+        # Compiled or captured, every step pads to the batch size: one input width, so a short last
+        # batch never compiles or captures another graph.
+        self.static_width = compile or captured
 
     def _vmapped(self, context: Callable[[], AbstractContextManager]) -> tuple[Callable, Callable]:
         """The vmapped (gradient, loss) of the padded batch's masked mean loss and of the unpadded

@@ -86,11 +86,17 @@ class VectorizedDispatcher(Dispatcher):
     (``trainer.vectorize``)."""
 
     def __init__(
-        self, worker: ClientTrainer, clients: ClientStore, init_state: Tensor, trained: ClientStore, compile: bool
+        self,
+        worker: ClientTrainer,
+        clients: ClientStore,
+        init_state: Tensor,
+        trained: ClientStore,
+        compile: bool,
+        graphs: bool = False,
     ):
         super().__init__(worker, clients, init_state)
         self.trained = trained  # the evaluation's store of trained models, pinned alongside
-        self.lockstep = Lockstep(worker, StackedTrainer(worker, compile=compile))
+        self.lockstep = Lockstep(worker, StackedTrainer(worker, compile=compile, graphs=graphs))
 
     def train(self, method: Method, round_idx: int, cids: Sequence[int], payloads: dict[int, Any]) -> LocalUpdates:
         out = LocalUpdates(sums=[])
@@ -152,12 +158,14 @@ def make_dispatcher(
     vectorize: bool = False,
     trained: ClientStore | None = None,
     compile: bool = False,
+    graphs: bool = False,
 ) -> Dispatcher:
-    """The dispatcher of a run: vectorized or sequential on each process, split across several ones."""
+    """The dispatcher of a run: vectorized or sequential on each process, split across several ones;
+    ``graphs``: the vectorized step replayed from CUDA graphs (``trainer.cuda_graphs``)."""
     local: Dispatcher
     if vectorize:
         assert trained is not None
-        local = VectorizedDispatcher(worker, clients, init_state, trained, compile)
+        local = VectorizedDispatcher(worker, clients, init_state, trained, compile, graphs)
     else:
         local = SequentialDispatcher(worker, clients, init_state)
     return local if cohort.world_size == 1 else MultiProcessDispatcher(local, cohort, sizes)

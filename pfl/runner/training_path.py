@@ -43,6 +43,17 @@ def choose_path(setting: bool | str, problems: list[str], device_type: str, meth
     return TrainingPath(True, f"clients trained together (vectorized): cuda, method {method} allows it")
 
 
+def graphs_clause(cuda_graphs: bool, vectorized: bool, device_type: str) -> str:
+    """What ``trainer.cuda_graphs`` does on this path, as a clause of its log line ("" when it is off)."""
+    if not cuda_graphs:
+        return ""
+    if device_type != "cuda":
+        return f"; trainer.cuda_graphs is ignored on {device_type}"
+    if not vectorized:
+        return "; trainer.cuda_graphs is ignored: clients are trained one at a time"
+    return "; the step is replayed from CUDA graphs (trainer.cuda_graphs)"
+
+
 def require_vectorizable(problems: list[str]) -> None:
     """``trainer.vectorize true`` refused in one line naming what stands in the way."""
     require(not problems, "trainer.vectorize", "; ".join(problems), "set trainer.vectorize false or auto")
@@ -53,4 +64,4 @@ def announce(line: str) -> None:
     print(f"pfl: {line}", file=sys.stderr, flush=True)
 
 
-__all__ = ["TrainingPath", "announce", "choose_path", "require_vectorizable"]
+__all__ = ["TrainingPath", "announce", "choose_path", "graphs_clause", "require_vectorizable"]

@@ -1,0 +1,150 @@
+"""trainer.cuda_graphs (pfl.engine.cuda_graphs): capture once per input signature, replay on the new
+inputs, outputs that a later replay cannot overwrite, the uncaptured fallback; and where the setting
+applies. CUDA's graph API is replaced by a stand-in whose replay re-runs the captured call on the
+captured tensors (no GPU here), so what is checked is the wrapper's bookkeeping."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import pfl.engine.cuda_graphs as cg
+from pfl.config import TrainerConfig, validate
+from pfl.engine.stacked import StackedTrainer
+from pfl.errors import ConfigError
+from pfl.runner.training_path import graphs_clause
+from tests.conftest import make_loop, tiny_config
+
+
+class FakeGraph:
+    """Replays the call captured inside ``torch.cuda.graph(self)`` on the tensors it was captured with,
+    writing into the outputs it returned then (as a CUDA graph replays its kernels on its own memory)."""
+
+    def __init__(self):
+        self.call = None
+        self.replays = 0
+
+    def replay(self):
+        fn, args, outputs = self.call
+        for out, fresh in zip(outputs, fn(*args), strict=True):
+            out.copy_(fresh)
+        self.replays += 1
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    capturing: list[FakeGraph] = []
+
+    @contextlib.contextmanager
+    def graph(g):
+        capturing.append(g)
+        try:
+            yield
+        finally:
+            capturing.pop()
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    return capturing
+
+
+def recorded(fn, capturing, calls):
+    """``fn`` that counts its calls and tells a capturing graph what it computed."""
+
+    def wrapped(*args):
+        calls.append(tuple(a.clone() for a in args))
+        out = fn(*args)
+        if capturing:
+            capturing[-1].call = (fn, args, out)
+        return out
+
+    return wrapped
+
+
+def step(x, y):
+    return x * 2 + y, (x * y).sum()
+
+
+def test_the_first_call_of_a_signature_captures_and_later_calls_replay_on_their_own_inputs(fake_cuda):
+    calls = []
+    captured = cg.CapturedStep(recorded(step, fake_cuda, calls))
+    x, y = torch.arange(4.0), torch.ones(4)
+    first = captured(x, y)
+    assert len(calls) == cg.WARMUP_CALLS + 1 and len(captured.graphs) == 1 and captured.replays == 1
+    torch.testing.assert_close(first, step(x, y), rtol=0, atol=0)
+    x2, y2 = torch.tensor([5.0, -1.0, 0.5, 3.0]), torch.full((4,), 2.0)
+    second = captured(x2, y2)
+    assert len(calls) == cg.WARMUP_CALLS + 1  # replayed, not called
+    torch.testing.assert_close(second, step(x2, y2), rtol=0, atol=0)
+    # the outputs are copies: a later replay does not change what an earlier call returned
+    torch.testing.assert_close(first, step(x, y), rtol=0, atol=0)
+    # the caller's inputs are copied in, never captured themselves
+    static_inputs, _, _ = next(iter(captured.graphs.values()))
+    assert all(s is not t for s, t in zip(static_inputs, (x2, y2), strict=True))
+
+
+def test_each_input_signature_gets_its_own_graph(fake_cuda):
+    calls = []
+    captured = cg.CapturedStep(recorded(step, fake_cuda, calls))
+    captured(torch.ones(4), torch.ones(4))
+    captured(torch.ones(3), torch.ones(3))
+    captured(torch.ones(4, dtype=torch.float64), torch.ones(4, dtype=torch.float64))
+    captured(torch.ones(3), torch.ones(3))
+    assert len(captured.graphs) == 3 and len(calls) == 3 * (cg.WARMUP_CALLS + 1)
+    torch.testing.assert_close(captured(torch.ones(3) * 4, torch.ones(3)), step(torch.ones(3) * 4, torch.ones(3)))
+
+
+def test_a_step_that_cannot_be_captured_runs_uncaptured_and_says_why(fake_cuda):
+    calls = []
+
+    def refusing(*args):
+        if fake_cuda:
+            raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
+        return step(*args)
+
+    captured = cg.CapturedStep(recorded(refusing, fake_cuda, calls))
+    with pytest.warns(UserWarning, match=r"could not be captured \(RuntimeError: operation not permitted"):
+        out = captured(torch.ones(2), torch.ones(2))
+    torch.testing.assert_close(out, step(torch.ones(2), torch.ones(2)))
+    assert captured.fallback == "RuntimeError: operation not permitted when stream is capturing"
+    assert captured.graphs == {}
+    before = len(calls)
+    captured(torch.ones(5), torch.ones(5))
+    assert len(calls) == before + 1 and captured.replays == 0  # called directly, never captured again
+
+
+def test_off_cuda_the_stacked_step_is_neither_captured_nor_padded():
+    loop = make_loop(tiny_config("fedavg"))
+    trainer = StackedTrainer(loop.worker, graphs=True)
+    assert not isinstance(trainer.step, cg.CapturedStep) and trainer.static_width is False
+
+
+def test_captured_steps_are_padded_to_the_batch_size(monkeypatch):
+    loop = make_loop(tiny_config("fedavg"))
+    monkeypatch.setattr(type(loop.worker), "device", property(lambda self: torch.device("cuda", 0)), raising=False)
+    trainer = StackedTrainer(loop.worker, graphs=True)
+    assert isinstance(trainer.step, cg.CapturedStep) and trainer.static_width is True
+    compiled = StackedTrainer(loop.worker, graphs=False)
+    assert not isinstance(compiled.step, cg.CapturedStep) and compiled.static_width is False
+
+
+def test_cuda_graphs_with_compile_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"trainer\.cuda_graphs: cannot be combined with trainer\.compile"):
+        validate(tiny_config("fedavg", trainer={"cuda_graphs": True, "compile": True}))
+    assert TrainerConfig().cuda_graphs is False
+
+
+def test_the_run_says_what_cuda_graphs_does_on_its_path():
+    assert graphs_clause(False, True, "cuda") == ""
+    assert graphs_clause(True, True, "cpu") == "; trainer.cuda_graphs is ignored on cpu"
+    assert graphs_clause(True, False, "cuda") == "; trainer.cuda_graphs is ignored: clients are trained one at a time"
+    assert graphs_clause(True, True, "cuda") == "; the step is replayed from CUDA graphs (trainer.cuda_graphs)"
