@@ -64,10 +64,11 @@ class TrainerConfig:
             time), true (together, or a refusal naming why not) or false (one at a time).
         compile: wrap the model's forward in torch.compile (and the vectorized step, when on); the log
             says once how long the first compiled calls (where compiling happens) took.
-        cuda_graphs: on CUDA, replay the vectorized step from CUDA graphs captured once per shape
+        cuda_graphs: replay the vectorized step from CUDA graphs captured once per shape
             (pfl.engine.cuda_graphs; every step padded to the batch size): one launch per step
-            instead of hundreds, for small launch-bound models. Ignored off CUDA and when the run
-            trains one client at a time; not with compile.
+            instead of hundreds. auto (on when the clients train together on CUDA and compile is
+            off), true (the same, and refused with compile) or false. Ignored off CUDA and when the
+            run trains one client at a time.
         accelerator: auto (a GPU when there is one), cpu, cuda/gpu or mps (Lightning Fabric).
         devices: number of devices per node.
         processes_per_device: processes sharing each device (each trains its share of the sampled
@@ -99,7 +100,7 @@ class TrainerConfig:
     store_budget_mb: float = 2048.0
     vectorize: bool | str = "auto"  # auto | true | false (pfl.runner.training_path)
     compile: bool = False
-    cuda_graphs: bool = False
+    cuda_graphs: bool | str = "auto"  # auto | true | false (pfl.runner.training_path.use_graphs)
 
 
 CLIENT_STORES = ("memory", "disk")
@@ -347,10 +348,15 @@ def validate(cfg: RunConfig) -> None:
         f"must be true, false or auto (got {t.vectorize!r})",
     )
     require(
-        not (t.cuda_graphs and t.compile),
+        isinstance(t.cuda_graphs, bool) or t.cuda_graphs == VECTORIZE_AUTO,
+        "trainer.cuda_graphs",
+        f"must be true, false or auto (got {t.cuda_graphs!r})",
+    )
+    require(
+        not (t.cuda_graphs is True and t.compile),
         "trainer.cuda_graphs",
         "cannot be combined with trainer.compile (the compiled step is not captured)",
-        "set one of trainer.cuda_graphs and trainer.compile to false",
+        "set one of trainer.cuda_graphs and trainer.compile to false (auto captures only without compile)",
     )
     check_processes_per_device(t)
     check_accelerator(t)

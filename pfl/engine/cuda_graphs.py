@@ -4,10 +4,11 @@ Small federated clients are launch-bound on a GPU: a vmapped step of a small CNN
 kernels of a few microseconds each, and the host takes longer to issue them than the card to run them.
 A CUDA graph records the step's kernels once and replays them with one launch. ``CapturedStep`` wraps
 the step function: for each input signature (shapes and dtypes: the stacked trainer pads every step to
-the batch size, so a run meets one signature per number of clients in a group) it captures the step on
-static input tensors, and every later call copies its inputs into them, replays, and returns copies of
-the outputs (a later replay overwrites the graph's own). A replay runs the captured kernels on the new
-inputs, so its results are the uncaptured step's on the same padded batches.
+the batch size, so a run meets one signature per number of clients in a group; at most ``MAX_GRAPHS``)
+it captures the step on static input tensors, and every later call copies its inputs into them,
+replays, and returns copies of the outputs (a later replay overwrites the graph's own). A replay runs
+the captured kernels on the new inputs, so its results are the uncaptured step's on the same padded
+batches. Measured on one H200 (docs/performance.md): 1.3x to 2.3x the uncaptured vectorized step.
 
 Capture needs a step without host synchronization and with the same kernels every call (no data-dependent
 shapes); a step that cannot be captured (the capture raises) runs uncaptured from then on, and
@@ -24,6 +25,9 @@ import torch
 from torch import Tensor
 
 WARMUP_CALLS = 3  # uncaptured calls on a side stream before capture (lazy initialisation, cuDNN plans)
+# Each graph keeps its own memory pool (the step's activations): past this many signatures, a new one
+# runs uncaptured rather than holding another pool.
+MAX_GRAPHS = 8
 
 
 def signature(inputs: tuple[Tensor, ...]) -> tuple:
@@ -44,6 +48,8 @@ class CapturedStep:
             return self.fn(*inputs)
         key = signature(inputs)
         entry = self.graphs.get(key)
+        if entry is None and len(self.graphs) >= MAX_GRAPHS:
+            return self.fn(*inputs)
         if entry is None:
             try:
                 entry = self.graphs[key] = self._capture(inputs)

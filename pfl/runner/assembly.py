@@ -24,7 +24,7 @@ from pfl.metrics.session import EvalSession
 from pfl.models import build_checked_model
 from pfl.runner.compile_report import CompileReport
 from pfl.runner.plan import RunPlan
-from pfl.runner.training_path import announce, choose_path, graphs_clause
+from pfl.runner.training_path import announce, choose_path, graphs_clause, use_graphs
 from pfl.seeding import seed_everything
 
 
@@ -92,11 +92,12 @@ def build_loop(
     # trainer.vectorize true was refused by plan_run when anything stands in its way; auto chooses here.
     problems = vectorize_problems(method, worker, t.precision) if t.vectorize == "auto" else []
     path = choose_path(t.vectorize, problems, worker.device.type, method.name)
-    if announce_path and cohort.is_zero and (path.said or t.cuda_graphs):
-        announce(path.line + graphs_clause(t.cuda_graphs, path.vectorize, worker.device.type))
+    graphs = graphs_clause(t.cuda_graphs, t.compile, path.vectorize, worker.device.type)
+    if announce_path and cohort.is_zero and (path.said or graphs):
+        announce(path.line + graphs)
     dispatcher = make_dispatcher(
         worker, clients, init_state, cohort=cohort, sizes=data.sizes("train"),
-        vectorize=path.vectorize, trained=trained, compile=t.compile, graphs=t.cuda_graphs,
+        vectorize=path.vectorize, trained=trained, compile=t.compile, graphs=use_graphs(t.cuda_graphs, t.compile),
     )  # fmt: skip
     progress = RunProgress()
     resume = plan.resume

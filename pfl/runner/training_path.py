@@ -43,15 +43,23 @@ def choose_path(setting: bool | str, problems: list[str], device_type: str, meth
     return TrainingPath(True, f"clients trained together (vectorized): cuda, method {method} allows it")
 
 
-def graphs_clause(cuda_graphs: bool, vectorized: bool, device_type: str) -> str:
-    """What ``trainer.cuda_graphs`` does on this path, as a clause of its log line ("" when it is off)."""
-    if not cuda_graphs:
+def use_graphs(setting: bool | str, compile: bool) -> bool:
+    """Whether the vectorized step is captured on CUDA (``trainer.cuda_graphs``; auto: when not compiled)."""
+    return setting is True or (setting == "auto" and not compile)
+
+
+def graphs_clause(setting: bool | str, compile: bool, vectorized: bool, device_type: str) -> str:
+    """What ``trainer.cuda_graphs`` does on this path, as a clause of its log line ("" when it does
+    nothing worth a word: off, or auto where it does not apply)."""
+    if not use_graphs(setting, compile):
+        return ""
+    if vectorized and device_type == "cuda":
+        return f"; its step replayed from CUDA graphs (trainer.cuda_graphs {str(setting).lower()})"
+    if setting == "auto":
         return ""
     if device_type != "cuda":
         return f"; trainer.cuda_graphs is ignored on {device_type}"
-    if not vectorized:
-        return "; trainer.cuda_graphs is ignored: clients are trained one at a time"
-    return "; the step is replayed from CUDA graphs (trainer.cuda_graphs)"
+    return "; trainer.cuda_graphs is ignored: clients are trained one at a time"
 
 
 def require_vectorizable(problems: list[str]) -> None:
@@ -64,4 +72,4 @@ def announce(line: str) -> None:
     print(f"pfl: {line}", file=sys.stderr, flush=True)
 
 
-__all__ = ["TrainingPath", "announce", "choose_path", "graphs_clause", "require_vectorizable"]
+__all__ = ["TrainingPath", "announce", "choose_path", "graphs_clause", "require_vectorizable", "use_graphs"]

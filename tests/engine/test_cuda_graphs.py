@@ -14,7 +14,7 @@ import pfl.engine.cuda_graphs as cg
 from pfl.config import TrainerConfig, validate
 from pfl.engine.stacked import StackedTrainer
 from pfl.errors import ConfigError
-from pfl.runner.training_path import graphs_clause
+from pfl.runner.training_path import graphs_clause, use_graphs
 from tests.conftest import make_loop, tiny_config
 
 
@@ -103,6 +103,16 @@ def test_each_input_signature_gets_its_own_graph(fake_cuda):
     torch.testing.assert_close(captured(torch.ones(3) * 4, torch.ones(3)), step(torch.ones(3) * 4, torch.ones(3)))
 
 
+def test_past_the_graph_limit_a_new_signature_runs_uncaptured(fake_cuda, monkeypatch):
+    monkeypatch.setattr(cg, "MAX_GRAPHS", 2)
+    calls = []
+    captured = cg.CapturedStep(recorded(step, fake_cuda, calls))
+    for n in (1, 2, 3, 3, 1):
+        torch.testing.assert_close(captured(torch.ones(n) * n, torch.ones(n)), step(torch.ones(n) * n, torch.ones(n)))
+    assert len(captured.graphs) == 2 and captured.replays == 3  # n=1 twice, n=2 once; n=3 called directly
+    assert len(calls) == 2 * (cg.WARMUP_CALLS + 1) + 2
+
+
 def test_a_step_that_cannot_be_captured_runs_uncaptured_and_says_why(fake_cuda):
     calls = []
 
@@ -137,14 +147,25 @@ def test_captured_steps_are_padded_to_the_batch_size(monkeypatch):
     assert not isinstance(compiled.step, cg.CapturedStep) and compiled.static_width is False
 
 
-def test_cuda_graphs_with_compile_is_refused_in_one_line():
+def test_cuda_graphs_with_compile_is_refused_in_one_line_and_auto_captures_only_without_compile():
     with pytest.raises(ConfigError, match=r"trainer\.cuda_graphs: cannot be combined with trainer\.compile"):
         validate(tiny_config("fedavg", trainer={"cuda_graphs": True, "compile": True}))
-    assert TrainerConfig().cuda_graphs is False
+    with pytest.raises(ConfigError, match=r"trainer\.cuda_graphs: must be true, false or auto \(got 'yes'\)"):
+        validate(tiny_config("fedavg", trainer={"cuda_graphs": "yes"}))
+    validate(tiny_config("fedavg", trainer={"cuda_graphs": "auto", "compile": True}))
+    assert TrainerConfig().cuda_graphs == "auto"
+    assert [use_graphs(s, c) for s in (True, "auto", False) for c in (False, True)] == [
+        True, True, True, False, False, False]  # fmt: skip
 
 
 def test_the_run_says_what_cuda_graphs_does_on_its_path():
-    assert graphs_clause(False, True, "cuda") == ""
-    assert graphs_clause(True, True, "cpu") == "; trainer.cuda_graphs is ignored on cpu"
-    assert graphs_clause(True, False, "cuda") == "; trainer.cuda_graphs is ignored: clients are trained one at a time"
-    assert graphs_clause(True, True, "cuda") == "; the step is replayed from CUDA graphs (trainer.cuda_graphs)"
+    replayed = "; its step replayed from CUDA graphs (trainer.cuda_graphs {})"
+    assert graphs_clause("auto", False, True, "cuda") == replayed.format("auto")
+    assert graphs_clause(True, False, True, "cuda") == replayed.format("true")
+    assert graphs_clause("auto", True, True, "cuda") == ""  # compiled: not captured
+    assert graphs_clause(False, False, True, "cuda") == ""
+    assert graphs_clause("auto", False, True, "cpu") == graphs_clause("auto", False, False, "cuda") == ""
+    assert graphs_clause(True, False, True, "cpu") == "; trainer.cuda_graphs is ignored on cpu"
+    assert graphs_clause(True, False, False, "cuda") == (
+        "; trainer.cuda_graphs is ignored: clients are trained one at a time"
+    )
