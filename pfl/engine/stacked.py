@@ -241,7 +241,8 @@ class StackedTrainer:
         else:
             self.step = CapturedStep(step) if captured else step
         # The mean gradient's pass, as ClientTrainer.gradient: its loss outside any forward context.
-        self.gradient_step, self.unpadded_gradient_step = self._vmapped(contextlib.nullcontext)
+        gradient_step, self.unpadded_gradient_step = self._vmapped(contextlib.nullcontext)
+        self.gradient_step = CapturedStep(gradient_step) if captured else gradient_step
         # BatchNorm: each client's running statistics are a row of a (clients × buffers) matrix passed
         # through functional_call, which BatchNorm updates in place, row by row under vmap; its other
         # buffers (num_batches_tracked) are passed as throwaway copies. Batches are never padded
@@ -429,15 +430,20 @@ class StackedTrainer:
         counts = [math.ceil(len(i) / bs) for i in idxs]
         total = torch.zeros_like(params)
         losses: list[Tensor] = []
-        for s in range(max(counts, default=0)):
-            batches = [i[s * bs : (s + 1) * bs] if s < c else None for i, c in zip(idxs, counts, strict=True)]
-            inputs = [None if b is None else (w.data.x[b], w.data.y[b]) for b in batches]
-            active = torch.tensor([b is not None for b in batches], device=params.device).unsqueeze(1)
+        schedule = [
+            [(0, i[s * bs : (s + 1) * bs]) if s < c else None for i, c in zip(idxs, counts, strict=True)]
+            for s in range(max(counts, default=0))
+        ]
+        feed = None if self.buffer_views else _PaddedFeed(schedule, bs, self.static_width, params.dtype, params.device)
+        for s, drawn in enumerate(schedule):
             keys = self._keys(reqs, "mean_gradient", [s] * len(reqs))
-            if self.buffer_views:
+            if feed is None:
+                inputs = [None if d is None else (w.data.x[d[1]], w.data.y[d[1]]) for d in drawn]
+                active = torch.tensor([d is not None for d in drawn], device=params.device).unsqueeze(1)
                 grads, loss = self._unpadded(params, bufs, inputs, keys, self.unpadded_gradient_step)
             else:
-                x, y, mask = self._pad(inputs, params.dtype)
+                active = feed.active[s]
+                x, y, mask = feed.step(s, w.data.x, w.data.y)
                 grads, loss = self.gradient_step(params, x, y, mask, *keys)
             total = torch.where(active, total + grads, total)
             losses.append(loss.detach())

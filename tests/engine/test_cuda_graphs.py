@@ -136,6 +136,7 @@ def test_off_cuda_the_stacked_step_is_neither_captured_nor_padded():
     loop = make_loop(tiny_config("fedavg"))
     trainer = StackedTrainer(loop.worker, graphs=True)
     assert not isinstance(trainer.step, cg.CapturedStep) and trainer.static_width is False
+    assert not isinstance(trainer.gradient_step, cg.CapturedStep)
 
 
 def test_captured_steps_are_padded_to_the_batch_size(monkeypatch):
@@ -143,6 +144,7 @@ def test_captured_steps_are_padded_to_the_batch_size(monkeypatch):
     monkeypatch.setattr(type(loop.worker), "device", property(lambda self: torch.device("cuda", 0)), raising=False)
     trainer = StackedTrainer(loop.worker, graphs=True)
     assert isinstance(trainer.step, cg.CapturedStep) and trainer.static_width is True
+    assert isinstance(trainer.gradient_step, cg.CapturedStep)  # PGFed's full pass too
     compiled = StackedTrainer(loop.worker, graphs=False)
     assert not isinstance(compiled.step, cg.CapturedStep) and compiled.static_width is False
 
