@@ -3,7 +3,7 @@ path does? Two rounds of a ``bench.gpu`` workload with each, from the same seed,
 difference between their server states (float summation order only: the captured step pads every step
 to the batch size). On a device without CUDA both run uncaptured and the difference is 0.
 
-    python -m bench.gpu_capture_check [--only W,..] [--rounds N]
+    python -m bench.gpu_capture_check [--only W,..] [--rounds N] [--device auto|cpu|cuda]
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="fedavg-cnn,pgfed-resnet18-gn")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     args = parser.parse_args(argv)
-    device = pick_device("auto")
+    device = pick_device(args.device)
     print(f"bench.gpu_capture_check on {device_name(device)}", flush=True)
     for name in args.only.split(","):
         print(compare(name, args.rounds, device), flush=True)

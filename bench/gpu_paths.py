@@ -81,23 +81,21 @@ def fabric_for(device: torch.device, precision: str) -> L.Fabric:
         return L.Fabric(accelerator=device.type, devices=1, precision=precision)
 
 
+def synced(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
+    """``fn()``'s result and its seconds, the device synchronized before and after."""
+    sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    sync(device)
+    return out, time.perf_counter() - t0
+
+
 def timed_rounds(step: Callable[[], int], warmup: int, rounds: int, device: torch.device) -> tuple[float, list[float]]:
     """(samples per second over the timed rounds, the warm-up rounds' seconds); ``step`` runs one round
     and returns the samples it trained."""
-    warm = []
-    for _ in range(warmup):
-        sync(device)
-        t0 = time.perf_counter()
-        step()
-        sync(device)
-        warm.append(time.perf_counter() - t0)
-    samples, seconds = [], []
-    for _ in range(rounds):
-        sync(device)
-        t0 = time.perf_counter()
-        samples.append(step())
-        sync(device)
-        seconds.append(time.perf_counter() - t0)
+    warm = [synced(step, device)[1] for _ in range(warmup)]
+    timed = [synced(step, device) for _ in range(rounds)]
+    samples, seconds = [n for n, _ in timed], [t for _, t in timed]
     # The median round's throughput: a round stalled by something else does not set the figure.
     rates = [s / t for s, t in zip(samples, seconds, strict=True)]
     return statistics.median(rates), warm

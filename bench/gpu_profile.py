@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import statistics
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from torch.func import functional_call, grad, vmap
 from torch.profiler import ProfilerActivity, profile
 
 from bench.gpu import device_name, pick_device
-from bench.gpu_paths import build, loop_step, sync
+from bench.gpu_paths import build, loop_step, sync, synced
 from bench.gpu_workloads import RESNET, Workload, build_data, workloads
 from pfl.models import ModelConfig, build_model
 from pfl.safe_files import write_atomic
@@ -52,11 +51,7 @@ def profile_round(w: Workload, device: torch.device, vectorize: bool, top: int =
     loop = build(w, data, device, vectorize=vectorize, compile=False)
     step = loop_step(loop)
     step()  # warm-up: allocator, cuDNN plans, lazy modules
-    sync(device)
-    t0 = time.perf_counter()
-    samples = step()
-    sync(device)
-    seconds = time.perf_counter() - t0
+    samples, seconds = synced(step, device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         step()
@@ -99,15 +94,7 @@ def timed(fn: Callable[[], object], device: torch.device, repeats: int) -> float
     """Median seconds of ``fn`` over ``repeats`` synchronized calls, after two warm-up calls."""
     for _ in range(2):
         fn()
-    sync(device)
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(synced(fn, device)[1] for _ in range(repeats))
 
 
 @contextlib.contextmanager

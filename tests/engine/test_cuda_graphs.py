@@ -113,6 +113,13 @@ def test_past_the_graph_limit_a_new_signature_runs_uncaptured(fake_cuda, monkeyp
     assert len(calls) == 2 * (cg.WARMUP_CALLS + 1) + 2
 
 
+def test_a_trainer_holds_at_most_eight_graphs(fake_cuda):
+    captured = cg.CapturedStep(recorded(step, fake_cuda, []))
+    for n in range(1, 10):
+        captured(torch.ones(n), torch.ones(n))
+    assert len(captured.graphs) == 8 and captured.replays == 8  # the ninth signature ran uncaptured
+
+
 def test_a_step_that_cannot_be_captured_runs_uncaptured_and_says_why(fake_cuda):
     calls = []
 
@@ -122,8 +129,9 @@ def test_a_step_that_cannot_be_captured_runs_uncaptured_and_says_why(fake_cuda):
         return step(*args)
 
     captured = cg.CapturedStep(recorded(refusing, fake_cuda, calls))
-    with pytest.warns(UserWarning, match=r"could not be captured \(RuntimeError: operation not permitted"):
+    with pytest.warns(UserWarning, match=r"could not be captured \(RuntimeError: operation not permitted") as warned:
         out = captured(torch.ones(2), torch.ones(2))
+    assert warned[0].filename == __file__  # the warning points at the step's caller
     torch.testing.assert_close(out, step(torch.ones(2), torch.ones(2)))
     assert captured.fallback == "RuntimeError: operation not permitted when stream is capturing"
     assert captured.graphs == {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import pfl.runner.assembly as assembly
@@ -121,3 +123,9 @@ def test_no_compile_line_without_compile(capsys):
     loop = make_loop(tiny_config("fedavg", trainer={"rounds": 1}))
     loop.fit()
     assert "compiling took" not in capsys.readouterr().err and loop.worker.compile_clock.seconds is None
+
+
+def test_a_path_once_chosen_cannot_be_changed():
+    path = choose_path(True, [], "cuda", "fedavg")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        path.vectorize = False  # type: ignore[misc]
