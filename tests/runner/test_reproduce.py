@@ -46,9 +46,11 @@ class FakeRunner:
         self.codes, self.wall, self.cpu = codes or {}, wall, cpu
         self.calls: list[tuple[str, list[str], int]] = []
         self.argv: dict[str, list[str]] = {}
+        self.fresh: list[bool] = []  # each call's fresh-processes setting
 
     def __call__(self, jobs, workers, what="sweep", on_finish=None, fresh=False):
         self.calls.append((what, list(jobs), workers))
+        self.fresh.append(fresh)
         failed = []
         for name, argv in jobs.items():
             self.argv[name] = argv
@@ -553,6 +555,16 @@ def test_quick_estimates_the_full_suite_from_its_runs_scaled_by_their_rounds(fak
         "run kept as is; the lr grids included, their edge steps not)."
     )
     assert "**Estimate**" not in rep.run_claims(tmp_path / "full", workers=2).read_text()  # only QUICK estimates
+    one = rep.run_claims(tmp_path / "one", quick=True, workers=1).read_text()
+    assert "8.5 run-minutes, about 8.5 min with 1 worker(s)" in one  # 510 s / 60 s / 1 worker
+
+
+def test_the_suite_runs_in_warm_workers_unless_fresh_processes_are_asked_for(fake, tmp_path):
+    rep.run_claims(tmp_path / "warm", quick=True, workers=2)
+    assert fake.fresh and not any(fake.fresh)
+    fake.fresh.clear()
+    rep.run_claims(tmp_path / "fresh", quick=True, workers=2, fresh=True)
+    assert fake.fresh and all(fake.fresh)
 
 
 def test_the_suite_runs_one_worker_per_core_by_default(monkeypatch):
