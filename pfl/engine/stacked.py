@@ -26,6 +26,12 @@ which trains such fits on the worker. Keyed dropout (``pfl.models.dropout.KeyedD
 vmapped call gets every client's key of the step, and each client draws its sequential step's masks.
 ``mean_gradients`` is ``ClientTrainer.mean_gradient`` (PGFed's full pass) for several clients, one vmapped
 pass per batch position.
+
+Without BatchNorm's running statistics or augmentation, a fit's padded batches are gathered step by step
+from one index table built for the whole fit (``_PaddedFeed``): the same tensors as padding each client's
+batch at each step, for a few operations per step instead of a few per client. On CUDA the padded step
+and the full pass can be replayed from CUDA graphs (``trainer.cuda_graphs``, ``pfl.engine.cuda_graphs``);
+every step is then padded to the batch size, as when compiled.
 """
 
 from __future__ import annotations
@@ -345,16 +351,7 @@ class StackedTrainer:
         for s, drawn in enumerate(schedule):
             batches = [d[1] if d is not None else None for d in drawn]
             keys = self._keys(reqs, None, steps)  # every pass of the step draws the step's masks
-            if feed is not None:
-                active = feed.active[s]
-                x, y, mask = feed.step(s, w.data.x, w.data.y)
-
-                def pass_at(
-                    q: Tensor, stats: Tensor, x: Tensor = x, y: Tensor = y, mask: Tensor = mask, keys: tuple = keys
-                ) -> tuple[Tensor, Tensor]:
-                    return self.step(q, x, y, mask, *keys)
-
-            elif self.buffer_views:
+            if self.buffer_views:
                 active = torch.tensor([b is not None for b in batches], device=params.device).unsqueeze(1)
                 inputs = self._inputs(batches, augment)
 
@@ -363,8 +360,12 @@ class StackedTrainer:
                 ) -> tuple[Tensor, Tensor]:
                     return self._unpadded(q, stats, inputs, keys, self.unpadded_step)  # updates the rows of ``stats``
             else:
-                active = torch.tensor([b is not None for b in batches], device=params.device).unsqueeze(1)
-                x, y, mask = self._pad(self._inputs(batches, augment), dtype)
+                if feed is not None:
+                    active = feed.active[s]
+                    x, y, mask = feed.step(s, w.data.x, w.data.y)
+                else:  # augmented: each client's batch drawn through its own augmentation generator
+                    active = torch.tensor([b is not None for b in batches], device=params.device).unsqueeze(1)
+                    x, y, mask = self._pad(self._inputs(batches, augment), dtype)
 
                 def pass_at(
                     q: Tensor, stats: Tensor, x: Tensor = x, y: Tensor = y, mask: Tensor = mask, keys: tuple = keys
