@@ -28,7 +28,7 @@ vmapped call gets every client's key of the step, and each client draws its sequ
 pass per batch position.
 
 Without BatchNorm's running statistics or augmentation, a fit's padded batches are gathered step by step
-from one index table built for the whole fit (``_PaddedFeed``): the same tensors as padding each client's
+from one index table built for the whole fit (``pfl.engine.batch_feed``): the same tensors as padding each client's
 batch at each step, for a few operations per step instead of a few per client. On CUDA the padded step
 and the full pass can be replayed from CUDA graphs (``trainer.cuda_graphs``, ``pfl.engine.cuda_graphs``);
 every step is then padded to the batch size, as when compiled.
@@ -48,6 +48,7 @@ from lightning.fabric.plugins.precision import MixedPrecision
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from pfl.engine.batch_feed import PaddedFeed, schedule_steps
 from pfl.engine.cuda_graphs import CapturedStep
 from pfl.engine.sam import SAMObjective
 from pfl.engine.terms import Term, add_scaled_, coefficient, stack_terms, stackable
@@ -342,12 +343,12 @@ class StackedTrainer:
         # epochs each client goes through all of its batches at its own pace.
         aligned = len({r.epochs for r in reqs}) == 1
         personal = _PersonalStack(reqs, params, bufs) if reqs[0].sam and reqs[0].sam.personal else None
-        schedule = _schedule(streams, aligned)
+        schedule = schedule_steps(streams, aligned)
         # Without running statistics or augmentation, every step's padded batch is gathered from one
         # index table built for the whole fit: a few ops per step instead of a few per client.
         feed = None
         if not self.buffer_views and all(a is None for a in augment):
-            feed = _PaddedFeed(schedule, w.settings.batch_size, self.static_width, dtype, params.device)
+            feed = PaddedFeed(schedule, w.settings.batch_size, self.static_width, dtype, params.device)
         for s, drawn in enumerate(schedule):
             batches = [d[1] if d is not None else None for d in drawn]
             keys = self._keys(reqs, None, steps)  # every pass of the step draws the step's masks
@@ -435,7 +436,7 @@ class StackedTrainer:
             [(0, i[s * bs : (s + 1) * bs]) if s < c else None for i, c in zip(idxs, counts, strict=True)]
             for s in range(max(counts, default=0))
         ]
-        feed = None if self.buffer_views else _PaddedFeed(schedule, bs, self.static_width, params.dtype, params.device)
+        feed = None if self.buffer_views else PaddedFeed(schedule, bs, self.static_width, params.dtype, params.device)
         for s, drawn in enumerate(schedule):
             keys = self._keys(reqs, "mean_gradient", [s] * len(reqs))
             if feed is None:
@@ -541,63 +542,6 @@ class StackedTrainer:
                 sub[:, sl] = buffers[n].reshape(len(rows), -1)
             grads[idx], loss[idx], bufs[idx] = g, value.to(loss.dtype), sub
         return grads, loss
-
-
-def _schedule(streams: list[Iterator[tuple[int, Tensor]]], aligned: bool) -> list[list[tuple[int, Tensor] | None]]:
-    """Each step's (epoch, batch) per client (None: no batch at that step). With ``aligned`` epochs a
-    client done with its epoch waits for the others; otherwise each goes through its batches at its own
-    pace. Each stream draws from its client's own generator, so drawing them all first changes nothing."""
-    steps = []
-    upcoming = [next(s, None) for s in streams]
-    while any(d is not None for d in upcoming):
-        epoch = min(d[0] for d in upcoming if d is not None)
-        drawn = [d if d is not None and (not aligned or d[0] == epoch) else None for d in upcoming]
-        upcoming = [next(s, None) if d is not None else u for s, d, u in zip(streams, drawn, upcoming, strict=True)]
-        steps.append(drawn)
-    return steps
-
-
-class _PaddedFeed:
-    """The padded batches of a whole stacked fit, gathered step by step from one index table: row r of
-    ``table`` is a batch padded to the batch size with its first sample (the last row, sample 0: no
-    batch), ``rows[s]`` each client's row at step s. A step's (inputs, targets, mask) are the stacked
-    trainer's ``_pad`` of the same batches, to the bit: the step's width (its longest batch, or the batch
-    size when ``static``), each client's samples then copies of its first one (masked out)."""
-
-    def __init__(
-        self,
-        schedule: list[list[tuple[int, Tensor] | None]],
-        batch_size: int,
-        static: bool,
-        dtype: torch.dtype,
-        device: torch.device,
-    ):
-        pieces: list[Tensor] = []
-        rows: list[list[int]] = []
-        lengths: list[list[int]] = []
-        for drawn in schedule:
-            rows.append([])
-            lengths.append([])
-            for d in drawn:
-                n = 0 if d is None else len(d[1])
-                lengths[-1].append(n)
-                rows[-1].append(len(pieces) if n else -1)  # -1: the last row
-                if n:
-                    b = d[1]  # type: ignore[index]
-                    pieces.append(b if n >= batch_size else torch.cat([b, b[:1].expand(batch_size - n)]))
-        pieces.append(torch.zeros(batch_size, dtype=torch.long, device=device))
-        self.table = torch.stack(pieces)  # keyed batches are never longer than the batch size
-        self.rows = torch.tensor(rows, dtype=torch.long).remainder_(len(pieces)).to(device)
-        n = torch.tensor(lengths, dtype=torch.long).to(device)
-        self.mask = (torch.arange(batch_size, device=device) < n.unsqueeze(-1)).to(dtype)
-        self.active = (n > 0).unsqueeze(-1)
-        self.widths = [max(batch_size, *row) if static else max(row) for row in lengths]
-
-    def step(self, s: int, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        width = self.widths[s]
-        idx = self.table[self.rows[s], :width]
-        mask = self.mask[s, :, :width]
-        return x[idx], y[idx], mask if width == self.mask.shape[-1] else mask.contiguous()
 
 
 class _PersonalStack:

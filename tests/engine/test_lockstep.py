@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pfl.engine.lockstep import Lockstep
-from pfl.engine.stacked import FitRequest, StackedTrainer, _PaddedFeed, _schedule, spec_problem
+from pfl.engine.stacked import FitRequest, StackedTrainer, spec_problem
 from pfl.engine.terms import Freeze, LinearTerm, Proximal, ProximalStep, Term, stack_terms, stackable
 from pfl.engine.trainer import ClientTrainer, FitSpec
 from pfl.federation.dispatch import VectorizedDispatcher
@@ -332,33 +332,6 @@ def test_padding_every_step_to_the_batch_size_changes_no_result():
     bs = w.settings.batch_size
     assert {width for static, width in widths if static} == {bs}
     assert {width for static, width in widths if not static} > {bs}  # short last batches, unpadded
-
-
-@pytest.mark.parametrize("static", [False, True])
-@pytest.mark.parametrize("aligned", [False, True])
-def test_the_fits_index_table_gathers_exactly_each_steps_padded_batches(static, aligned):
-    loop = make_loop(tiny_config("fedavg", client={"batch_size": 8}))
-    w, start = loop.worker, loop.init_state
-    epochs = [2, 2, 2, 0] if aligned else [1, 3, 2, 0]
-    specs = [FitSpec(epochs=e) for e in epochs]
-    specs[2] = FitSpec(epochs=epochs[2], indices=w.split(2).train[:5])  # shorter than one batch
-    reqs = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in enumerate(specs)]
-    trainer = StackedTrainer(w)
-    trainer.static_width = static
-    schedule = _schedule([trainer._stream(r) for r in reqs], aligned)
-    feed = _PaddedFeed(schedule, w.settings.batch_size, static, torch.float64, w.device)
-    widths = set()
-    for s, drawn in enumerate(schedule):
-        batches = [None if d is None else d[1] for d in drawn]
-        x, y, mask = trainer._pad(trainer._inputs(batches, [None] * len(reqs)), torch.float64)
-        fx, fy, fmask = feed.step(s, w.data.x, w.data.y)
-        assert torch.equal(fx, x) and torch.equal(fy, y) and torch.equal(fmask, mask), s
-        assert fmask.dtype == torch.float64 and fmask.is_contiguous() and fx.is_contiguous()
-        assert feed.active[s].tolist() == [[b is not None] for b in batches]
-        widths.add(x.shape[1])
-    # ragged: clients without a batch at some steps, short batches, and (unpadded) narrower steps
-    assert any(d is None for drawn in schedule for d in drawn[:3]) and len(schedule) > 1
-    assert widths == {8} if static else (8 in widths and len(widths) > 1)
 
 
 def test_batchnorm_running_statistics_stack_per_client():

@@ -1,0 +1,71 @@
+"""A stacked fit's batches (pfl.engine.batch_feed): the step layout of ragged clients with aligned and
+unaligned epochs, and the index table's padded batches against the stacked trainer's own padding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pfl.engine.batch_feed import PaddedFeed, schedule_steps
+from pfl.engine.stacked import FitRequest, StackedTrainer
+from pfl.engine.trainer import FitSpec
+from tests.conftest import make_loop, tiny_config
+
+
+def _streams():
+    """Client 0: 2 batches per epoch for 2 epochs; client 1: 1 batch per epoch for 2 epochs; client 2: none."""
+    a = [(0, torch.tensor([0])), (0, torch.tensor([1])), (1, torch.tensor([2])), (1, torch.tensor([3]))]
+    b = [(0, torch.tensor([10])), (1, torch.tensor([11]))]
+    return [a, b, []]
+
+
+def _layout(steps):
+    return [[None if d is None else (d[0], int(d[1][0])) for d in drawn] for drawn in steps]
+
+
+def test_aligned_epochs_wait_for_each_other_and_unaligned_ones_go_at_their_own_pace():
+    aligned = schedule_steps([iter(s) for s in _streams()], aligned=True)
+    assert _layout(aligned) == [
+        [(0, 0), (0, 10), None],
+        [(0, 1), None, None],  # client 1 is done with epoch 0: it waits
+        [(1, 2), (1, 11), None],
+        [(1, 3), None, None],
+    ]
+    streams = _streams()
+    unaligned = schedule_steps([iter(s) for s in streams], aligned=False)
+    assert _layout(unaligned) == [
+        [(0, 0), (0, 10), None],
+        [(0, 1), (1, 11), None],
+        [(1, 2), None, None],
+        [(1, 3), None, None],
+    ]
+    assert unaligned[1][1][1] is streams[1][1][1]  # the streams' own tensors, not copies
+    assert schedule_steps([iter([]), iter([])], aligned=True) == []
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("aligned", [False, True])
+def test_the_fits_index_table_gathers_exactly_each_steps_padded_batches(static, aligned):
+    loop = make_loop(tiny_config("fedavg", client={"batch_size": 8}))
+    w, start = loop.worker, loop.init_state
+    epochs = [2, 2, 2, 0] if aligned else [1, 3, 2, 0]
+    specs = [FitSpec(epochs=e) for e in epochs]
+    specs[2] = FitSpec(epochs=epochs[2], indices=w.split(2).train[:5])  # shorter than one batch
+    specs[1] = FitSpec(epochs=epochs[1], indices=w.split(1).train[:9])  # a last batch of one sample
+    reqs = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in enumerate(specs)]
+    trainer = StackedTrainer(w)
+    trainer.static_width = static
+    schedule = schedule_steps([trainer._stream(r) for r in reqs], aligned)
+    feed = PaddedFeed(schedule, w.settings.batch_size, static, torch.float64, w.device)
+    widths = set()
+    for s, drawn in enumerate(schedule):
+        batches = [None if d is None else d[1] for d in drawn]
+        x, y, mask = trainer._pad(trainer._inputs(batches, [None] * len(reqs)), torch.float64)
+        fx, fy, fmask = feed.step(s, w.data.x, w.data.y)
+        assert torch.equal(fx, x) and torch.equal(fy, y) and torch.equal(fmask, mask), s
+        assert fmask.dtype == torch.float64 and fmask.is_contiguous() and fx.is_contiguous()
+        assert feed.active[s].tolist() == [[b is not None] for b in batches]
+        widths.add(x.shape[1])
+    # ragged: clients without a batch at some steps, short batches, and (unpadded) narrower steps
+    assert any(d is None for drawn in schedule for d in drawn[:3]) and len(schedule) > 1
+    assert widths == {8} if static else (8 in widths and len(widths) > 1)
