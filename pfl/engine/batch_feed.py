@@ -33,9 +33,9 @@ def schedule_steps(streams: list[Iterator[tuple[int, Tensor]]], aligned: bool) -
 class PaddedFeed:
     """The padded batches of a whole stacked fit, gathered step by step from one index table: row r of
     ``table`` is a batch padded to the batch size with its first sample (the last row, sample 0: no
-    batch), ``rows[s]`` each client's row at step s. A step's (inputs, targets, mask) are the stacked
-    trainer's ``_pad`` of the same batches, to the bit: the step's width (its longest batch, or the batch
-    size when ``static``), each client's samples then copies of its first one (masked out)."""
+    batch), ``rows[s]`` each client's row at step s. A step's (inputs, targets, mask) have the step's
+    width (its longest batch, or the batch size when ``static``): each client's samples, then copies of
+    its first one (masked out); a client without a batch gets sample 0, fully masked."""
 
     def __init__(
         self,

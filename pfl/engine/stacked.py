@@ -27,9 +27,9 @@ vmapped call gets every client's key of the step, and each client draws its sequ
 ``mean_gradients`` is ``ClientTrainer.mean_gradient`` (PGFed's full pass) for several clients, one vmapped
 pass per batch position.
 
-Without BatchNorm's running statistics or augmentation, a fit's padded batches are gathered step by step
-from one index table built for the whole fit (``pfl.engine.batch_feed``): the same tensors as padding each client's
-batch at each step, for a few operations per step instead of a few per client. On CUDA the padded step
+Without BatchNorm's running statistics, a fit's padded batches are gathered step by step from one index
+table built for the whole fit (``pfl.engine.batch_feed``), a few operations per step instead of a few per
+client (with augmentation, each client's real rows are then augmented from its own generator). On CUDA the padded step
 and the full pass can be replayed from CUDA graphs (``trainer.cuda_graphs``, ``pfl.engine.cuda_graphs``);
 every step is then padded to the batch size, as when compiled.
 """
@@ -344,10 +344,10 @@ class StackedTrainer:
         aligned = len({r.epochs for r in reqs}) == 1
         personal = _PersonalStack(reqs, params, bufs) if reqs[0].sam and reqs[0].sam.personal else None
         schedule = schedule_steps(streams, aligned)
-        # Without running statistics or augmentation, every step's padded batch is gathered from one
-        # index table built for the whole fit: a few ops per step instead of a few per client.
+        # Without running statistics, every step's padded batch is gathered from one index table built
+        # for the whole fit: a few ops per step instead of a few per client.
         feed = None
-        if not self.buffer_views and all(a is None for a in augment):
+        if not self.buffer_views:
             feed = PaddedFeed(schedule, w.settings.batch_size, self.static_width, dtype, params.device)
         for s, drawn in enumerate(schedule):
             batches = [d[1] if d is not None else None for d in drawn]
@@ -361,12 +361,11 @@ class StackedTrainer:
                 ) -> tuple[Tensor, Tensor]:
                     return self._unpadded(q, stats, inputs, keys, self.unpadded_step)  # updates the rows of ``stats``
             else:
-                if feed is not None:
-                    active = feed.active[s]
-                    x, y, mask = feed.step(s, w.data.x, w.data.y)
-                else:  # augmented: each client's batch drawn through its own augmentation generator
-                    active = torch.tensor([b is not None for b in batches], device=params.device).unsqueeze(1)
-                    x, y, mask = self._pad(self._inputs(batches, augment), dtype)
+                assert feed is not None
+                active = feed.active[s]
+                x, y, mask = feed.step(s, w.data.x, w.data.y)
+                if w.augment is not None:
+                    x = self._augmented(x, batches, augment)
 
                 def pass_at(
                     q: Tensor, stats: Tensor, x: Tensor = x, y: Tensor = y, mask: Tensor = mask, keys: tuple = keys
@@ -453,7 +452,7 @@ class StackedTrainer:
         for j, r in enumerate(reqs):
             loss_sum = 0.0
             for s in range(counts[j]):
-                loss_sum += rows[s][j] * len(idxs[j][s * bs : (s + 1) * bs])
+                loss_sum += rows[s][j] * len(schedule[s][j][1])  # type: ignore[index]
             r.grad = total[j] / max(counts[j], 1)
             r.loss = loss_sum / max(len(idxs[j]), 1)
             r.state_out = torch.cat([params[j], bufs[j]])
@@ -492,26 +491,15 @@ class StackedTrainer:
             out.append((w.augment(x, gen) if gen is not None else x, w.data.y[b]))
         return out
 
-    def _pad(self, inputs: list[tuple[Tensor, Tensor] | None], dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
-        """(inputs, targets, mask) of shape (clients, width, ...): each client's batch padded with its
-        first sample (masked out); a client without a batch gets a fully masked batch of sample 0."""
-        w = self.worker
-        width = max(len(i[1]) for i in inputs if i is not None)
-        if self.static_width:
-            width = max(width, w.settings.batch_size)
-        zero = torch.zeros(width, dtype=torch.long, device=w.device)
-        xs, ys, masks = [], [], []
-        for i in inputs:
-            x, y = (w.data.x[zero], w.data.y[zero]) if i is None else i
-            n = 0 if i is None else len(y)
-            if width > n and n:
-                x, y = torch.cat([x, x[:1].expand(width - n, *x.shape[1:])]), torch.cat([y, y[:1].expand(width - n)])
-            xs.append(x)
-            ys.append(y)
-            m = torch.zeros(width, dtype=dtype, device=w.device)
-            m[:n] = 1
-            masks.append(m)
-        return torch.stack(xs), torch.stack(ys), torch.stack(masks)
+    def _augmented(self, x: Tensor, batches: list[Tensor | None], augment: list[torch.Generator | None]) -> Tensor:
+        """The step's padded inputs (``x``, a fresh gather) with each client's batch augmented from its own
+        generator, as ``_inputs`` does, and its padding rows copies of its first augmented sample."""
+        for j, (b, gen) in enumerate(zip(batches, augment, strict=True)):
+            if b is not None and gen is not None:
+                n = len(b)
+                x[j, :n] = self.worker.augment(x[j, :n], gen)
+                x[j, n:] = x[j, :1]
+        return x
 
     def _unpadded(
         self,

@@ -340,7 +340,7 @@ def _run(
     failures: list[str],
     diverged: list[str],
     extra: list[str],
-    fresh: bool = False,
+    fresh: bool,
 ) -> set[str]:
     """Run the jobs (``reuse``: those without a summary yet) with ``extra`` after each one's arguments; the
     names of the runs started. Runs that diverged go to ``diverged``; any other failure to ``failures``

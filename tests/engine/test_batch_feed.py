@@ -1,5 +1,5 @@
 """A stacked fit's batches (pfl.engine.batch_feed): the step layout of ragged clients with aligned and
-unaligned epochs, and the index table's padded batches against the stacked trainer's own padding."""
+unaligned epochs, and the index table's padded batches against padding written out client by client."""
 
 from __future__ import annotations
 
@@ -43,6 +43,21 @@ def test_aligned_epochs_wait_for_each_other_and_unaligned_ones_go_at_their_own_p
     assert schedule_steps([iter([]), iter([])], aligned=True) == []
 
 
+def _padded(data, batches, least_width):
+    """What a step's padded batch is: each client's samples, then copies of its first one up to the step's
+    width (its longest batch, at least ``least_width``), masked out; a client without a batch gets sample
+    0, fully masked."""
+    width = max([least_width, *(len(b) for b in batches if b is not None)])
+    xs, ys, masks = [], [], []
+    for b in batches:
+        n = 0 if b is None else len(b)
+        idx = [0] * width if b is None else b.tolist() + [int(b[0])] * (width - n)
+        xs.append(data.x[idx])
+        ys.append(data.y[idx])
+        masks.append(torch.tensor([1.0] * n + [0.0] * (width - n), dtype=torch.float64))
+    return torch.stack(xs), torch.stack(ys), torch.stack(masks)
+
+
 @pytest.mark.parametrize("static", [False, True])
 @pytest.mark.parametrize("aligned", [False, True])
 def test_the_fits_index_table_gathers_exactly_each_steps_padded_batches(static, aligned):
@@ -60,7 +75,7 @@ def test_the_fits_index_table_gathers_exactly_each_steps_padded_batches(static, 
     widths = set()
     for s, drawn in enumerate(schedule):
         batches = [None if d is None else d[1] for d in drawn]
-        x, y, mask = trainer._pad(trainer._inputs(batches, [None] * len(reqs)), torch.float64)
+        x, y, mask = _padded(w.data, batches, w.settings.batch_size if static else 0)
         fx, fy, fmask = feed.step(s, w.data.x, w.data.y)
         assert torch.equal(fx, x) and torch.equal(fy, y) and torch.equal(fmask, mask), s
         assert fmask.dtype == torch.float64 and fmask.is_contiguous() and fx.is_contiguous()
