@@ -30,12 +30,30 @@ def schedule_steps(streams: list[Iterator[tuple[int, Tensor]]], aligned: bool) -
     return steps
 
 
+def stack_size(active: int, clients: int, static: bool) -> int:
+    """How many rows a step with ``active`` clients with a batch trains: all of them, or with ``static``
+    shapes (captured or compiled steps) the next power of two, at most ``clients``, so that a fit meets a
+    few step shapes (one graph each) rather than one per count."""
+    if not static:
+        return active
+    size = 1
+    while size < active:
+        size *= 2
+    return min(size, clients)
+
+
 class PaddedFeed:
     """The padded batches of a whole stacked fit, gathered step by step from one index table: row r of
     ``table`` is a batch padded to the batch size with its first sample (the last row, sample 0: no
-    batch), ``rows[s]`` each client's row at step s. A step's (inputs, targets, mask) have the step's
-    width (its longest batch, or the batch size when ``static``): each client's samples, then copies of
-    its first one (masked out); a client without a batch gets sample 0, fully masked."""
+    batch). A step trains only the clients with a batch (``stack_size``: with ``static`` shapes, filled
+    up with clients without one); ``selected[s]`` are its rows' clients, in order (None: every client,
+    in order). A step's (inputs, targets, mask) have one row per selected client and the step's width
+    (its longest batch, or the batch size when ``static``): each client's samples, then copies of its
+    first one (masked out); a client without a batch gets sample 0, fully masked.
+
+    Trained together, clients of unequal size (a Dirichlet split) would otherwise all compute at every
+    step until the largest is done: with 20 clients of an MNIST Dirichlet(0.5) split, about half of
+    that work was on padding."""
 
     def __init__(
         self,
@@ -46,30 +64,63 @@ class PaddedFeed:
         device: torch.device,
     ):
         pieces: list[Tensor] = []
-        rows: list[list[int]] = []
-        lengths: list[list[int]] = []
+        rows: list[int] = []  # each step's selected rows of ``table``, one after the other
+        lengths: list[int] = []
+        self.selected: list[Tensor | None] = []
+        self.clients: list[list[int]] = []  # the same, as lists
+        self.widths: list[int] = []
+        bounds = [0]
+        active = []
+        chosen: list[Tensor] = []
         for drawn in schedule:
-            rows.append([])
-            lengths.append([])
-            for d in drawn:
-                n = 0 if d is None else len(d[1])
-                lengths[-1].append(n)
-                rows[-1].append(len(pieces) if n else -1)  # -1: the last row
+            k = len(drawn)
+            ready = [j for j, d in enumerate(drawn) if d is not None]
+            idle = [j for j, d in enumerate(drawn) if d is None]
+            size = stack_size(len(ready), k, static)
+            clients = list(range(k)) if size == k else (ready + idle)[:size]
+            if size == k:
+                self.selected.append(None)
+            else:
+                self.selected.append(torch.tensor(clients, dtype=torch.long))
+                chosen.append(self.selected[-1])
+            self.clients.append(clients)
+            step_lengths = [0 if drawn[j] is None else len(drawn[j][1]) for j in clients]  # type: ignore[index]
+            for j, n in zip(clients, step_lengths, strict=True):
+                rows.append(len(pieces) if n else -1)  # -1: the last row
                 if n:
-                    b = d[1]  # type: ignore[index]
+                    b = drawn[j][1]  # type: ignore[index]
                     pieces.append(b if n >= batch_size else torch.cat([b, b[:1].expand(batch_size - n)]))
+            lengths += step_lengths
+            bounds.append(len(rows))
+            active.append([d is not None for d in drawn])
+            self.widths.append(max(batch_size, *step_lengths) if static else max(step_lengths))
         pieces.append(torch.zeros(batch_size, dtype=torch.long, device=device))
         self.table = torch.stack(pieces)  # keyed batches are never longer than the batch size
+        self.bounds = bounds
         self.rows = torch.tensor(rows, dtype=torch.long).remainder_(len(pieces)).to(device)
         n = torch.tensor(lengths, dtype=torch.long).to(device)
         self.mask = (torch.arange(batch_size, device=device) < n.unsqueeze(-1)).to(dtype)
-        self.active = (n > 0).unsqueeze(-1)
-        self.widths = [max(batch_size, *row) if static else max(row) for row in lengths]
+        self.active = torch.tensor(active, dtype=torch.bool).unsqueeze(-1).to(device)
+        # the selections as views of one tensor on the device: one transfer for the whole fit
+        flat = torch.cat(chosen).to(device) if chosen else None
+        offset = 0
+        for s, sel in enumerate(self.selected):
+            if sel is not None:
+                self.selected[s] = flat[offset : offset + len(sel)]  # type: ignore[index]
+                offset += len(sel)
 
     def step(self, s: int, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        width = self.widths[s]
-        idx = self.table[self.rows[s], :width]
-        return x[idx], y[idx], self.mask[s, :, :width].contiguous()  # a copy only when narrower
+        width, lo, hi = self.widths[s], self.bounds[s], self.bounds[s + 1]
+        idx = self.table[self.rows[lo:hi], :width]
+        return x[idx], y[idx], self.mask[lo:hi, :width].contiguous()  # a copy only when narrower
 
 
-__all__ = ["Drawn", "PaddedFeed", "schedule_steps"]
+def widen(values: Tensor, selected: Tensor | None, clients: int) -> Tensor:
+    """A compacted step's per-row results (gradients or losses) as one row per client, zero for the
+    clients it did not train (what a fully masked batch gives them)."""
+    if selected is None:
+        return values
+    return values.new_zeros((clients, *values.shape[1:])).index_copy_(0, selected, values)
+
+
+__all__ = ["Drawn", "PaddedFeed", "schedule_steps", "stack_size", "widen"]

@@ -29,7 +29,9 @@ pass per batch position.
 
 Without BatchNorm's running statistics, a fit's padded batches are gathered step by step from one index
 table built for the whole fit (``pfl.engine.batch_feed``), a few operations per step instead of a few per
-client (with augmentation, each client's real rows are then augmented from its own generator). On CUDA the padded step
+client (with augmentation, each client's real rows are then augmented from its own generator); a step
+trains only the clients with a batch at it, so the largest client of an unequal split no longer makes
+every other one compute on padding until it is done. On CUDA the padded step
 and the full pass can be replayed from CUDA graphs (``trainer.cuda_graphs``, ``pfl.engine.cuda_graphs``);
 every step is then padded to the batch size, as when compiled.
 """
@@ -48,7 +50,7 @@ from lightning.fabric.plugins.precision import MixedPrecision
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from pfl.engine.batch_feed import PaddedFeed, schedule_steps
+from pfl.engine.batch_feed import PaddedFeed, schedule_steps, widen
 from pfl.engine.cuda_graphs import CapturedStep
 from pfl.engine.sam import SAMObjective
 from pfl.engine.terms import Term, add_scaled_, coefficient, stack_terms, stackable
@@ -362,15 +364,25 @@ class StackedTrainer:
                     return self._unpadded(q, stats, inputs, keys, self.unpadded_step)  # updates the rows of ``stats``
             else:
                 assert feed is not None
-                active = feed.active[s]
+                active, sel = feed.active[s], feed.selected[s]
                 x, y, mask = feed.step(s, w.data.x, w.data.y)
                 if w.augment is not None:
-                    x = self._augmented(x, batches, augment)
+                    rows = feed.clients[s]
+                    x = self._augmented(x, [batches[j] for j in rows], [augment[j] for j in rows])
 
                 def pass_at(
-                    q: Tensor, stats: Tensor, x: Tensor = x, y: Tensor = y, mask: Tensor = mask, keys: tuple = keys
+                    q: Tensor,
+                    stats: Tensor,
+                    x: Tensor = x,
+                    y: Tensor = y,
+                    mask: Tensor = mask,
+                    keys: tuple = keys,
+                    sel: Tensor | None = sel,
                 ) -> tuple[Tensor, Tensor]:
-                    return self.step(q, x, y, mask, *keys)
+                    if sel is None:
+                        return self.step(q, x, y, mask, *keys)
+                    g, value = self.step(q[sel], x, y, mask, *(key[sel] for key in keys))
+                    return widen(g, sel, k), widen(value, sel, k)
 
             if personal is not None:
                 # PLGU-LF: θ's pass and SGD step, then w's only pass at w + ε(θ's gradient), its
@@ -443,9 +455,13 @@ class StackedTrainer:
                 active = torch.tensor([d is not None for d in drawn], device=params.device).unsqueeze(1)
                 grads, loss = self._unpadded(params, bufs, inputs, keys, self.unpadded_gradient_step)
             else:
-                active = feed.active[s]
+                active, sel = feed.active[s], feed.selected[s]
                 x, y, mask = feed.step(s, w.data.x, w.data.y)
-                grads, loss = self.gradient_step(params, x, y, mask, *keys)
+                if sel is None:
+                    grads, loss = self.gradient_step(params, x, y, mask, *keys)
+                else:
+                    grads, loss = self.gradient_step(params[sel], x, y, mask, *(key[sel] for key in keys))
+                    grads, loss = widen(grads, sel, len(reqs)), widen(loss, sel, len(reqs))
             total = torch.where(active, total + grads, total)
             losses.append(loss.detach())
         rows = torch.stack(losses).tolist() if losses else []  # one transfer: the float32 losses

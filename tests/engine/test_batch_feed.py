@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pfl.engine.batch_feed import PaddedFeed, schedule_steps
+from pfl.engine.batch_feed import PaddedFeed, schedule_steps, stack_size, widen
 from pfl.engine.stacked import FitRequest, StackedTrainer
 from pfl.engine.trainer import FitSpec
 from tests.conftest import make_loop, tiny_config
@@ -72,10 +72,20 @@ def test_the_fits_index_table_gathers_exactly_each_steps_padded_batches(static, 
     trainer.static_width = static
     schedule = schedule_steps([trainer._stream(r) for r in reqs], aligned)
     feed = PaddedFeed(schedule, w.settings.batch_size, static, torch.float64, w.device)
-    widths = set()
+    widths, compacted = set(), 0
     for s, drawn in enumerate(schedule):
         batches = [None if d is None else d[1] for d in drawn]
-        x, y, mask = _padded(w.data, batches, w.settings.batch_size if static else 0)
+        ready = [j for j, b in enumerate(batches) if b is not None]
+        idle = [j for j, b in enumerate(batches) if b is None]
+        size = stack_size(len(ready), len(batches), static)
+        # the clients with a batch, in order, filled up with idle ones to the step's size (all: in order)
+        clients = list(range(len(batches))) if size == len(batches) else (ready + idle)[:size]
+        assert feed.clients[s] == clients, s
+        sel = feed.selected[s]
+        assert (sel is None) == (clients == list(range(len(batches))))
+        assert sel is None or sel.tolist() == clients
+        compacted += sel is not None
+        x, y, mask = _padded(w.data, [batches[j] for j in clients], w.settings.batch_size if static else 0)
         fx, fy, fmask = feed.step(s, w.data.x, w.data.y)
         assert torch.equal(fx, x) and torch.equal(fy, y) and torch.equal(fmask, mask), s
         assert fmask.dtype == torch.float64 and fmask.is_contiguous() and fx.is_contiguous()
@@ -84,3 +94,18 @@ def test_the_fits_index_table_gathers_exactly_each_steps_padded_batches(static, 
     # ragged: clients without a batch at some steps, short batches, and (unpadded) narrower steps
     assert any(d is None for drawn in schedule for d in drawn[:3]) and len(schedule) > 1
     assert widths == {8} if static else (8 in widths and len(widths) > 1)
+    assert compacted > 0
+
+
+def test_a_step_trains_the_clients_with_a_batch_and_with_static_shapes_a_power_of_two_of_them():
+    assert [stack_size(n, 20, static=False) for n in (1, 3, 7, 20)] == [1, 3, 7, 20]
+    assert [stack_size(n, 20, static=True) for n in (1, 2, 3, 5, 8, 9, 16, 17, 20)] == [1, 2, 4, 8, 8, 16, 16, 20, 20]
+    assert stack_size(3, 3, static=True) == 3
+
+
+def test_a_compacted_steps_results_widen_to_one_row_per_client_zero_for_the_others():
+    values = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    out = widen(values, torch.tensor([2, 0]), 4)
+    assert torch.equal(out, torch.tensor([[3.0, 4.0], [0.0, 0.0], [1.0, 2.0], [0.0, 0.0]]))
+    assert widen(values, None, 2) is values
+    assert torch.equal(widen(torch.tensor([5.0]), torch.tensor([1]), 3), torch.tensor([0.0, 5.0, 0.0]))

@@ -4,6 +4,7 @@ terms equal their sequential hooks row by row, and a client's exception reaches 
 
 from __future__ import annotations
 
+import math
 import threading
 import traceback
 from dataclasses import replace
@@ -141,7 +142,12 @@ def test_a_stacked_fit_equals_the_workers_fit_option_by_option():
     }
     expected = {cid: _sequential(w, cid, start, spec) for cid, spec in specs.items()}
     requests = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in specs.items()]
-    StackedTrainer(w).train(requests)
+    trainer, rows = StackedTrainer(w), []
+    step = trainer.step
+    trainer.step = lambda p, *rest: rows.append(len(p)) or step(p, *rest)
+    trainer.train(requests)
+    # each step trains the clients with a batch at it, not the whole stack
+    assert sum(rows) == sum(r.stats.steps for r in requests) and min(rows) < max(rows) < len(requests)
     for r in requests:
         state, momentum, stats = expected[r.cid]
         torch.testing.assert_close(r.out, state, rtol=0, atol=1e-5)
@@ -324,14 +330,18 @@ def test_padding_every_step_to_the_batch_size_changes_no_result():
         trainer = StackedTrainer(w)
         trainer.static_width = static  # what compile=True sets: one input width for every step
         step = trainer.step
-        trainer.step = lambda p, x, y, m, step=step, s=static: widths.append((s, x.shape[1])) or step(p, x, y, m)
+        trainer.step = lambda p, x, y, m, step=step, s=static: (
+            widths.append((s, x.shape[1], len(p))) or step(p, x, y, m)
+        )
         requests = [FitRequest.of(w, k, start, 0, spec) for k, spec in enumerate(specs)]
         trainer.train(requests)
         results.append(torch.stack([r.out for r in requests]))
+        # only the clients with a batch train (static: a power of two of them, here each step's count)
+        assert sum(n for st, _, n in widths if st == static) == sum(r.stats.steps for r in requests)
     torch.testing.assert_close(results[1], results[0], rtol=0, atol=1e-6)
     bs = w.settings.batch_size
-    assert {width for static, width in widths if static} == {bs}
-    assert {width for static, width in widths if not static} > {bs}  # short last batches, unpadded
+    assert {width for static, width, _ in widths if static} == {bs}
+    assert {width for static, width, _ in widths if not static} > {bs}  # short last batches, unpadded
 
 
 def test_batchnorm_running_statistics_stack_per_client():
@@ -545,7 +555,12 @@ def test_stacked_mean_gradients_equal_the_workers_mean_gradients():
             grad, loss = w.mean_gradient(cid, state, 1)
             expected.append((grad, loss, w.flat.snapshot()))
         requests = [GradientRequest(cid, state, 1) for cid, state in zip(cids, states, strict=True)]
-        StackedTrainer(w).mean_gradients(requests)
+        trainer, rows = StackedTrainer(w), []
+        step = trainer.gradient_step
+        trainer.gradient_step = lambda p, *rest, rows=rows, step=step: rows.append(len(p)) or step(p, *rest)
+        trainer.mean_gradients(requests)
+        if not trainer.buffer_views:  # the padded pass trains the clients with a batch at each position
+            assert sum(rows) == sum(math.ceil(len(w.split(c).train) / 16) for c in cids) and min(rows) < len(cids)
         for r, (grad, loss, after) in zip(requests, expected, strict=True):
             torch.testing.assert_close(r.grad, grad, rtol=0, atol=1e-6)
             assert r.loss == pytest.approx(loss, abs=1e-6)
