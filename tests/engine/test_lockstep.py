@@ -645,3 +645,26 @@ def test_rounds_with_keyed_dropout_train_stacked_as_sequentially(name):
     again = loop(False)
     again.fit()
     assert torch.equal(again.server.state["global"], seq.server.state["global"])  # the same seed reproduces
+
+
+def test_compiled_stacked_rounds_with_keyed_dropout_train_as_sequentially():
+    """``trainer.compile`` with keyed dropout: the compiled vmapped step reads each client's key of the step
+    and pads every step to the batch size, and still trains as the sequential worker (a real compile on
+    the CPU: about 20 s the first time)."""
+    model = {"name": "tests.engine.test_lockstep:dropout_mlp"}
+
+    def loop(vectorize: bool):
+        trainer = {"rounds": 2, "eval_every": 2, "compile": vectorize}
+        out = make_loop(tiny_config("fedavg", trainer=trainer, client=CLIENT, data=DATA, model=model))
+        if vectorize:
+            out.dispatcher = VectorizedDispatcher(out.worker, out.clients, out.init_state, out.evals.trained, True)
+        return out
+
+    seq, vec = loop(False), loop(True)
+    seq.fit(), vec.fit()
+    assert vec.worker.compile_clock.seconds is not None  # it compiled
+    assert vec.dispatcher.lockstep.stacked_fits > 0 and vec.dispatcher.lockstep.trainer.static_width
+    _assert_close(vec.server.state, seq.server.state, "server")
+    for key, value in seq.history[-1].items():
+        if isinstance(value, float) and not key.startswith(("time", "throughput")) and value == value:
+            assert vec.history[-1][key] == pytest.approx(value, abs=1e-5), key
