@@ -109,3 +109,17 @@ def test_a_compacted_steps_results_widen_to_one_row_per_client_zero_for_the_othe
     assert torch.equal(out, torch.tensor([[3.0, 4.0], [0.0, 0.0], [1.0, 2.0], [0.0, 0.0]]))
     assert widen(values, None, 2) is values
     assert torch.equal(widen(torch.tensor([5.0]), torch.tensor([1]), 3), torch.tensor([0.0, 5.0, 0.0]))
+
+
+def test_a_static_step_fills_its_rows_with_clients_without_a_batch_fully_masked():
+    x, y = torch.arange(40.0).view(20, 2), torch.arange(20)
+    batch = {0: torch.tensor([3, 4]), 2: torch.tensor([5]), 4: torch.tensor([6, 7])}
+    schedule = [[(0, batch[j]) if j in batch else None for j in range(6)]]
+    for static, clients in ((True, [0, 2, 4, 1]), (False, [0, 2, 4])):
+        feed = PaddedFeed(schedule, 2, static, torch.float32, torch.device("cpu"))
+        assert feed.clients[0] == clients and feed.selected[0].tolist() == clients
+        fx, fy, fmask = feed.step(0, x, y)
+        assert fy.tolist() == [[3, 4], [5, 5], [6, 7], [0, 0]][: len(clients)]  # the filler: sample 0
+        assert torch.equal(fx, x[fy])
+        assert fmask.tolist() == [[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [0.0, 0.0]][: len(clients)]
+        assert feed.active[0].flatten().tolist() == [j in batch for j in range(6)]
