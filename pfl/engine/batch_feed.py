@@ -30,11 +30,14 @@ def schedule_steps(streams: list[Iterator[tuple[int, Tensor]]], aligned: bool) -
     return steps
 
 
-def stack_size(active: int, clients: int, static: bool) -> int:
-    """How many rows a step with ``active`` clients with a batch trains: all of them, or with ``static``
-    shapes (captured or compiled steps) the next power of two, at most ``clients``, so that a fit meets a
-    few step shapes (one graph each) rather than one per count."""
-    if not static:
+def stack_size(active: int, clients: int, rows: str) -> int:
+    """How many rows a step with ``active`` clients with a batch (of ``clients``) trains. ``rows``:
+    "active", exactly those; "powers", the next power of two, at most ``clients`` (captured steps: a fit
+    meets a few step shapes, one graph each, rather than one per count); "all", every client (compiled
+    steps: each new shape would compile again)."""
+    if rows == "all":
+        return clients
+    if rows == "active":
         return active
     size = 1
     while size < active:
@@ -45,8 +48,8 @@ def stack_size(active: int, clients: int, static: bool) -> int:
 class PaddedFeed:
     """The padded batches of a whole stacked fit, gathered step by step from one index table: row r of
     ``table`` is a batch padded to the batch size with its first sample (the last row, sample 0: no
-    batch). A step trains only the clients with a batch (``stack_size``: with ``static`` shapes, filled
-    up with clients without one); ``selected[s]`` are its rows' clients, in order (None: every client,
+    batch). A step trains the clients with a batch (``stack_size`` with ``stack_rows``: perhaps filled up
+    with clients without one); ``selected[s]`` are its rows' clients, in order (None: every client,
     in order). A step's (inputs, targets, mask) have one row per selected client and the step's width
     (its longest batch, or the batch size when ``static``): each client's samples, then copies of its
     first one (masked out); a client without a batch gets sample 0, fully masked.
@@ -62,6 +65,7 @@ class PaddedFeed:
         static: bool,
         dtype: torch.dtype,
         device: torch.device,
+        stack_rows: str = "active",
     ):
         pieces: list[Tensor] = []
         rows: list[int] = []  # each step's selected rows of ``table``, one after the other
@@ -76,7 +80,7 @@ class PaddedFeed:
             k = len(drawn)
             ready = [j for j, d in enumerate(drawn) if d is not None]
             idle = [j for j, d in enumerate(drawn) if d is None]
-            size = stack_size(len(ready), k, static)
+            size = stack_size(len(ready), k, stack_rows)
             clients = list(range(k)) if size == k else (ready + idle)[:size]
             if size == k:
                 self.selected.append(None)

@@ -262,6 +262,9 @@ class StackedTrainer:
         # Compiled or captured, every step pads to the batch size: one input width, so a short last
         # batch never compiles or captures another graph.
         self.static_width = compile or captured
+        # Which clients a padded step trains (pfl.engine.batch_feed.stack_size): those with a batch; captured,
+        # a power of two of them (a few graphs); compiled, all (another stack size would compile again).
+        self.stack_rows = "all" if compile else "powers" if captured else "active"
 
     def _vmapped(self, context: Callable[[], AbstractContextManager]) -> tuple[Callable, Callable]:
         """The vmapped (gradient, loss) of the padded batch's masked mean loss and of the unpadded
@@ -350,7 +353,7 @@ class StackedTrainer:
         # for the whole fit: a few ops per step instead of a few per client.
         feed = None
         if not self.buffer_views:
-            feed = PaddedFeed(schedule, w.settings.batch_size, self.static_width, dtype, params.device)
+            feed = PaddedFeed(schedule, w.settings.batch_size, self.static_width, dtype, params.device, self.stack_rows)
         for s, drawn in enumerate(schedule):
             batches = [d[1] if d is not None else None for d in drawn]
             keys = self._keys(reqs, None, steps)  # every pass of the step draws the step's masks
@@ -447,7 +450,9 @@ class StackedTrainer:
             [(0, i[s * bs : (s + 1) * bs]) if s < c else None for i, c in zip(idxs, counts, strict=True)]
             for s in range(max(counts, default=0))
         ]
-        feed = None if self.buffer_views else PaddedFeed(schedule, bs, self.static_width, params.dtype, params.device)
+        feed = None
+        if not self.buffer_views:
+            feed = PaddedFeed(schedule, bs, self.static_width, params.dtype, params.device, self.stack_rows)
         for s, drawn in enumerate(schedule):
             keys = self._keys(reqs, "mean_gradient", [s] * len(reqs))
             if feed is None:

@@ -58,9 +58,9 @@ def _padded(data, batches, least_width):
     return torch.stack(xs), torch.stack(ys), torch.stack(masks)
 
 
-@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize(("static", "rows"), [(False, "active"), (True, "powers"), (True, "all")])
 @pytest.mark.parametrize("aligned", [False, True])
-def test_the_fits_index_table_gathers_exactly_each_steps_padded_batches(static, aligned):
+def test_the_fits_index_table_gathers_exactly_each_steps_padded_batches(static, rows, aligned):
     loop = make_loop(tiny_config("fedavg", client={"batch_size": 8}))
     w, start = loop.worker, loop.init_state
     epochs = [2, 2, 2, 0] if aligned else [1, 3, 2, 0]
@@ -71,13 +71,13 @@ def test_the_fits_index_table_gathers_exactly_each_steps_padded_batches(static, 
     trainer = StackedTrainer(w)
     trainer.static_width = static
     schedule = schedule_steps([trainer._stream(r) for r in reqs], aligned)
-    feed = PaddedFeed(schedule, w.settings.batch_size, static, torch.float64, w.device)
+    feed = PaddedFeed(schedule, w.settings.batch_size, static, torch.float64, w.device, rows)
     widths, compacted = set(), 0
     for s, drawn in enumerate(schedule):
         batches = [None if d is None else d[1] for d in drawn]
         ready = [j for j, b in enumerate(batches) if b is not None]
         idle = [j for j, b in enumerate(batches) if b is None]
-        size = stack_size(len(ready), len(batches), static)
+        size = stack_size(len(ready), len(batches), rows)
         # the clients with a batch, in order, filled up with idle ones to the step's size (all: in order)
         clients = list(range(len(batches))) if size == len(batches) else (ready + idle)[:size]
         assert feed.clients[s] == clients, s
@@ -94,13 +94,14 @@ def test_the_fits_index_table_gathers_exactly_each_steps_padded_batches(static, 
     # ragged: clients without a batch at some steps, short batches, and (unpadded) narrower steps
     assert any(d is None for drawn in schedule for d in drawn[:3]) and len(schedule) > 1
     assert widths == {8} if static else (8 in widths and len(widths) > 1)
-    assert compacted > 0
+    assert compacted > 0 if rows != "all" else compacted == 0
 
 
-def test_a_step_trains_the_clients_with_a_batch_and_with_static_shapes_a_power_of_two_of_them():
-    assert [stack_size(n, 20, static=False) for n in (1, 3, 7, 20)] == [1, 3, 7, 20]
-    assert [stack_size(n, 20, static=True) for n in (1, 2, 3, 5, 8, 9, 16, 17, 20)] == [1, 2, 4, 8, 8, 16, 16, 20, 20]
-    assert stack_size(3, 3, static=True) == 3
+def test_a_step_trains_the_clients_with_a_batch_a_power_of_two_of_them_or_all():
+    assert [stack_size(n, 20, "active") for n in (1, 3, 7, 20)] == [1, 3, 7, 20]
+    assert [stack_size(n, 20, "powers") for n in (1, 2, 3, 5, 8, 9, 16, 17, 20)] == [1, 2, 4, 8, 8, 16, 16, 20, 20]
+    assert stack_size(3, 3, "powers") == 3
+    assert [stack_size(n, 20, "all") for n in (1, 7, 20)] == [20, 20, 20]
 
 
 def test_a_compacted_steps_results_widen_to_one_row_per_client_zero_for_the_others():
@@ -115,8 +116,8 @@ def test_a_static_step_fills_its_rows_with_clients_without_a_batch_fully_masked(
     x, y = torch.arange(40.0).view(20, 2), torch.arange(20)
     batch = {0: torch.tensor([3, 4]), 2: torch.tensor([5]), 4: torch.tensor([6, 7])}
     schedule = [[(0, batch[j]) if j in batch else None for j in range(6)]]
-    for static, clients in ((True, [0, 2, 4, 1]), (False, [0, 2, 4])):
-        feed = PaddedFeed(schedule, 2, static, torch.float32, torch.device("cpu"))
+    for rows, clients in (("powers", [0, 2, 4, 1]), ("active", [0, 2, 4])):
+        feed = PaddedFeed(schedule, 2, True, torch.float32, torch.device("cpu"), rows)
         assert feed.clients[0] == clients and feed.selected[0].tolist() == clients
         fx, fy, fmask = feed.step(0, x, y)
         assert fy.tolist() == [[3, 4], [5, 5], [6, 7], [0, 0]][: len(clients)]  # the filler: sample 0

@@ -179,3 +179,31 @@ def test_the_run_says_what_cuda_graphs_does_on_its_path():
     assert graphs_clause(True, False, False, "cuda") == (
         "; trainer.cuda_graphs is ignored: clients are trained one at a time"
     )
+
+
+def test_captured_fits_train_a_power_of_two_of_their_clients_one_graph_per_stack_size(fake_cuda, monkeypatch):
+    """Ragged clients: each captured step trains the clients with a batch filled up to a power of two (at
+    most all of them), so the fit meets a few stack sizes, one graph each; the results are the uncaptured
+    fit's."""
+    from pfl.engine.stacked import FitRequest
+    from pfl.engine.trainer import FitSpec
+
+    loop = make_loop(tiny_config("fedavg", client={"batch_size": 8}))
+    w, start = loop.worker, loop.init_state
+    specs = [FitSpec(epochs=e) for e in (4, 3, 2, 1, 1)]  # ragged: 5 clients, then fewer and fewer
+
+    def fit(graphs: bool):
+        requests = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in enumerate(specs)]
+        with monkeypatch.context() as m:  # a trainer built for CUDA (it captures), trained on the CPU
+            m.setattr(type(w), "device", property(lambda self: torch.device("cuda", 0)), raising=False)
+            trainer = StackedTrainer(w, graphs=graphs)
+        if graphs:
+            trainer.step.fn = recorded(trainer.step.fn, fake_cuda, [])
+        trainer.train(requests)
+        return trainer, torch.stack([r.out for r in requests])
+
+    _, eager = fit(False)
+    trainer, captured = fit(True)
+    sizes = sorted(key[0][0][0] for key in trainer.step.graphs)  # each graph's number of rows
+    assert sizes == [1, 2, 4, 5] and trainer.step.replays > len(sizes)
+    torch.testing.assert_close(captured, eager, rtol=0, atol=1e-6)

@@ -328,7 +328,8 @@ def test_padding_every_step_to_the_batch_size_changes_no_result():
     results, widths = [], []
     for static in (False, True):
         trainer = StackedTrainer(w)
-        trainer.static_width = static  # what compile=True sets: one input width for every step
+        trainer.static_width = static  # what compile=True and cuda_graphs set: one input width for every step
+        trainer.stack_rows = "powers" if static else "active"  # as cuda_graphs sets
         step = trainer.step
         trainer.step = lambda p, x, y, m, step=step, s=static: (
             widths.append((s, x.shape[1], len(p))) or step(p, x, y, m)
@@ -655,14 +656,20 @@ def test_compiled_stacked_rounds_with_keyed_dropout_train_as_sequentially():
 
     def loop(vectorize: bool):
         trainer = {"rounds": 2, "eval_every": 2, "compile": vectorize}
-        out = make_loop(tiny_config("fedavg", trainer=trainer, client=CLIENT, data=DATA, model=model))
+        data = {"val_frac": 0.2, "augment": "flip"}  # clients of 34 to 237 samples: ragged stacks
+        out = make_loop(tiny_config("fedavg", trainer=trainer, client=CLIENT, data=data, model=model))
         if vectorize:
             out.dispatcher = VectorizedDispatcher(out.worker, out.clients, out.init_state, out.evals.trained, True)
         return out
 
     seq, vec = loop(False), loop(True)
+    trainer, rows = vec.dispatcher.lockstep.trainer, []
+    step = trainer.step
+    trainer.step = lambda p, *rest: rows.append(len(p)) or step(p, *rest)
     seq.fit(), vec.fit()
     assert vec.worker.compile_clock.seconds is not None  # it compiled
+    # every step of a group trains all its clients: one stack size, one compiled graph
+    assert len(set(rows)) == 1 and len(rows) > 2
     assert vec.dispatcher.lockstep.stacked_fits > 0 and vec.dispatcher.lockstep.trainer.static_width
     _assert_close(vec.server.state, seq.server.state, "server")
     for key, value in seq.history[-1].items():
