@@ -16,7 +16,7 @@ import pytest
 import pfl.runner.reproduce as rep
 from pfl.errors import EXIT_DIVERGED, ConfigError
 from pfl.runner.claims import Claim, Contrast, LrGrid, beats
-from pfl.runner.suite_estimate import Split, device_label, evaluations, split_of
+from pfl.runner.suite_estimate import Split, device_label, evaluations, split_of, split_seconds
 from tests.helpers.report_plots import write_run as write_plot_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -553,6 +553,11 @@ def test_a_split_is_read_from_its_record_and_a_run_evaluates_every_eval_every_ro
     assert evaluations(2, 2) == evaluations(2, 1) - 1 == 1
 
 
+def test_a_full_run_costs_its_quick_runs_seconds_per_round_and_per_evaluation_and_its_fixed_part_once():
+    # 10 s: 4 s in 2 rounds, 2 s in 2 evaluations, 4 s fixed; 20 rounds and 4 evaluations: 4 + 40 + 4
+    assert split_seconds(10.0, Split(2, 4.0, 2, 2.0), 20, 4) == 48.0
+
+
 def test_each_runs_device_is_kept_across_invocations(tmp_path):
     (tmp_path / "devices.json").write_text('{"old": "NVIDIA H100 80GB HBM3 x1"}')
     times = rep.RunTimes(tmp_path, device="NVIDIA H200 x1")
@@ -870,7 +875,7 @@ def test_a_time_record_is_written_whole_with_sorted_keys(tmp_path):
 
 def test_every_run_trains_on_the_accelerator_asked_for_and_records_it(fake, tmp_path, monkeypatch):
     monkeypatch.setattr("pfl.runner.suite_estimate.torch.cuda.is_available", lambda: True)
-    monkeypatch.setattr("pfl.runner.suite_estimate.torch.cuda.get_device_name", lambda i: "Card")
+    monkeypatch.setattr("pfl.runner.suite_estimate.torch.cuda.get_device_name", lambda i: {0: "Card"}[i])
     monkeypatch.setattr("pfl.runner.suite_estimate.torch.cuda.device_count", lambda: 1)
     report = rep.run_claims(tmp_path / "cpu", accelerator="cpu").read_text()
     assert all(flag(argv, "--trainer.accelerator") == "cpu" for argv in fake.argv.values()) and len(fake.argv) == 4
