@@ -228,10 +228,17 @@ def test_a_run_in_the_worker_ends_with_the_code_python_m_pfl_would(tmp_path, mon
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setattr(pfl.cli, "main", _ends_with(outcome))
     err = tmp_path / "err"
-    with capsys.disabled():
-        own = os.fstat(2)
-        result = run_one(["methods"], str(err))
-        after = os.fstat(2)
+    with capsys.disabled(), open(tmp_path / "own", "w") as own_file:
+        # descriptor 2 on a file of this test's own: no other descriptor of the process is that file
+        kept = os.dup(2)
+        os.dup2(own_file.fileno(), 2)
+        try:
+            own = os.fstat(2)
+            result = run_one(["methods"], str(err))
+            after = os.fstat(2)
+        finally:
+            os.dup2(kept, 2)
+            os.close(kept)
     assert (after.st_dev, after.st_ino) == (own.st_dev, own.st_ino)  # descriptor 2 is this process's own again
     assert result["code"] == code and result["cpu"] >= 0
     assert ("Traceback" in err.read_text() and "boom" in err.read_text()) == isinstance(outcome, RuntimeError)
