@@ -13,8 +13,9 @@ run's state) and the progress bar.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -52,6 +53,21 @@ class Schedule:
     rounds: int
     eval_every: int = 1
     seed: int = 0
+
+
+@dataclass
+class FitTimes:
+    """Wall seconds of this process's rounds and of its evaluations, and how many of each: the parts of
+    a run that grow with its rounds and with its evaluations (``summary.json`` → ``timing``; the suite's
+    estimate, ``pfl.runner.suite_estimate``, scales them apart). A round's time is its training,
+    aggregation and checkpoint; an evaluation's (every ``eval_every`` and the last) is the evaluation
+    and the outputs that record it. The rest of a run (data, model, the run-level evaluation after the
+    rounds, the outputs' files) grows with neither."""
+
+    rounds: int = 0
+    rounds_s: float = 0.0
+    evaluations: int = 0
+    evaluations_s: float = 0.0
 
 
 class Callback:
@@ -205,17 +221,27 @@ class FederatedLoop:
         for cb in self.callbacks:
             cb.on_fit_start(self)
         metrics = self.history[-1] if self.history else {}
+        times = FitTimes()
         while self.round < rounds:
+            started = time.perf_counter()
             self.run_round()
+            evaluation = 0.0
             if self.evaluates_after(self.round):
+                at = time.perf_counter()
                 metrics = {"round": self.round, **self.evaluate()}
                 self.progress.history.append(metrics)
                 self.evals.keep_rows(self.history)
                 for cb in self.callbacks:
                     cb.on_evaluation(self, metrics)
+                evaluation = time.perf_counter() - at
+                times.evaluations += 1
+                times.evaluations_s += evaluation
             for cb in self.callbacks:
                 cb.on_round_end(self)
+            times.rounds += 1
+            times.rounds_s += time.perf_counter() - started - evaluation
         summary = self.summary(metrics)
+        summary["timing"] = asdict(times)  # this process's: a resume times only the rounds it ran
         for cb in self.callbacks:
             cb.on_fit_end(self, summary)
         return summary
@@ -273,6 +299,7 @@ __all__ = [
     "Callback",
     "Checkpointing",
     "FederatedLoop",
+    "FitTimes",
     "ProgressBar",
     "Schedule",
     "comparable_metrics",

@@ -36,7 +36,7 @@ from pfl.runner.claims import (
     claim_verdict,
     verdict_text,
 )
-from pfl.runner.suite_estimate import Planned, device_label, estimate
+from pfl.runner.suite_estimate import Planned, device_label, estimate, evaluations, split_of
 from pfl.runner.sweep import run_parallel
 from pfl.safe_files import write_atomic
 
@@ -296,34 +296,48 @@ def full_suite_estimate(
     claims: list[Claim], out: Path, quick_jobs: dict[str, list[Job]], times: RunTimes, configs: Configs | None = None
 ) -> list[str]:
     """QUICK: the report's estimate of the full suite (every seed, every round, the lr grids) from the QUICK
-    runs' recorded wall times, each scaled by its rounds (``pfl.runner.suite_estimate``). A label's rounds
-    are read from its first seed's run (the seeds' arguments differ in the seed and the run folder alone)."""
+    runs' records: each run's rounds scaled by the full run's rounds, its evaluations by the full run's
+    evaluations, the rest of its wall time kept once; a run recorded without that split has its whole wall
+    time scaled by its rounds (``pfl.runner.suite_estimate``). A label's rounds are read from its first
+    seed's run (the seeds' arguments differ in the seed and the run folder alone)."""
     configs = configs or Configs()
     planned, quick_rounds = [], {}
     for c in claims:
         quick_of = {j.label: j for j in quick_jobs[c.key]}
-        quick_rounds.update({j.name: _rounds(j, configs) for j in quick_of.values()})
-        label_rounds: dict[str, int] = {}
+        quick_rounds.update({j.name: _schedule(j, configs)[0] for j in quick_of.values()})
+        label_schedule: dict[str, tuple[int, int]] = {}
         for j in claim_jobs(c, out, quick=False, configs=configs, check=False):
-            if j.label not in label_rounds:
-                label_rounds[j.label] = _rounds(j, configs)
-            planned.append(Planned(quick_of[j.label].name, label_rounds[j.label]))
+            if j.label not in label_schedule:
+                label_schedule[j.label] = _schedule(j, configs)
+            planned.append(Planned(quick_of[j.label].name, *label_schedule[j.label]))
         grid = c.lr_grid
-        if grid is not None:  # every label it applies to, at each of its values
-            planned += [Planned(quick_of[k].name, grid.rounds) for k in c.runs if grid.applies(k) for _ in grid.values]
-    total, missing, startup = estimate(planned, times.wall, quick_rounds)
+        if grid is not None:  # every label it applies to, at each of its values; a grid run evaluates once
+            planned += [
+                Planned(quick_of[k].name, grid.rounds, 1) for k in c.runs if grid.applies(k) for _ in grid.values
+            ]
+    splits = {name: split for name, record in times.timing.items() if (split := split_of(record)) is not None}
+    got = estimate(planned, times.wall, quick_rounds, splits)
     devices = sorted({times.devices[n] for n in quick_rounds if n in times.devices}) or ["an unrecorded device"]
-    left_out = f"; {missing} run(s) without a QUICK record left out" if missing else ""
+    how = []
+    if got.split:
+        how.append("each QUICK run's rounds scaled by the full run's rounds, its evaluations by its evaluations, "
+                   "the rest of its wall time (start-up, data, model, outputs) kept once per run")  # fmt: skip
+    if got.unsplit:
+        how.append(f"{got.unsplit} QUICK run(s) recorded without the time of their rounds (an older pfl): "
+                   f"wall time scaled by rounds, {got.startup:.0f} s of start-up per run kept as is")  # fmt: skip
+    left_out = f"; {got.missing} run(s) without a QUICK record left out" if got.missing else ""
+    total = got.seconds
     return [
         f"**Estimate**, not a measurement, of the full suite on {', '.join(devices)}: {len(planned)} runs, "
         f"{total / 60:.1f} run-minutes, about {total / 60 / times.workers:.1f} min with {times.workers} worker(s) "
-        f"(each QUICK run's wall time scaled by its rounds, {startup:.0f} s of start-up per run kept as is; "
-        f"the lr grids included, their edge steps not{left_out})."
+        f"({'; '.join(how)}; the lr grids included, their edge steps not{left_out})."
     ]
 
 
-def _rounds(job: Job, configs: Configs) -> int:
-    return configs.config(job.argv[1:]).trainer.rounds
+def _schedule(job: Job, configs: Configs) -> tuple[int, int]:
+    """The run's rounds and how many times it evaluates."""
+    trainer = configs.config(job.argv[1:]).trainer
+    return trainer.rounds, evaluations(trainer.rounds, trainer.eval_every)
 
 
 def default_workers() -> int:
@@ -349,8 +363,13 @@ def _run(
     if not jobs:
         return set()
     print(f"{what}: {len(todo)} runs to do, {len(jobs) - len(todo)} reused, {workers} worker(s)", flush=True)
+    dirs = {j.name: j.run_dir for j in jobs}
+
+    def finished(name: str, code: int, wall: float, cpu: float | None) -> None:
+        times.record(name, code, wall, cpu, _run_timing(dirs[name]))
+
     try:
-        run_parallel(todo, workers, what=what, on_finish=times.record, fresh=fresh)
+        run_parallel(todo, workers, what=what, on_finish=finished, fresh=fresh)
     except ConfigError as err:  # the failed runs are named in the report; the others still count
         codes = {name: times.codes.get(name) for name in todo}  # None: a run that never reported its end
         diverged += [name for name, code in codes.items() if code == EXIT_DIVERGED]
@@ -359,17 +378,27 @@ def _run(
     return set(todo)
 
 
+def _run_timing(folder: Path) -> object:
+    """The ``timing`` of the run's ``summary.json`` (its rounds' and evaluations' seconds): None where the
+    run wrote none (a pfl older than it, or a run that failed before its summary)."""
+    try:
+        return json.loads((folder / "summary.json").read_text()).get("timing")
+    except (OSError, ValueError):
+        return None
+
+
 INVOCATIONS = "invocations.json"
+TIMING = "timing.json"
 
 
 @dataclass
 class RunTimes:
-    """Each run's wall and CPU seconds and its device (``seconds.json``, ``cpu_seconds.json``, ``devices.json``
-    in ``out``), written as each run ends, so a suite that is stopped keeps the times of every run it
-    finished, and merged with earlier suites': a reused run keeps its measured times. ``invocations.json``
-    lists every invocation that ran runs in ``out``: when it started, its workers, how many runs it
-    finished and its wall time up to the last of them, so a suite stopped and continued with ``--reuse``
-    adds up its measured time."""
+    """Each run's wall and CPU seconds, its device and the seconds of its rounds and evaluations
+    (``seconds.json``, ``cpu_seconds.json``, ``devices.json``, ``timing.json`` in ``out``), written as each
+    run ends, so a suite that is stopped keeps the times of every run it finished, and merged with earlier
+    suites': a reused run keeps its measured times. ``invocations.json`` lists every invocation that ran
+    runs in ``out``: when it started, its workers, how many runs it finished and its wall time up to the
+    last of them, so a suite stopped and continued with ``--reuse`` adds up its measured time."""
 
     out: Path
     workers: int = 1
@@ -377,28 +406,34 @@ class RunTimes:
     cpu: dict[str, float] = field(default_factory=dict)
     codes: dict[str, int] = field(default_factory=dict)  # this invocation's runs' exit codes
     devices: dict[str, str] = field(default_factory=dict)  # the device each run trained on (``devices.json``)
+    # each run's rounds and evaluations, their counts and seconds (``timing.json``; null: not recorded)
+    timing: dict[str, object] = field(default_factory=dict)
     device: str = field(default_factory=device_label)  # this invocation's
 
     def __post_init__(self) -> None:
         self.wall.update(_read_json(self.out / "seconds.json", {}))
         self.devices.update(_read_json(self.out / "devices.json", {}))
         self.cpu.update(_read_json(self.out / "cpu_seconds.json", {}))
+        self.timing.update(_read_json(self.out / TIMING, {}))
         self.t0, self.finished, self.last = time.perf_counter(), 0, 0.0
         self.started = time.strftime("%Y-%m-%d %H:%M")
         self.earlier: list[dict] = _read_json(self.out / INVOCATIONS, [])
 
-    def record(self, name: str, code: int, wall: float, cpu: float | None) -> None:
-        """One run ended: its times (when it ran to the end) and this invocation's line, on disk now."""
+    def record(self, name: str, code: int, wall: float, cpu: float | None, timing: object = None) -> None:
+        """One run ended: its times (when it ran to the end; ``timing``: its ``summary.json``'s) and this
+        invocation's line, on disk now."""
         self.codes[name] = code
         if code == 0:
             self.wall[name] = wall
             if cpu is not None:
                 self.cpu[name] = cpu
             self.devices[name] = self.device
+            self.timing[name] = timing  # None too: an earlier run's split must not stand beside this wall time
             self.finished, self.last = self.finished + 1, time.perf_counter() - self.t0
             _write_json(self.out / "seconds.json", self.wall)
             _write_json(self.out / "devices.json", self.devices)
             _write_json(self.out / "cpu_seconds.json", self.cpu)
+            _write_json(self.out / TIMING, self.timing)
             _write_json(self.out / INVOCATIONS, self.invocations())
 
     def invocations(self) -> list[dict]:

@@ -1,19 +1,27 @@
 """An estimate of the full reproduction suite's time from a QUICK suite's per-run records.
 
-A QUICK run is one seed at 1/10 of the rounds. Its wall time is a start-up cost (Python, torch, the
-data, a CUDA context) plus rounds; the full run is the same start-up plus its own rounds. The start-up
-is taken as the shortest QUICK run's time (an upper bound of it: that run also trained at least a
-round), and the rest scales with the rounds. With warm workers only each worker's first run pays the
-imports; scaled with its rounds, that errs high by at most (workers x imports x the rounds' factor).
-It is an estimate, marked as such wherever it is printed: evaluation and the last rounds can cost more
-or less than the first, and runs that share one device slow each other down by more than their share
-when the device is saturated.
+A QUICK run is one seed at 1/10 of the rounds, evaluated once, after its last round. Its wall time is
+fixed costs (Python, torch, the data, the model, a CUDA context, the run-level evaluation after the
+rounds, the output files), its rounds and its evaluations. Each run records the seconds of its rounds
+and of its evaluations (``summary.json`` → ``timing``, ``pfl.federation.loop.FitTimes``); the suite keeps
+them per run (``timing.json``). The full run then costs the same fixed part once, its rounds at the
+QUICK run's seconds per round, and its evaluations (every ``eval_every`` and the last) at the QUICK run's
+seconds per evaluation. With warm workers only each worker's first run pays the imports; kept once for
+every full run scaled from such a QUICK run, that errs high by at most the imports times those runs.
+
+A run recorded by an older pfl has no such split: its whole wall time is scaled by its rounds, with a
+start-up taken as the shortest QUICK run's time (an upper bound of it: that run also trained at least a
+round) kept as is. That errs high where fixed costs are most of a QUICK run, as with warm workers.
+It is an estimate, marked as such wherever it is printed: the first rounds (warm-up, compilation, a
+CUDA graph's capture) can cost more than the later ones, and runs that share one device slow each other
+down by more than their share when the device is saturated.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -33,25 +41,86 @@ def scaled_seconds(quick_s: float, quick_rounds: int, rounds: int, startup_s: fl
 
 
 @dataclass(frozen=True)
+class Split:
+    """A QUICK run's rounds and evaluations: how many, and their wall seconds (``summary.json`` → ``timing``)."""
+
+    rounds: int
+    rounds_s: float
+    evaluations: int
+    evaluations_s: float
+
+
+def split_of(record: Any) -> Split | None:
+    """A run's ``timing`` record as a Split; None for a run without one (recorded by an older pfl)."""
+    try:
+        split = Split(int(record["rounds"]), float(record["rounds_s"]), int(record["evaluations"]),
+                      float(record["evaluations_s"]))  # fmt: skip
+    except (TypeError, KeyError, ValueError):
+        return None
+    # a run with a round evaluated at least once (after its last): anything else cannot be scaled
+    return split if min(split.rounds, split.evaluations) > 0 else None
+
+
+def split_seconds(quick_s: float, split: Split, rounds: int, evaluations: int) -> float:
+    """A run of ``rounds`` rounds and ``evaluations`` evaluations, from a QUICK run that took ``quick_s``
+    in all: its rounds and its evaluations scaled by their counts, the rest of its time kept once."""
+    fixed = quick_s - split.rounds_s - split.evaluations_s
+    return fixed + split.rounds_s * rounds / split.rounds + split.evaluations_s * evaluations / split.evaluations
+
+
+def evaluations(rounds: int, eval_every: int) -> int:
+    """How many times a run of ``rounds`` evaluates: after every ``eval_every``-th round and the last."""
+    return -(-rounds // eval_every)
+
+
+@dataclass(frozen=True)
 class Planned:
-    """One run of the full suite: the QUICK run it is scaled from (its name) and its rounds."""
+    """One run of the full suite: the QUICK run it is scaled from (its name), its rounds and evaluations."""
 
     quick_name: str
     rounds: int
+    evaluations: int
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The planned runs' estimated seconds in all; how many planned runs had no QUICK record; how many of
+    the QUICK runs they are scaled from were recorded with a split, and how many without one (scaled
+    whole, by rounds, keeping ``startup`` seconds as is)."""
+
+    seconds: float
+    missing: int
+    split: int
+    unsplit: int
+    startup: float
 
 
 def estimate(
-    planned: list[Planned], quick_s: dict[str, float], quick_rounds: dict[str, int]
-) -> tuple[float, int, float]:
-    """(the planned runs' estimated seconds in all, how many had no QUICK record, the start-up used)."""
-    known = [quick_s[p.quick_name] for p in planned if p.quick_name in quick_s]
+    planned: list[Planned], quick_s: dict[str, float], quick_rounds: dict[str, int], splits: dict[str, Split]
+) -> Estimate:
+    """The full suite's ``planned`` runs from the QUICK runs' wall seconds ``quick_s``, their rounds and,
+    where recorded, their ``splits``."""
+    known = [p for p in planned if p.quick_name in quick_s]
     startup = min(quick_s.values(), default=0.0)
-    total = sum(
-        scaled_seconds(quick_s[p.quick_name], quick_rounds[p.quick_name], p.rounds, startup)
-        for p in planned
-        if p.quick_name in quick_s
-    )
-    return total, len(planned) - len(known), startup
+    total = 0.0
+    for p in known:
+        split = splits.get(p.quick_name)
+        if split is None:
+            total += scaled_seconds(quick_s[p.quick_name], quick_rounds[p.quick_name], p.rounds, startup)
+        else:
+            total += split_seconds(quick_s[p.quick_name], split, p.rounds, p.evaluations)
+    used = {p.quick_name for p in known}
+    return Estimate(total, len(planned) - len(known), len(used & set(splits)), len(used - set(splits)), startup)
 
 
-__all__ = ["Planned", "device_label", "estimate", "scaled_seconds"]
+__all__ = [
+    "Estimate",
+    "Planned",
+    "Split",
+    "device_label",
+    "estimate",
+    "evaluations",
+    "scaled_seconds",
+    "split_of",
+    "split_seconds",
+]

@@ -40,7 +40,7 @@ from pfl.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, ConfigError, require
 from pfl.metrics.report import report
 from pfl.runner.args import parse_fit_args
 from pfl.runner.config_files import shipped_config
-from pfl.runner.warm_workers import WarmWorker
+from pfl.runner.warm_workers import WarmWorker, close_all
 
 SEARCH_METHODS = ("grid", "random", "bayes")
 DISTRIBUTIONS = ("uniform", "log_uniform_values", "int_uniform", "normal", "categorical")
@@ -309,8 +309,7 @@ def run_parallel(
                         failed.append(f"{name}: {(err.strip().splitlines() or [''])[-1]}")
                 progress.tick()
     finally:  # the worker processes end with the runs, also when a run's failure or a stop ends them early
-        for worker in started_workers:
-            worker.close()
+        close_all(started_workers)
     progress.close()
     if failed:
         raise ConfigError(what, f"{len(failed)} of {len(jobs)} runs failed: {'; '.join(failed)}")

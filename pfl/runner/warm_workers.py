@@ -122,22 +122,40 @@ class WarmWorker:
 
     def close(self) -> None:
         """End the worker process (it exits when its stdin closes)."""
+        _reap(self._release())
+
+    def _release(self) -> subprocess.Popen[str] | None:
+        """Let the worker process go: its stdin closed (it starts exiting), the process to wait for."""
         proc, self.proc = self.proc, None
         if self.log is not None:
             self.log.close()
             self.log = None
         if proc is None:
-            return
+            return None
         with contextlib.suppress(BrokenPipeError, OSError):
             assert proc.stdin is not None
             proc.stdin.close()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        return proc
+
+
+def close_all(workers: list[WarmWorker]) -> None:
+    """End every worker: each one's stdin is closed before any is waited for, so they exit side by side
+    (each exit frees its run's memory, a CUDA context, W&B's service) instead of one after another."""
+    for proc in [worker._release() for worker in workers]:
+        _reap(proc)
+
+
+def _reap(proc: subprocess.Popen[str] | None) -> None:
+    """Wait for a released worker process to exit (killed if it has not within 30 s)."""
+    if proc is None:
+        return
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 def _cpu_seconds() -> float:

@@ -6,7 +6,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pfl.federation.loop import comparable_metrics, sample_clients
+import pfl.federation.loop as loop_module
+from pfl.federation.loop import Callback, comparable_metrics, sample_clients
 from pfl.models import build_model
 from pfl.seeding import seed_everything, torch_generator
 from tests.conftest import make_loop, tiny_config
@@ -125,3 +126,40 @@ def test_fedavg_finetune_changes_personal_models_only():
     assert plain["metrics"]["gm.acc"] == ft["metrics"]["gm.acc"]
     assert plain["metrics"]["pm.l_acc.mean"] == plain["metrics"]["gm.l_acc.mean"]
     assert ft["metrics"]["pm.l_acc.mean"] != ft["metrics"]["gm.l_acc.mean"]
+
+
+class _Clock:
+    """A perf_counter that moves only when told: the loop's timing is checked without timing anything."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def after(self, seconds: float, step):
+        def timed(*args, **kwargs):
+            self.now += seconds
+            return step(*args, **kwargs)
+
+        return timed
+
+
+class _Costs(Callback):
+    def __init__(self, clock: _Clock):
+        self.on_evaluation = clock.after(0.25, lambda loop, metrics: None)  # the outputs recording an evaluation
+        self.on_round_end = clock.after(2.0, lambda loop: None)  # a checkpoint
+
+
+def test_fit_times_its_rounds_and_its_evaluations_apart_and_only_those_it_runs(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(loop_module, "time", clock)
+    loop = make_loop(tiny_config("fedavg", trainer={"rounds": 5, "eval_every": 2}))
+    loop.run_round()  # done before this fit, as in a resumed run: not its time
+    loop.run_round = clock.after(10.0, loop.run_round)
+    loop.evaluate = clock.after(1.0, loop.evaluate)
+    loop.callbacks.append(_Costs(clock))
+    summary = loop.fit()
+    # rounds 2..5, evaluated after 2, 4 and 5 (the last): each round 10 s + 2 s, each evaluation 1 s + 0.25 s
+    assert summary["timing"] == {"rounds": 4, "rounds_s": 48.0, "evaluations": 3, "evaluations_s": 3.75}
+    assert not any(k.startswith("timing") for k in summary["metrics"])  # a record of the machine, not a metric

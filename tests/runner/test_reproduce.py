@@ -16,7 +16,7 @@ import pytest
 import pfl.runner.reproduce as rep
 from pfl.errors import EXIT_DIVERGED, ConfigError
 from pfl.runner.claims import Claim, Contrast, LrGrid, beats
-from pfl.runner.suite_estimate import device_label
+from pfl.runner.suite_estimate import Split, device_label, evaluations, split_of, split_seconds
 from tests.helpers.report_plots import write_run as write_plot_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -521,6 +521,43 @@ def test_each_finished_run_is_recorded_on_disk_at_once_and_failed_runs_only_by_t
     assert json.loads((tmp_path / "devices.json").read_text()) == {"a": device_label(), "c": device_label()}
 
 
+def test_a_runs_split_is_recorded_beside_its_wall_time_and_replaced_with_it(tmp_path):
+    times = rep.RunTimes(tmp_path)
+    split = {"rounds": 2, "rounds_s": 1.5, "evaluations": 1, "evaluations_s": 0.5}
+    times.record("a", 0, 3.0, 2.0, split)
+    times.record("b", 3, 3.0, 2.0, split)  # a failed run: only its code
+    assert json.loads((tmp_path / "timing.json").read_text()) == {"a": split}
+    times.record("a", 0, 4.0, 3.0)  # again, by a pfl without the split: the old one would not fit the new wall time
+    assert json.loads((tmp_path / "timing.json").read_text()) == {"a": None}
+    assert rep.RunTimes(tmp_path).timing == {"a": None}
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        None,  # recorded by an older pfl
+        {"rounds": 2, "rounds_s": 1.0, "evaluations": 1},
+        {"rounds": 2, "rounds_s": "soon", "evaluations": 1, "evaluations_s": 0.5},
+        {"rounds": 0, "rounds_s": 0.0, "evaluations": 1, "evaluations_s": 0.5},
+        {"rounds": 2, "rounds_s": 1.0, "evaluations": 0, "evaluations_s": 0.0},
+    ],
+)
+def test_a_record_that_is_no_split_of_rounds_and_evaluations_is_not_one(record):
+    assert split_of(record) is None
+
+
+def test_a_split_is_read_from_its_record_and_a_run_evaluates_every_eval_every_rounds_and_after_the_last():
+    record = {"rounds": 1, "rounds_s": 2, "evaluations": 1, "evaluations_s": 0.5}
+    assert split_of(record) == Split(1, 2.0, 1, 0.5)
+    assert [evaluations(r, 5) for r in (1, 4, 5, 6, 20, 22)] == [1, 1, 1, 2, 4, 5]
+    assert evaluations(2, 2) == evaluations(2, 1) - 1 == 1
+
+
+def test_a_full_run_costs_its_quick_runs_seconds_per_round_and_per_evaluation_and_its_fixed_part_once():
+    # 10 s: 4 s in 2 rounds, 2 s in 2 evaluations, 4 s fixed; 20 rounds and 4 evaluations: 4 + 40 + 4
+    assert split_seconds(10.0, Split(2, 4.0, 2, 2.0), 20, 4) == 48.0
+
+
 def test_each_runs_device_is_kept_across_invocations(tmp_path):
     (tmp_path / "devices.json").write_text('{"old": "NVIDIA H100 80GB HBM3 x1"}')
     times = rep.RunTimes(tmp_path, device="NVIDIA H200 x1")
@@ -532,28 +569,68 @@ def test_each_runs_device_is_kept_across_invocations(tmp_path):
         rep.RunTimes(tmp_path)
 
 
-def test_quick_estimates_the_full_suite_from_its_runs_scaled_by_their_rounds(fake, tmp_path, monkeypatch):
+ESTIMATED = re.compile(r"\*\*Estimate\*\*.*")
+
+
+def quick_suite(fake, out: Path, monkeypatch, walls: dict[str, float], timing: dict[str, dict], **kw) -> str:
+    """The tiny claim (20 rounds, evaluated every 5; an lr grid of 2 values at 5 rounds for ditto) run QUICK
+    (2 rounds, evaluated once) with the runs' wall seconds ``walls`` (1 s for the others) and, in their
+    summary.json, the ``timing`` a run of this pfl writes (a run not in it: as an older pfl wrote it)."""
     grid = LrGrid((0.01, 0.3), labels=("ditto",), rounds=5)
-    claim = tiny_claim(base=[*BASE, "--data.val_frac", "0.2"], lr_grid=grid)  # 20 rounds; QUICK runs 2
-    monkeypatch.setattr(rep, "all_claims", lambda: [claim])
-    walls = {"tiny/local/s0": 10.0, "tiny/ditto/s0": 28.0}
-    monkeypatch.setattr(fake, "wall", 0.0)
-    original = fake.__call__
+    base = [*BASE, "--data.val_frac", "0.2", "--trainer.eval_every", "5"]
+    monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(base=base, lr_grid=grid)])
+    original = FakeRunner.__call__
 
     def timed(jobs, workers, what="sweep", on_finish=None, fresh=False):
-        record = lambda name, code, _, cpu: on_finish(name, code, walls.get(name, 1.0), cpu)  # noqa: E731
-        return original(jobs, workers, what, record)
+        def record(name, code, _, cpu):
+            if name in timing:  # the runner has written the run's folder by now
+                path = out / name / "summary.json"
+                path.write_text(json.dumps({**json.loads(path.read_text()), "timing": timing[name]}))
+            on_finish(name, code, walls.get(name, 1.0), cpu)
+
+        return original(fake, jobs, workers, what, record)
 
     monkeypatch.setattr(rep, "run_parallel", timed)
-    report = rep.run_claims(tmp_path, quick=True, workers=2).read_text()
+    return ESTIMATED.search(rep.run_claims(out, quick=True, **kw).read_text()).group()
+
+
+def test_quick_estimates_each_runs_rounds_and_evaluations_by_their_counts_and_the_rest_once(
+    fake, tmp_path, monkeypatch
+):
+    walls = {"tiny/local/s0": 10.0, "tiny/ditto/s0": 28.0}
+    timing = {
+        "tiny/local/s0": {"rounds": 2, "rounds_s": 4.0, "evaluations": 1, "evaluations_s": 1.0},  # 5 s fixed
+        "tiny/ditto/s0": {"rounds": 2, "rounds_s": 18.0, "evaluations": 1, "evaluations_s": 2.0},  # 8 s fixed
+    }
+    line = quick_suite(fake, tmp_path / "a", monkeypatch, walls, timing, workers=2)
+    assert json.loads((tmp_path / "a" / "timing.json").read_text()) == timing
+    # a full run: 20 rounds, 4 evaluations. local 5 + 4 x 10 + 1 x 4 = 49 s; ditto 8 + 18 x 10 + 2 x 4 = 196 s;
+    # 2 seeds. The grid: ditto at 2 lrs, 5 rounds, 1 evaluation: 2 x (8 + 18 x 5/2 + 2) = 110 s. 600 s in all.
+    assert line == (
+        f"**Estimate**, not a measurement, of the full suite on {device_label()}: 6 runs, 10.0 run-minutes, "
+        "about 5.0 min with 2 worker(s) (each QUICK run's rounds scaled by the full run's rounds, its "
+        "evaluations by its evaluations, the rest of its wall time (start-up, data, model, outputs) kept once "
+        "per run; the lr grids included, their edge steps not)."
+    )
+    # ditto recorded as an older pfl did: its whole wall time scaled by rounds past the 10 s start-up (the
+    # shortest QUICK run), 2 x (10 + 18 x 10) + 2 x (10 + 18 x 5/2) = 490 s; local as above, 2 x 49 s
+    line = quick_suite(fake, tmp_path / "b", monkeypatch, walls, {"tiny/local/s0": timing["tiny/local/s0"]}, workers=2)
+    assert "6 runs, 9.8 run-minutes" in line  # 588 s
+    assert "(each QUICK run's rounds scaled by the full run's rounds" in line
+    assert "per run; 1 QUICK run(s) recorded without the time of their rounds (an older pfl): wall time " in line
+
+
+def test_quick_runs_recorded_without_their_rounds_time_are_scaled_whole_by_rounds(fake, tmp_path, monkeypatch):
+    line = quick_suite(fake, tmp_path, monkeypatch, {"tiny/local/s0": 10.0, "tiny/ditto/s0": 28.0}, {}, workers=2)
     # start-up 10 s (the shortest QUICK run); per seed local 10 s, ditto 10 + 18 x 20/2 = 190 s; 2 seeds;
     # the grid: ditto at 2 lrs x 5 rounds: 2 x (10 + 18 x 5/2) = 110 s. 6 runs, 510 s = 8.5 run-minutes.
-    line = next(x for x in report.splitlines() if x.startswith("**Estimate**"))
     assert line == (
         f"**Estimate**, not a measurement, of the full suite on {device_label()}: 6 runs, 8.5 run-minutes, "
-        "about 4.2 min with 2 worker(s) (each QUICK run's wall time scaled by its rounds, 10 s of start-up per "
-        "run kept as is; the lr grids included, their edge steps not)."
+        "about 4.2 min with 2 worker(s) (2 QUICK run(s) recorded without the time of their rounds (an older "
+        "pfl): wall time scaled by rounds, 10 s of start-up per run kept as is; the lr grids included, their "
+        "edge steps not)."
     )
+    assert json.loads((tmp_path / "timing.json").read_text()) == {"tiny/local/s0": None, "tiny/ditto/s0": None}
     assert "**Estimate**" not in rep.run_claims(tmp_path / "full", workers=2).read_text()  # only QUICK estimates
     one = rep.run_claims(tmp_path / "one", quick=True, workers=1).read_text()
     assert "8.5 run-minutes, about 8.5 min with 1 worker(s)" in one  # 510 s / 60 s / 1 worker
@@ -597,6 +674,7 @@ def test_a_later_invocation_keeps_the_earlier_records_and_adds_its_own_line(tmp_
         ("seconds.json", "{", "not a time record of the suite"),
         ("cpu_seconds.json", "[]", "holds a list, not a dict"),
         ("invocations.json", "{}", "holds a dict, not a list"),
+        ("timing.json", "[]", "holds a list, not a dict"),
         ("seconds.json", b"\xff", "not a time record of the suite"),
     ],
 )
@@ -797,7 +875,7 @@ def test_a_time_record_is_written_whole_with_sorted_keys(tmp_path):
 
 def test_every_run_trains_on_the_accelerator_asked_for_and_records_it(fake, tmp_path, monkeypatch):
     monkeypatch.setattr("pfl.runner.suite_estimate.torch.cuda.is_available", lambda: True)
-    monkeypatch.setattr("pfl.runner.suite_estimate.torch.cuda.get_device_name", lambda i: "Card")
+    monkeypatch.setattr("pfl.runner.suite_estimate.torch.cuda.get_device_name", lambda i: {0: "Card"}[i])
     monkeypatch.setattr("pfl.runner.suite_estimate.torch.cuda.device_count", lambda: 1)
     report = rep.run_claims(tmp_path / "cpu", accelerator="cpu").read_text()
     assert all(flag(argv, "--trainer.accelerator") == "cpu" for argv in fake.argv.values()) and len(fake.argv) == 4

@@ -49,6 +49,9 @@ def test_report_has_seed_table_paired_diffs_verdict_plot_and_time(tmp_path, monk
     assert "against the suite's own `local` run" in report
     seconds = json.loads((tmp_path / "seconds.json").read_text())
     assert set(seconds) == {f"tiny/{label}/s{seed}" for label in ("local", "ditto") for seed in (0, 1)}
+    timing = json.loads((tmp_path / "timing.json").read_text())  # each run's rounds and evaluation, apart
+    assert set(timing) == set(seconds) and all(t["rounds"] == 3 and t["evaluations"] == 1 for t in timing.values())
+    assert all(0 < t["rounds_s"] + t["evaluations_s"] < seconds[k] for k, t in timing.items())  # parts of the whole
     # progress: a line per finished run with the runs done / total, the elapsed time and the ETA
     assert re.search(r"\[4/4\] tiny/\w+/s\d: ok in \d+ s \(elapsed \d\d:\d\d, ETA 00:00\)", capsys.readouterr().out)
     mtime = (tmp_path / "tiny" / "ditto" / "s1" / "summary.json").stat().st_mtime

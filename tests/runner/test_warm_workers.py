@@ -16,7 +16,8 @@ import weakref
 import pytest
 
 import pfl.cli
-from pfl.runner.warm_workers import WarmWorker, release_memory, run_child, run_one, serve
+import pfl.runner.sweep as sweep
+from pfl.runner.warm_workers import WarmWorker, close_all, release_memory, run_child, run_one, serve
 from tests.helpers.cli_runs import TINY, child_env
 
 
@@ -97,6 +98,78 @@ def test_a_worker_that_cannot_start_says_why(tmp_path, monkeypatch):
         w.close()
 
 
+class _Pipe:
+    def __init__(self, events: list[str], what: str):
+        self.events, self.what = events, what
+
+    def close(self) -> None:
+        self.events.append(self.what)
+
+
+class _Process:
+    """A worker process's handles, noting what is done to them; ``stuck``: it does not exit in time."""
+
+    def __init__(self, events: list[str], name: str, stuck: bool = False):
+        self.events, self.name, self.stuck = events, name, stuck
+        self.stdin, self.stdout = _Pipe(events, f"stdin {name}"), _Pipe(events, f"stdout {name}")
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.events.append(f"wait {self.name}" + ("" if timeout is None else f" {timeout:g} s"))
+        if self.stuck and timeout is not None:
+            raise subprocess.TimeoutExpired("worker", timeout)
+        return 0
+
+    def kill(self) -> None:
+        self.events.append(f"kill {self.name}")
+
+
+def _workers(events: list[str], stuck: str = "") -> list[WarmWorker]:
+    workers = [WarmWorker({}) for _ in "abc"]
+    for worker, name in zip(workers, "abc", strict=True):
+        worker.proc = _Process(events, name, stuck=name == stuck)
+        worker.log = _Pipe(events, f"log {name}")
+    return workers
+
+
+def test_a_pool_closes_every_workers_stdin_before_it_waits_for_any():
+    events: list[str] = []
+    workers = _workers(events, stuck="b")
+    close_all([*workers, WarmWorker({})])  # one that never started a process: nothing to end
+    assert events == [
+        "log a", "stdin a", "log b", "stdin b", "log c", "stdin c",  # all asked to exit, then each waited for
+        "wait a 30 s", "stdout a",
+        "wait b 30 s", "kill b", "wait b", "stdout b",  # one that does not exit in time is killed
+        "wait c 30 s", "stdout c",
+    ]  # fmt: skip
+    assert all(w.proc is None and w.log is None for w in workers)
+    events.clear()
+    workers[0].close()  # closed twice: nothing more
+    assert events == []
+
+
+def test_one_worker_closes_as_one_of_a_pool_would():
+    events: list[str] = []
+    _workers(events, stuck="a")[0].close()
+    assert events == ["log a", "stdin a", "wait a 30 s", "kill a", "wait a", "stdout a"]
+
+
+def test_a_pools_workers_are_closed_together_when_its_runs_end(monkeypatch):
+    closed: list[list] = []
+
+    class Worker:
+        def __init__(self, env, fresh=False):
+            pass
+
+        def run(self, argv):
+            return 0, "", 0.1
+
+    monkeypatch.setattr(sweep, "WarmWorker", Worker)
+    monkeypatch.setattr(sweep, "close_all", closed.append)
+    sweep.run_parallel({"x": ["methods"], "y": ["methods"]}, workers=2)
+    [workers] = closed
+    assert workers and all(isinstance(w, Worker) for w in workers)
+
+
 def test_after_a_run_its_cycles_are_collected_and_a_gpus_cached_blocks_given_back(monkeypatch):
     class Node:
         pass
@@ -155,10 +228,17 @@ def test_a_run_in_the_worker_ends_with_the_code_python_m_pfl_would(tmp_path, mon
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setattr(pfl.cli, "main", _ends_with(outcome))
     err = tmp_path / "err"
-    with capsys.disabled():
-        own = os.fstat(2)
-        result = run_one(["methods"], str(err))
-        after = os.fstat(2)
+    with capsys.disabled(), open(tmp_path / "own", "w") as own_file:
+        # descriptor 2 on a file of this test's own: no other descriptor of the process is that file
+        kept = os.dup(2)
+        os.dup2(own_file.fileno(), 2)
+        try:
+            own = os.fstat(2)
+            result = run_one(["methods"], str(err))
+            after = os.fstat(2)
+        finally:
+            os.dup2(kept, 2)
+            os.close(kept)
     assert (after.st_dev, after.st_ino) == (own.st_dev, own.st_ino)  # descriptor 2 is this process's own again
     assert result["code"] == code and result["cpu"] >= 0
     assert ("Traceback" in err.read_text() and "boom" in err.read_text()) == isinstance(outcome, RuntimeError)
