@@ -679,9 +679,9 @@ def test_compiled_stacked_rounds_with_keyed_dropout_train_as_sequentially():
 
 def test_stacked_wrn_batchnorm_fits_equal_the_workers_fits_to_float64_rounding():
     """A Wide ResNet with BatchNorm, clients whose last batches hold 4 and 2 samples: in float32 a stacked
-    fit can drift from the sequential one by about 1e-3 within an epoch (BatchNorm over a few samples
-    amplifies the rounding of another summation order); in float64 they agree to rounding, so the drift
-    is rounding and not a different computation."""
+    fit can drift from the sequential one by about 1e-3 within an epoch (a ReLU input within rounding of
+    zero takes another sign at one step); in float64 they agree to rounding, so the drift is rounding and
+    not a different computation."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
