@@ -8,7 +8,7 @@ step the host can launch quickly and one it cannot.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -70,23 +70,24 @@ class PaddedFeed:
         pieces: list[Tensor] = []
         rows: list[int] = []  # each step's selected rows of ``table``, one after the other
         lengths: list[int] = []
-        self.selected: list[Tensor | None] = []
-        self.clients: list[list[int]] = []  # the same, as lists
+        self.clients: list[list[int]] = []  # each step's rows' clients (``selected``, as lists)
         self.widths: list[int] = []
         bounds = [0]
         active = []
-        chosen: list[Tensor] = []
+        chosen: list[int] = []  # the compacted steps' clients, one step after the other
+        spans: list[tuple[int, int] | None] = []  # each step's part of ``chosen`` (None: every client)
         for drawn in schedule:
             k = len(drawn)
             ready = [j for j, d in enumerate(drawn) if d is not None]
             idle = [j for j, d in enumerate(drawn) if d is None]
             size = stack_size(len(ready), k, stack_rows)
-            clients = list(range(k)) if size == k else (ready + idle)[:size]
             if size == k:
-                self.selected.append(None)
+                clients = list(range(k))
+                spans.append(None)
             else:
-                self.selected.append(torch.tensor(clients, dtype=torch.long))
-                chosen.append(self.selected[-1])
+                clients = (ready + idle)[:size]
+                spans.append((len(chosen), len(chosen) + size))
+                chosen += clients
             self.clients.append(clients)
             step_lengths = [0 if drawn[j] is None else len(drawn[j][1]) for j in clients]  # type: ignore[index]
             for j, n in zip(clients, step_lengths, strict=True):
@@ -106,17 +107,28 @@ class PaddedFeed:
         self.mask = (torch.arange(batch_size, device=device) < n.unsqueeze(-1)).to(dtype)
         self.active = torch.tensor(active, dtype=torch.bool).unsqueeze(-1).to(device)
         # the selections as views of one tensor on the device: one transfer for the whole fit
-        flat = torch.cat(chosen).to(device) if chosen else None
-        offset = 0
-        for s, sel in enumerate(self.selected):
-            if sel is not None:
-                self.selected[s] = flat[offset : offset + len(sel)]  # type: ignore[index]
-                offset += len(sel)
+        flat = torch.tensor(chosen, dtype=torch.long).to(device)
+        self.selected = [None if span is None else flat[span[0] : span[1]] for span in spans]
 
     def step(self, s: int, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         width, lo, hi = self.widths[s], self.bounds[s], self.bounds[s + 1]
         idx = self.table[self.rows[lo:hi], :width]
         return x[idx], y[idx], self.mask[lo:hi, :width].contiguous()  # a copy only when narrower
+
+
+def selected_pass(
+    step: Callable[..., tuple[Tensor, Tensor]],
+    params: Tensor,
+    inputs: tuple[Tensor, Tensor, Tensor],
+    keys: tuple[Tensor, ...],
+    selected: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """``step`` (gradients and losses) on the selected clients' rows of ``params`` and ``keys`` with the
+    step's ``inputs`` (a feed's, already those clients'), widened to one row per client."""
+    if selected is None:
+        return step(params, *inputs, *keys)
+    g, value = step(params[selected], *inputs, *(key[selected] for key in keys))
+    return widen(g, selected, len(params)), widen(value, selected, len(params))
 
 
 def widen(values: Tensor, selected: Tensor | None, clients: int) -> Tensor:
@@ -127,4 +139,4 @@ def widen(values: Tensor, selected: Tensor | None, clients: int) -> Tensor:
     return values.new_zeros((clients, *values.shape[1:])).index_copy_(0, selected, values)
 
 
-__all__ = ["Drawn", "PaddedFeed", "schedule_steps", "stack_size", "widen"]
+__all__ = ["Drawn", "PaddedFeed", "schedule_steps", "selected_pass", "stack_size", "widen"]

@@ -50,7 +50,7 @@ from lightning.fabric.plugins.precision import MixedPrecision
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from pfl.engine.batch_feed import PaddedFeed, schedule_steps, widen
+from pfl.engine.batch_feed import PaddedFeed, schedule_steps, selected_pass
 from pfl.engine.cuda_graphs import CapturedStep
 from pfl.engine.sam import SAMObjective
 from pfl.engine.terms import Term, add_scaled_, coefficient, stack_terms, stackable
@@ -374,18 +374,9 @@ class StackedTrainer:
                     x = self._augmented(x, [batches[j] for j in rows], [augment[j] for j in rows])
 
                 def pass_at(
-                    q: Tensor,
-                    stats: Tensor,
-                    x: Tensor = x,
-                    y: Tensor = y,
-                    mask: Tensor = mask,
-                    keys: tuple = keys,
-                    sel: Tensor | None = sel,
+                    q: Tensor, stats: Tensor, batch: tuple = (x, y, mask), keys: tuple = keys, sel: Tensor | None = sel
                 ) -> tuple[Tensor, Tensor]:
-                    if sel is None:
-                        return self.step(q, x, y, mask, *keys)
-                    g, value = self.step(q[sel], x, y, mask, *(key[sel] for key in keys))
-                    return widen(g, sel, k), widen(value, sel, k)
+                    return selected_pass(self.step, q, batch, keys, sel)
 
             if personal is not None:
                 # PLGU-LF: θ's pass and SGD step, then w's only pass at w + ε(θ's gradient), its
@@ -462,11 +453,7 @@ class StackedTrainer:
             else:
                 active, sel = feed.active[s], feed.selected[s]
                 x, y, mask = feed.step(s, w.data.x, w.data.y)
-                if sel is None:
-                    grads, loss = self.gradient_step(params, x, y, mask, *keys)
-                else:
-                    grads, loss = self.gradient_step(params[sel], x, y, mask, *(key[sel] for key in keys))
-                    grads, loss = widen(grads, sel, len(reqs)), widen(loss, sel, len(reqs))
+                grads, loss = selected_pass(self.gradient_step, params, (x, y, mask), keys, sel)
             total = torch.where(active, total + grads, total)
             losses.append(loss.detach())
         rows = torch.stack(losses).tolist() if losses else []  # one transfer: the float32 losses
