@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from pfl.engine.device_wait import wait_for
+
 
 class CompileClock:
     """Seconds of the compiled functions' first calls (``seconds``: None until one has run)."""
@@ -21,8 +23,7 @@ class CompileClock:
         self.seconds: float | None = None
 
     def _now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        wait_for(self.device)
         return time.perf_counter()
 
     def _add(self, seconds: float) -> None:

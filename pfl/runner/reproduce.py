@@ -296,10 +296,11 @@ def full_suite_estimate(
     claims: list[Claim], out: Path, quick_jobs: dict[str, list[Job]], times: RunTimes, configs: Configs | None = None
 ) -> list[str]:
     """QUICK: the report's estimate of the full suite (every seed, every round, the lr grids) from the QUICK
-    runs' records: each run's rounds scaled by the full run's rounds, its evaluations by the full run's
-    evaluations, the rest of its wall time kept once; a run recorded without that split has its whole wall
-    time scaled by its rounds (``pfl.runner.suite_estimate``). A label's rounds are read from its first
-    seed's run (the seeds' arguments differ in the seed and the run folder alone)."""
+    runs' records: each run's first round kept once, its later rounds scaled by the full run's rounds, its
+    evaluations by the full run's evaluations, the rest of its wall time kept once; a run recorded without
+    that split has its whole wall time scaled by its rounds (``pfl.runner.suite_estimate``). A label's
+    rounds are read from its first seed's run (the seeds' arguments differ in the seed and the run folder
+    alone)."""
     configs = configs or Configs()
     planned, quick_rounds = [], {}
     for c in claims:
@@ -320,8 +321,9 @@ def full_suite_estimate(
     devices = sorted({times.devices[n] for n in quick_rounds if n in times.devices}) or ["an unrecorded device"]
     how = []
     if got.split:
-        how.append("each QUICK run's rounds scaled by the full run's rounds, its evaluations by its evaluations, "
-                   "the rest of its wall time (start-up, data, model, outputs) kept once per run")  # fmt: skip
+        how.append("each QUICK run's first round kept once, its later rounds scaled by the full run's, its "
+                   "evaluations by its evaluations, the rest of its wall time (start-up, data, model, outputs) "
+                   "kept once per run")  # fmt: skip
     if got.unsplit:
         how.append(f"{got.unsplit} QUICK run(s) recorded without the time of their rounds (an older pfl): "
                    f"wall time scaled by rounds, {got.startup:.0f} s of start-up per run kept as is")  # fmt: skip

@@ -4,23 +4,26 @@ A QUICK run is one seed at 1/10 of the rounds, evaluated once, after its last ro
 fixed costs (Python, torch, the data, the model, a CUDA context, the run-level evaluation after the
 rounds, the output files), its rounds and its evaluations. Each run records the seconds of its rounds
 and of its evaluations (``summary.json`` → ``timing``, ``pfl.federation.loop.FitTimes``); the suite keeps
-them per run (``timing.json``). The full run then costs the same fixed part once, its rounds at the
-QUICK run's seconds per round, and its evaluations (every ``eval_every`` and the last) at the QUICK run's
-seconds per evaluation. With warm workers only each worker's first run pays the imports; kept once for
-every full run scaled from such a QUICK run, that errs high by at most the imports times those runs.
+them per run (``timing.json``). The full run then costs the same fixed part once, its first round as the
+QUICK run's first (which pays what later rounds do not: compiling, capturing CUDA graphs, lazy
+allocations), its later rounds at the QUICK run's seconds per later round, and its evaluations (every
+``eval_every`` and the last) at the QUICK run's seconds per evaluation. A QUICK run of one round, or one
+recorded without its first round apart, has its rounds scaled as a whole. With warm workers only each
+worker's first run pays the imports; kept once for every full run scaled from such a QUICK run, that
+errs high by at most the imports times those runs.
 
 A run recorded by an older pfl has no such split: its whole wall time is scaled by its rounds, with a
 start-up taken as the shortest QUICK run's time (an upper bound of it: that run also trained at least a
 round) kept as is. That errs high where fixed costs are most of a QUICK run, as with warm workers.
-It is an estimate, marked as such wherever it is printed: the first rounds (warm-up, compilation, a
-CUDA graph's capture) can cost more than the later ones, and runs that share one device slow each other
-down by more than their share when the device is saturated.
+It is an estimate, marked as such wherever it is printed: a full run's later rounds can cost more or
+less than its QUICK run's (a method whose rounds change as it goes), and runs that share one device slow
+each other down by more than their share when the device is saturated.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -42,12 +45,14 @@ def scaled_seconds(quick_s: float, quick_rounds: int, rounds: int, startup_s: fl
 
 @dataclass(frozen=True)
 class Split:
-    """A QUICK run's rounds and evaluations: how many, and their wall seconds (``summary.json`` → ``timing``)."""
+    """A QUICK run's rounds and evaluations: how many, and their wall seconds (``summary.json`` → ``timing``);
+    of the rounds' seconds, the first round's (None where not recorded)."""
 
     rounds: int
     rounds_s: float
     evaluations: int
     evaluations_s: float
+    first_round_s: float | None = None
 
 
 def split_of(record: Any) -> Split | None:
@@ -57,15 +62,28 @@ def split_of(record: Any) -> Split | None:
                       float(record["evaluations_s"]))  # fmt: skip
     except (TypeError, KeyError, ValueError):
         return None
+    try:
+        first = float(record["first_round_s"])
+    except (TypeError, KeyError, ValueError):
+        first = None
+    if first is not None and 0 <= first <= split.rounds_s:  # a part of the rounds' seconds, or not used
+        split = replace(split, first_round_s=first)
     # a run with a round evaluated at least once (after its last): anything else cannot be scaled
     return split if min(split.rounds, split.evaluations) > 0 else None
 
 
 def split_seconds(quick_s: float, split: Split, rounds: int, evaluations: int) -> float:
     """A run of ``rounds`` rounds and ``evaluations`` evaluations, from a QUICK run that took ``quick_s``
-    in all: its rounds and its evaluations scaled by their counts, the rest of its time kept once."""
+    in all: its first round once and its later rounds scaled by their count (all its rounds, where it ran
+    one or did not record its first apart), its evaluations scaled by their count, the rest of its time
+    kept once."""
     fixed = quick_s - split.rounds_s - split.evaluations_s
-    return fixed + split.rounds_s * rounds / split.rounds + split.evaluations_s * evaluations / split.evaluations
+    first = split.first_round_s
+    if first is None or split.rounds < 2:
+        rounds_s = split.rounds_s * rounds / split.rounds
+    else:
+        rounds_s = first + (split.rounds_s - first) * (rounds - 1) / (split.rounds - 1)
+    return fixed + rounds_s + split.evaluations_s * evaluations / split.evaluations
 
 
 def evaluations(rounds: int, eval_every: int) -> int:

@@ -161,5 +161,20 @@ def test_fit_times_its_rounds_and_its_evaluations_apart_and_only_those_it_runs(m
     loop.callbacks.append(_Costs(clock))
     summary = loop.fit()
     # rounds 2..5, evaluated after 2, 4 and 5 (the last): each round 10 s + 2 s, each evaluation 1 s + 0.25 s
-    assert summary["timing"] == {"rounds": 4, "rounds_s": 48.0, "evaluations": 3, "evaluations_s": 3.75}
+    assert summary["timing"] == {
+        "rounds": 4, "rounds_s": 48.0, "first_round_s": 12.0, "evaluations": 3, "evaluations_s": 3.75}  # fmt: skip
     assert not any(k.startswith("timing") for k in summary["metrics"])  # a record of the machine, not a metric
+
+
+def test_the_first_round_is_timed_apart_and_every_clock_read_waits_for_the_devices_work(monkeypatch):
+    clock, waited = _Clock(), []
+    monkeypatch.setattr(loop_module, "time", clock)
+    monkeypatch.setattr(loop_module, "wait_for", waited.append)
+    loop = make_loop(tiny_config("fedavg", trainer={"rounds": 3, "eval_every": 3}))
+    rounds = iter([30.0, 10.0, 10.0])  # the first pays a compile
+    run_round = loop.run_round
+    loop.run_round = lambda: clock.after(next(rounds), run_round)()
+    timing = loop.fit()["timing"]
+    assert (timing["rounds"], timing["rounds_s"], timing["first_round_s"], timing["evaluations"]) == (3, 50.0, 30.0, 1)
+    # each round's start and end, and the one evaluation's start and end
+    assert waited == [loop.device] * 8

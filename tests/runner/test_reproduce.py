@@ -558,6 +558,26 @@ def test_a_full_run_costs_its_quick_runs_seconds_per_round_and_per_evaluation_an
     assert split_seconds(10.0, Split(2, 4.0, 2, 2.0), 20, 4) == 48.0
 
 
+@pytest.mark.parametrize(
+    ("first", "read"),
+    [(3.0, 3.0), (0, 0.0), ("3", 3.0), (None, None), ("soon", None), (-1.0, None), (4.5, None), ([3], None)],
+)
+def test_the_first_rounds_seconds_are_read_only_as_a_part_of_the_rounds_seconds(first, read):
+    record = {"rounds": 3, "rounds_s": 4.0, "evaluations": 1, "evaluations_s": 0.5, "first_round_s": first}
+    assert split_of(record) == Split(3, 4.0, 1, 0.5, read)
+    del record["first_round_s"]  # recorded before the first round was kept apart
+    assert split_of(record) == Split(3, 4.0, 1, 0.5)
+
+
+def test_a_full_run_pays_its_quick_runs_first_round_once_and_scales_its_later_rounds():
+    # 20 s: 3 rounds in 14 s of which the first (a compile) 10 s, so 2 s per later round; 1 evaluation 2 s; 4 s fixed.
+    # 30 rounds and 3 evaluations: 4 + 10 + 29 x 2 + 3 x 2
+    assert split_seconds(20.0, Split(3, 14.0, 1, 2.0, 10.0), 30, 3) == 78.0
+    # the first round's seconds unknown, or a QUICK run of one round: its rounds scaled whole
+    assert split_seconds(20.0, Split(3, 14.0, 1, 2.0), 30, 3) == 4 + 140.0 + 6
+    assert split_seconds(20.0, Split(1, 14.0, 1, 2.0, 14.0), 30, 3) == 4 + 420.0 + 6
+
+
 def test_each_runs_device_is_kept_across_invocations(tmp_path):
     (tmp_path / "devices.json").write_text('{"old": "NVIDIA H100 80GB HBM3 x1"}')
     times = rep.RunTimes(tmp_path, device="NVIDIA H200 x1")
@@ -598,25 +618,26 @@ def test_quick_estimates_each_runs_rounds_and_evaluations_by_their_counts_and_th
     fake, tmp_path, monkeypatch
 ):
     walls = {"tiny/local/s0": 10.0, "tiny/ditto/s0": 28.0}
-    timing = {
-        "tiny/local/s0": {"rounds": 2, "rounds_s": 4.0, "evaluations": 1, "evaluations_s": 1.0},  # 5 s fixed
+    timing = {  # local's first round 3 s (a compile), its second 1 s; 5 s fixed
+        "tiny/local/s0": {"rounds": 2, "rounds_s": 4.0, "first_round_s": 3.0, "evaluations": 1, "evaluations_s": 1.0},
         "tiny/ditto/s0": {"rounds": 2, "rounds_s": 18.0, "evaluations": 1, "evaluations_s": 2.0},  # 8 s fixed
     }
     line = quick_suite(fake, tmp_path / "a", monkeypatch, walls, timing, workers=2)
     assert json.loads((tmp_path / "a" / "timing.json").read_text()) == timing
-    # a full run: 20 rounds, 4 evaluations. local 5 + 4 x 10 + 1 x 4 = 49 s; ditto 8 + 18 x 10 + 2 x 4 = 196 s;
-    # 2 seeds. The grid: ditto at 2 lrs, 5 rounds, 1 evaluation: 2 x (8 + 18 x 5/2 + 2) = 110 s. 600 s in all.
+    # a full run: 20 rounds, 4 evaluations. local 5 + 3 + 19 x 1 + 4 x 1 = 31 s; ditto (its first round not
+    # recorded apart) 8 + 18 x 10 + 2 x 4 = 196 s; 2 seeds. The grid: ditto at 2 lrs, 5 rounds, 1 evaluation:
+    # 2 x (8 + 18 x 5/2 + 2) = 110 s. 564 s in all.
     assert line == (
-        f"**Estimate**, not a measurement, of the full suite on {device_label()}: 6 runs, 10.0 run-minutes, "
-        "about 5.0 min with 2 worker(s) (each QUICK run's rounds scaled by the full run's rounds, its "
-        "evaluations by its evaluations, the rest of its wall time (start-up, data, model, outputs) kept once "
-        "per run; the lr grids included, their edge steps not)."
+        f"**Estimate**, not a measurement, of the full suite on {device_label()}: 6 runs, 9.4 run-minutes, "
+        "about 4.7 min with 2 worker(s) (each QUICK run's first round kept once, its later rounds scaled by the "
+        "full run's, its evaluations by its evaluations, the rest of its wall time (start-up, data, model, "
+        "outputs) kept once per run; the lr grids included, their edge steps not)."
     )
     # ditto recorded as an older pfl did: its whole wall time scaled by rounds past the 10 s start-up (the
-    # shortest QUICK run), 2 x (10 + 18 x 10) + 2 x (10 + 18 x 5/2) = 490 s; local as above, 2 x 49 s
+    # shortest QUICK run), 2 x (10 + 18 x 10) + 2 x (10 + 18 x 5/2) = 490 s; local as above, 2 x 31 s
     line = quick_suite(fake, tmp_path / "b", monkeypatch, walls, {"tiny/local/s0": timing["tiny/local/s0"]}, workers=2)
-    assert "6 runs, 9.8 run-minutes" in line  # 588 s
-    assert "(each QUICK run's rounds scaled by the full run's rounds" in line
+    assert "6 runs, 9.2 run-minutes" in line  # 552 s
+    assert "(each QUICK run's first round kept once" in line
     assert "per run; 1 QUICK run(s) recorded without the time of their rounds (an older pfl): wall time " in line
 
 
