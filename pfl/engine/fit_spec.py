@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
+    from pfl.engine.stacked_loss import StackedLoss
     from pfl.engine.terms import Term
 
 
@@ -108,6 +109,8 @@ class FitSpec:
     objective: type | None = None
     context: dict[str, Any] | None = None  # the objective's ``fit_context``
     indices: Tensor | None = None  # train on these pool samples instead of the train split
+    # loss_fn restated for the stacked trainer (pfl.engine.stacked_loss); the sequential worker ignores it
+    stacked_loss: StackedLoss | None = None
 
 
 DEFAULT_FIT = FitSpec()

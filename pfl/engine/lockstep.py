@@ -103,6 +103,7 @@ class Lockstep:
     def stacks(self, spec: FitSpec) -> bool:
         """Whether a fit with these options is trained stacked (else on the worker, at once)."""
         ok = self.model_ok and spec_problem(spec) is None
+        ok = ok and (spec.stacked_loss is None or self.trainer.stacks_custom_losses)
         if ok:
             self.stacked_fits += 1
         else:

@@ -53,6 +53,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from pfl.engine.batch_feed import PaddedFeed, schedule_steps, selected_pass
 from pfl.engine.cuda_graphs import CapturedStep
 from pfl.engine.sam import SAMObjective
+from pfl.engine.stacked_loss import ParamsAt, StackedLoss
 from pfl.engine.terms import Term, add_scaled_, coefficient, stack_terms, stackable
 from pfl.engine.trainer import ClientTrainer, FitSpec, FitStats, keyed_batches
 from pfl.models.dropout import KeyedDropout, dropout_key, step_key
@@ -161,14 +162,23 @@ def _stacked_batch_norm(m: nn.Module) -> bool:
 
 def spec_problem(spec: FitSpec) -> str | None:
     """Why this fit's options have no stacked form (None: they have)."""
-    if spec.loss_fn is not None:
+    custom = spec.stacked_loss
+    if spec.loss_fn is not None and custom is None:
         return "a custom loss (loss_fn)"
+    if custom is not None and (spec.loss_fn is None or not any(t is custom.extra for t in spec.terms)):
+        return "a stacked loss (stacked_loss) without the loss_fn and the extra tensor's term it restates"
     if spec.objective is not None and sam_row(spec) is None:
         return f"a custom objective ({spec.objective.__name__})"
-    for term in spec.terms:
+    for term in _model_terms(spec):
         if not stackable(term):
             return f"the term {type(term).__name__}, which has no stacked form"
     return None
+
+
+def _model_terms(spec: FitSpec) -> tuple[Term, ...]:
+    """The fit's terms but the one that trains a stacked loss's extra tensor (the loss's own step)."""
+    custom = spec.stacked_loss
+    return tuple(t for t in spec.terms if custom is None or t is not custom.extra)
 
 
 @dataclass
@@ -189,6 +199,7 @@ class FitRequest:
     buffer: Tensor | None = None  # momentum to continue from (FitSpec.momentum_buffer)
     indices: Tensor | None = None  # pool samples to train on instead of the train split
     sam: SAMRow | None = None  # each step a SAM step (pfl.engine.sam)
+    loss: StackedLoss | None = None  # a custom loss and the extra tensor it trains (pfl.engine.stacked_loss)
     buffer_out: Tensor | None = field(default=None, repr=False)
 
     @classmethod
@@ -205,17 +216,19 @@ class FitRequest:
             spec.purpose,
             s.lr_at(round_idx) if spec.lr is None else spec.lr,
             s.momentum if spec.momentum is None else spec.momentum,
-            tuple(spec.terms),
+            _model_terms(spec),
             torch.empty_like(start),
             FitStats(n, n * epochs, 0, float("nan"), 0.0),
             spec.momentum_buffer,
             spec.indices,
             sam_row(spec),
+            spec.stacked_loss,
         )
 
     def group(self) -> tuple:
         sam = None if self.sam is None else (self.sam.region.start, self.sam.region.stop, self.sam.personal is None)
-        return (sam, *(t.stack_key() for t in self.terms))
+        loss = None if self.loss is None else self.loss.group_key()
+        return (sam, loss, *(t.stack_key() for t in self.terms))
 
 
 @dataclass
@@ -244,7 +257,9 @@ class StackedTrainer:
         # trainer.cuda_graphs: the padded step replayed from CUDA graphs (pfl.engine.cuda_graphs)
         captured = graphs and not compile and worker.device.type == "cuda"
         # the forward and loss in the fit's context, the backward outside, as ClientTrainer.train
-        step, self.unpadded_step = self._vmapped(forward_context(worker, cache=not captured))
+        self._context = forward_context(worker, cache=not captured)
+        self._named = _param_splitter(worker)
+        step, self.unpadded_step = self._vmapped(self._context)
         if compile:
             self.step = worker.compile_clock.first_call(torch.compile(step, dynamic=True))
         else:
@@ -265,25 +280,21 @@ class StackedTrainer:
         # Which clients a padded step trains (pfl.engine.batch_feed.stack_size): those with a batch; captured,
         # a power of two of them (a few graphs); compiled, all (another stack size would compile again).
         self.stack_rows = "all" if compile else "powers" if captured else "active"
+        # Custom losses (pfl.engine.stacked_loss): one vmapped step per loss, uncompiled and uncaptured;
+        # with running statistics or keyed dropout their fits stay on the worker (Lockstep.stacks).
+        self.stacks_custom_losses = not self.buffer_views and not self.keyed
+        self._loss_steps: dict[Callable, Callable] = {}
 
     def _vmapped(self, context: Callable[[], AbstractContextManager]) -> tuple[Callable, Callable]:
         """The vmapped (gradient, loss) of the padded batch's masked mean loss and of the unpadded
         batch's loss (with BatchNorm's buffers), the forward and loss inside ``context``; with keyed
         dropout each takes the clients' step keys as its last input."""
         w = self.worker
-        net, slices, shapes = w.module.net, w.flat.param_slices, w.flat.param_shapes
+        net, named = w.module.net, self._named
         task_loss, regression = w.module.loss, w.task == "regression"
 
         def keys(key: tuple[Tensor, ...]) -> AbstractContextManager:
             return dropout_key(key[0]) if key else contextlib.nullcontext()
-
-        # The named parameters as consecutive pieces of the flat row: split's backward is one
-        # concatenation, where a slice per parameter would write each gradient into a zero row and sum them.
-        names = list(slices)
-        sizes = [slices[n].stop - slices[n].start for n in names]
-
-        def named(p: Tensor) -> dict[str, Tensor]:
-            return {n: t.view(shapes[n]) for n, t in zip(names, p.split(sizes), strict=True)}
 
         def loss(p: Tensor, x: Tensor, y: Tensor, mask: Tensor, *key: Tensor) -> Tensor:
             params = named(p)
@@ -301,6 +312,24 @@ class StackedTrainer:
                 return task_loss(out.squeeze(-1) if regression else out, y)
 
         return vmap(grad_and_value(loss)), vmap(grad_and_value(unpadded_loss))
+
+    def _loss_step(self, loss: StackedLoss) -> Callable[..., tuple[Tensor, Tensor]]:
+        """The vmapped (gradient, loss) of a custom loss's masked mean over the padded batch, for rows
+        that are the model's flat parameters followed by the extra tensor (``pfl.engine.stacked_loss``);
+        the loss's constants are its last inputs. One per loss, built at its first fit."""
+        step = self._loss_steps.get(loss.per_sample)
+        if step is None:
+            p, per_sample, context = self.worker.flat.num_params, loss.per_sample, self._context
+            module = self.worker.module
+            at = ParamsAt(module.net, self._named, module.loss, self.worker.task == "regression")
+
+            def masked(row: Tensor, x: Tensor, y: Tensor, mask: Tensor, *constants: Tensor) -> Tensor:
+                with context():
+                    per = per_sample(at, row[:p], row[p:], x, y, *constants)
+                return (per.to(mask.dtype) * mask).sum() / mask.sum().clamp_min(1)
+
+            step = self._loss_steps[loss.per_sample] = vmap(grad_and_value(masked))
+        return step
 
     def _keys(self, reqs: Sequence[FitRequest | GradientRequest], purpose: str | None, steps: Sequence[int]) -> tuple:
         """The vmapped calls' extra input: each client's dropout key of its step (none without keyed
@@ -348,6 +377,8 @@ class StackedTrainer:
         # epochs each client goes through all of its batches at its own pace.
         aligned = len({r.epochs for r in reqs}) == 1
         personal = _PersonalStack(reqs, params, bufs) if reqs[0].sam and reqs[0].sam.personal else None
+        extra = _ExtraStack(reqs, params) if reqs[0].loss is not None else None
+        step = self.step if reqs[0].loss is None else self._loss_step(reqs[0].loss)
         schedule = schedule_steps(streams, aligned)
         # Without running statistics, every step's padded batch is gathered from one index table built
         # for the whole fit: a few ops per step instead of a few per client.
@@ -356,7 +387,8 @@ class StackedTrainer:
             feed = PaddedFeed(schedule, w.settings.batch_size, self.static_width, dtype, params.device, self.stack_rows)
         for s, drawn in enumerate(schedule):
             batches = [d[1] if d is not None else None for d in drawn]
-            keys = self._keys(reqs, None, steps)  # every pass of the step draws the step's masks
+            # every pass of the step draws the step's masks; a custom loss takes its constants instead
+            keys = self._keys(reqs, None, steps) if extra is None else extra.constants
             if self.buffer_views:
                 active = torch.tensor([b is not None for b in batches], device=params.device).unsqueeze(1)
                 inputs = self._inputs(batches, augment)
@@ -376,7 +408,7 @@ class StackedTrainer:
                 def pass_at(
                     q: Tensor, stats: Tensor, batch: tuple = (x, y, mask), keys: tuple = keys, sel: Tensor | None = sel
                 ) -> tuple[Tensor, Tensor]:
-                    return selected_pass(self.step, q, batch, keys, sel)
+                    return selected_pass(step, q, batch, keys, sel)
 
             if personal is not None:
                 # PLGU-LF: θ's pass and SGD step, then w's only pass at w + ε(θ's gradient), its
@@ -384,6 +416,9 @@ class StackedTrainer:
                 ascent, loss = pass_at(personal.params, personal.bufs)
                 personal.step(ascent, active)
                 grads = pass_at(self._perturbed(reqs, params, ascent), bufs)[0]
+            elif extra is not None:  # a custom loss: the model's and the extra tensor's gradients in one pass
+                joint, loss = pass_at(extra.joined(params), bufs)
+                grads = extra.step(joint, active)
             else:
                 grads, loss = pass_at(params, bufs)
                 if reqs[0].sam is not None:  # the second pass leaves no statistics behind
@@ -413,6 +448,8 @@ class StackedTrainer:
                 finish()
         if personal is not None:
             personal.write_back()
+        if extra is not None:
+            extra.write_back(steps)
         seconds = (time.perf_counter() - started) / k
         for j, r in enumerate(reqs):
             r.out[:p].copy_(params[j])
@@ -540,6 +577,29 @@ class StackedTrainer:
         return grads, loss
 
 
+class _RowSGD:
+    """torch's SGD step (weight decay, momentum, lr) for rows of tensors trained beside the model,
+    each row with its own settings; ``buf`` the rows' momentum (None without momentum; a zero row
+    where a client starts without a buffer: 0·m + g is torch's first buffer g)."""
+
+    def __init__(self, lrs: list[float], wds: list[float], moms: list[float], like: Tensor, buf: Tensor | None):
+        self.lr, self.wd = coefficient(lrs, like), coefficient(wds, like)
+        self.mom = torch.tensor(moms, dtype=like.dtype, device=like.device).unsqueeze(1)
+        self.buf = buf
+
+    def step(self, rows: Tensor, grads: Tensor, active: Tensor) -> Tensor:
+        """``rows`` after one SGD step of the active ones."""
+        if isinstance(self.wd, float):
+            if self.wd:
+                grads = grads.add(rows, alpha=self.wd)
+        else:
+            grads = grads + rows * self.wd.to(grads.dtype)
+        if self.buf is not None:
+            self.buf = torch.where(active, self.buf * self.mom + grads, self.buf)
+            grads = self.buf
+        return torch.where(active, add_scaled_(rows.clone(), grads, -self.lr), rows)
+
+
 class _PersonalStack:
     """The personal models of a PLGU-LF group (``PersonalRow``): their parameters and running
     statistics as rows, trained by torch's SGD step row by row."""
@@ -549,23 +609,13 @@ class _PersonalStack:
         p = params.shape[1]
         self.params = torch.stack([row.state[:p] for row in self.rows]).to(params).clone()
         self.bufs = torch.stack([row.state[p:] for row in self.rows]).to(bufs).clone()
-        self.lr = coefficient([row.lr for row in self.rows], params)
-        self.wd = coefficient([row.weight_decay for row in self.rows], params)
         moms = [float(row.momentum) for row in self.rows]
-        self.mom = torch.tensor(moms, dtype=params.dtype, device=params.device).unsqueeze(1)
-        self.buf = torch.zeros_like(params) if any(moms) else None  # fresh momentum: 0·m + g is torch's g
+        buf = torch.zeros_like(params) if any(moms) else None
+        self.sgd = _RowSGD([row.lr for row in self.rows], [row.weight_decay for row in self.rows], moms, params, buf)
 
     def step(self, grads: Tensor, active: Tensor) -> None:
         """One SGD step (weight decay, momentum, lr) of the active rows."""
-        if isinstance(self.wd, float):
-            if self.wd:
-                grads = grads.add(self.params, alpha=self.wd)
-        else:
-            grads = grads + self.params * self.wd.to(grads.dtype)
-        if self.buf is not None:
-            self.buf = torch.where(active, self.buf * self.mom + grads, self.buf)
-            grads = self.buf
-        self.params = torch.where(active, add_scaled_(self.params.clone(), grads, -self.lr), self.params)
+        self.params = self.sgd.step(self.params, grads, active)
 
     def write_back(self) -> None:
         """Each trained personal model into its state vector, in place."""
@@ -573,6 +623,57 @@ class _PersonalStack:
         for j, row in enumerate(self.rows):
             row.state[:p].copy_(self.params[j])
             row.state[p:].copy_(self.bufs[j])
+
+
+class _ExtraStack:
+    """The extra tensors of a custom-loss group (``StackedLoss.extra``, ``ExtraParamSGD``) as rows beside
+    the model's parameters, their constants stacked, trained by the term's SGD step row by row."""
+
+    def __init__(self, reqs: list[FitRequest], params: Tensor):
+        losses = [r.loss for r in reqs]
+        self.terms = [loss.extra for loss in losses]  # type: ignore[union-attr]
+        self.p = params.shape[1]
+        self.rows = torch.stack([t.tensor.detach().reshape(-1) for t in self.terms]).to(params)
+        self.constants = tuple(torch.stack(c) for c in zip(*(loss.constants for loss in losses), strict=True))  # type: ignore[union-attr]
+        moms = [float(t.momentum) for t in self.terms]
+        buf = None
+        if any(moms):  # a term's buffer (a kept one, set by its method) or a zero row
+            zero = torch.zeros_like(self.rows[0])
+            buf = torch.stack([zero if t.buf is None else t.buf.reshape(-1) for t in self.terms])
+        lrs = [r.lr if t.lr is None else t.lr for r, t in zip(reqs, self.terms, strict=True)]
+        self.sgd = _RowSGD(lrs, [t.weight_decay for t in self.terms], moms, params, buf)
+
+    def joined(self, params: Tensor) -> Tensor:
+        """Each client's row: its model parameters, then its extra tensor."""
+        return torch.cat([params, self.rows], 1)
+
+    def step(self, joint: Tensor, active: Tensor) -> Tensor:
+        """The extra rows' SGD step with their part of the joint gradients; returns the model's part."""
+        self.rows = self.sgd.step(self.rows, joint[:, self.p :], active)
+        return joint[:, : self.p]
+
+    def write_back(self, steps: list[int]) -> None:
+        """Each trained extra tensor into its term's tensor, in place, and its momentum into the term's
+        buffer where the sequential term would have one (momentum, and at least one step)."""
+        buf = self.sgd.buf
+        for j, t in enumerate(self.terms):
+            with torch.no_grad():
+                t.tensor.copy_(self.rows[j].view_as(t.tensor))
+            if buf is not None and t.momentum and steps[j]:
+                t.buf = buf[j].view_as(t.tensor).clone()
+
+
+def _param_splitter(worker: ClientTrainer) -> Callable[[Tensor], dict[str, Tensor]]:
+    """A flat parameter row as the model's named parameters, consecutive pieces of it: split's backward
+    is one concatenation, where a slice per parameter would write each gradient into a zero row and sum them."""
+    slices, shapes = worker.flat.param_slices, worker.flat.param_shapes
+    names = list(slices)
+    sizes = [slices[n].stop - slices[n].start for n in names]
+
+    def named(p: Tensor) -> dict[str, Tensor]:
+        return {n: t.view(shapes[n]) for n, t in zip(names, p.split(sizes), strict=True)}
+
+    return named
 
 
 def _buffer_views(net: nn.Module) -> list[tuple[str, slice, torch.Size]]:

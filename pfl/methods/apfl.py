@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from pfl.engine.stacked_loss import ParamsAt, StackedLoss
 from pfl.engine.terms import ExtraParamSGD
 from pfl.errors import require
 from pfl.methods.base import ClientContext, ServerContext, State, Upload
@@ -12,6 +14,23 @@ from pfl.methods.fedavg import PersonalFedAvg
 from pfl.methods.registry import register
 
 EvalMix = Literal["global", "local"]
+
+
+def mixed(mix: float, v: Tensor, w: Tensor) -> Tensor:
+    """The mixture α·v + (1 − α)·w that v is trained through, with no gradient into w."""
+    return mix * v + (1 - mix) * w.detach()
+
+
+@dataclass(frozen=True)
+class MixtureLoss:
+    """APFL's loss per sample, as trained stacked (``pfl.engine.stacked_loss``): w's own loss plus the
+    mixture's. The batch mean of it is ``local_update``'s ``loss_fn``."""
+
+    mix: float
+
+    def __call__(self, at: ParamsAt, w: Tensor, v: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        out, own = at(mixed(self.mix, v, w), x), at(w, x)
+        return at.loss(own, y) + at.loss(out, y)
 
 
 @register
@@ -38,8 +57,6 @@ class APFL(PersonalFedAvg):
     name = "apfl"
     description = "FedAvg model w + personal v trained through the mixture mix*v + (1-mix)*w"
 
-    one_at_a_time = "fits train the personal model through a custom loss (loss_fn)"
-
     def __init__(
         self,
         mix: float = 0.5,
@@ -57,8 +74,8 @@ class APFL(PersonalFedAvg):
         loss, squeeze = client.loss, client.task == "regression"  # MSE on (B,) outputs
 
         def loss_fn(net: nn.Module, x: Tensor, y: Tensor) -> Tensor:
-            mixed = a * v + (1 - a) * flat.params.detach()  # w's own step uses only its own loss
-            out, own = functional_call(net, flat.param_dict(mixed), (x,)), net(x)
+            # w's own step uses only its own loss
+            out, own = functional_call(net, flat.param_dict(mixed(a, v, flat.params)), (x,)), net(x)
             if squeeze:
                 out, own = out.squeeze(-1), own.squeeze(-1)
             return loss(own, y) + loss(out, y)
@@ -66,7 +83,8 @@ class APFL(PersonalFedAvg):
         v_step = ExtraParamSGD(v, momentum=client.momentum, weight_decay=client.weight_decay)
         if client.keep_momentum and "v_momentum" in client.state:
             v_step.buf = client.state["v_momentum"].clone()
-        w = client.fit(payload["global"], loss_fn=loss_fn, terms=[v_step])
+        stacked = StackedLoss(MixtureLoss(a), v_step)  # the same loss, for trainer.vectorize
+        w = client.fit(payload["global"], loss_fn=loss_fn, terms=[v_step], stacked_loss=stacked)
         if client.keep_momentum and v_step.buf is not None:
             client.state["v_momentum"] = v_step.buf.clone()
         v = v.detach()

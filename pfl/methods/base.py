@@ -29,6 +29,7 @@ from pfl.methods.choices import check_choices
 from pfl.methods.costs import SCALAR_BYTES, Reports, Times
 
 if TYPE_CHECKING:  # the engine itself (Lightning) is imported by whoever builds a run, not by a method's interface
+    from pfl.engine.stacked_loss import StackedLoss
     from pfl.engine.trainer import ClientModule, ClientTrainer
 
 # What server and client state hold, as methods store them: tensors (models, rows of models, momentum),
@@ -267,6 +268,7 @@ class ClientContext:
         objective: type[ClientModule] | None = None,
         context: dict[str, Any] | None = None,
         indices: Tensor | None = None,
+        stacked_loss: StackedLoss | None = None,
     ) -> Tensor:
         """Train from ``start`` on this client's train split (or on the pool samples ``indices``, e.g.
         the train split minus a held-out validation part); returns the trained state vector.
@@ -276,12 +278,14 @@ class ClientContext:
         otherwise, so it checkpoints) instead of starting from zero; None (the default) keeps it for
         the "train" fit when the run's settings say so (``client.keep_momentum`` or the method's
         ``keep_momentum``). ``objective``: a ClientModule subclass whose ``training_step`` is the
-        local objective (``context`` becomes its ``fit_context``); by default the data loss plus ``terms``."""
+        local objective (``context`` becomes its ``fit_context``); by default the data loss plus ``terms``.
+        ``stacked_loss``: ``loss_fn`` restated so that ``trainer.vectorize`` trains this fit together
+        with other clients' (``pfl.engine.stacked_loss``); without it a custom loss runs one client at a time."""
         if keep_momentum is None:
             keep_momentum = self.keep_momentum and purpose == "train"
         key = "momentum" if purpose == "train" else f"momentum.{purpose}"
         buf = self.state.get(key) if keep_momentum else None
-        spec = FitSpec(epochs, terms, purpose, lr, momentum, buf, loss_fn, objective, context, indices)
+        spec = FitSpec(epochs, terms, purpose, lr, momentum, buf, loss_fn, objective, context, indices, stacked_loss)
         stats = self.worker.train(self.cid, start, self.round, spec)
         if keep_momentum:
             saved = self.worker.momentum_buffer()

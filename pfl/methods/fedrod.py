@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pfl.engine.stacked_loss import ParamsAt, StackedLoss
 from pfl.engine.terms import ExtraParamSGD
 from pfl.errors import require
 from pfl.methods.base import ClientContext, ServerContext, State, Upload
@@ -14,10 +16,35 @@ from pfl.methods.heads import split_head
 from pfl.methods.registry import register
 
 
-def balanced_softmax_loss(logits: Tensor, y: Tensor, class_counts: Tensor) -> Tensor:
+def balanced_softmax_loss(logits: Tensor, y: Tensor, class_counts: Tensor, reduction: str = "mean") -> Tensor:
     """Balanced softmax (Ren et al. 2020): cross-entropy of logits + log n_c, the client's class
     counts (absent classes get a tiny prior rather than −inf, to stay finite)."""
-    return F.cross_entropy(logits + class_counts.clamp_min(1e-8).log(), y)
+    return F.cross_entropy(logits + class_counts.clamp_min(1e-8).log(), y, reduction=reduction)
+
+
+def two_head_loss(
+    net: nn.Module, head: Tensor, x: Tensor, y: Tensor, counts: Tensor, reduction: str = "mean"
+) -> Tensor:
+    """FedRoD's local loss: the generic model's balanced softmax, plus the cross-entropy of generic +
+    personal logits, the personal head (the flat ``head``) on detached features."""
+    body, linear = split_head(net)
+    z = body(x)
+    out_g = linear(z)
+    w = head[: linear.weight.numel()].view_as(linear.weight)
+    b = head[linear.weight.numel() :]
+    out_p = F.linear(z.detach(), w, b if linear.bias is not None else None)
+    return balanced_softmax_loss(out_g, y, counts, reduction) + F.cross_entropy(
+        out_g.detach() + out_p, y, reduction=reduction
+    )
+
+
+@dataclass(frozen=True)
+class TwoHeadLoss:
+    """``two_head_loss`` per sample, as trained stacked (``pfl.engine.stacked_loss``): the head and the
+    class counts are each client's."""
+
+    def __call__(self, at: ParamsAt, p: Tensor, head: Tensor, x: Tensor, y: Tensor, counts: Tensor) -> Tensor:
+        return at.run(p, two_head_loss, at.net, head, x, y, counts, "none")
 
 
 HeadInit = Literal["zero", "init"]
@@ -47,8 +74,6 @@ class FedRoD(PersonalFedAvg):
     name = "fedrod"
     description = "generic model with balanced softmax + personal linear head on detached features"
 
-    one_at_a_time = "fits train the personal head through a custom loss (loss_fn)"
-
     def __init__(
         self,
         head_lr: float | None = None,
@@ -71,18 +96,13 @@ class FedRoD(PersonalFedAvg):
         counts = client.class_counts()
 
         def loss_fn(net: nn.Module, x: Tensor, y: Tensor) -> Tensor:
-            body, linear = split_head(net)
-            z = body(x)
-            out_g = linear(z)
-            w = ph[: linear.weight.numel()].view_as(linear.weight)
-            b = ph[linear.weight.numel() :]
-            out_p = F.linear(z.detach(), w, b if linear.bias is not None else None)
-            return balanced_softmax_loss(out_g, y, counts) + F.cross_entropy(out_g.detach() + out_p, y)
+            return two_head_loss(net, ph, x, y, counts)
 
         head_step = ExtraParamSGD(ph, self.head_lr, momentum=client.momentum, weight_decay=client.weight_decay)
         if client.keep_momentum and "head_momentum" in client.state:
             head_step.buf = client.state["head_momentum"].clone()
-        state = client.fit(payload["global"], loss_fn=loss_fn, terms=[head_step])
+        stacked = StackedLoss(TwoHeadLoss(), head_step, (counts,))  # the same loss, for trainer.vectorize
+        state = client.fit(payload["global"], loss_fn=loss_fn, terms=[head_step], stacked_loss=stacked)
         if client.keep_momentum and head_step.buf is not None:
             client.state["head_momentum"] = head_step.buf.clone()
         client.state["head"] = ph.detach()

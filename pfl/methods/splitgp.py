@@ -28,12 +28,14 @@ with θ(φ_i(x)); pfl.metrics.routing scores that rule on every evaluated set (`
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
 from pfl.engine.flat import ModelLayout
+from pfl.engine.stacked_loss import ParamsAt, StackedLoss
 from pfl.engine.terms import ExtraParamSGD
 from pfl.errors import ConfigError, require
 from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload
@@ -62,8 +64,32 @@ def split_sequential(net: nn.Module, k: int) -> tuple[nn.Sequential, nn.Sequenti
     return nn.Sequential(*mods[:cut]), nn.Sequential(*mods[cut:])
 
 
-def data_loss(out: Tensor, y: Tensor) -> Tensor:
-    return F.mse_loss(out.squeeze(-1), y) if y.is_floating_point() else F.cross_entropy(out, y)
+def data_loss(out: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
+    if y.is_floating_point():
+        return F.mse_loss(out.squeeze(-1), y, reduction=reduction)
+    return F.cross_entropy(out, y, reduction=reduction)
+
+
+def split_loss(
+    phi: nn.Module, theta: nn.Module, head: Tensor, lam: float, x: Tensor, y: Tensor, reduction: str = "mean"
+) -> Tensor:
+    """SplitGP's local loss: λ · ℓ(κ_i(φ(x)), y) + (1 − λ) · ℓ(θ(φ(x)), y), κ_i the flat ``head``."""
+    h = phi(x)
+    out_server = theta(h)
+    out_client = functional_call(theta, _params_of(theta, head), (h,))
+    return lam * data_loss(out_client, y, reduction) + (1.0 - lam) * data_loss(out_server, y, reduction)
+
+
+@dataclass(frozen=True)
+class SplitLoss:
+    """``split_loss`` per sample, as trained stacked (``pfl.engine.stacked_loss``): κ_i is each client's."""
+
+    phi: nn.Module
+    theta: nn.Module
+    lam: float
+
+    def __call__(self, at: ParamsAt, p: Tensor, head: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        return at.run(p, split_loss, self.phi, self.theta, head, self.lam, x, y, "none")
 
 
 @register
@@ -82,8 +108,6 @@ class SplitGP(Method):
     name = "splitgp"
     description = "split model: client-side part with its own head (personal) + server-side part (global)"
     has_personal_model = True
-
-    one_at_a_time = "fits train the auxiliary head through a custom loss (loss_fn)"
 
     def __init__(
         self,
@@ -134,13 +158,11 @@ class SplitGP(Method):
         lam = self.lam
 
         def loss_fn(net: nn.Module, x: Tensor, y: Tensor) -> Tensor:
-            phi, theta = self.parts(net, client.layout)
-            h = phi(x)
-            out_server = theta(h)
-            out_client = functional_call(theta, _params_of(theta, head), (h,))
-            return lam * data_loss(out_client, y) + (1.0 - lam) * data_loss(out_server, y)
+            return split_loss(*self.parts(net, client.layout), head, lam, x, y)
 
-        trained = client.fit(w, loss_fn=loss_fn, terms=[ExtraParamSGD(head, self.head_lr)])
+        head_step = ExtraParamSGD(head, self.head_lr)
+        stacked = StackedLoss(SplitLoss(*self.parts(client.flat.module, client.layout), lam), head_step)
+        trained = client.fit(w, loss_fn=loss_fn, terms=[head_step], stacked_loss=stacked)
         head = head.detach()
         client.state["head"] = head
         personal = trained.clone()
