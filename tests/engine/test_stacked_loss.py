@@ -118,15 +118,29 @@ def test_models_with_running_statistics_or_keyed_dropout_train_custom_losses_on_
     assert Lockstep(plain, StackedTrainer(plain)).stacks(spec)
 
 
-@pytest.mark.parametrize(("name", "args"), [("apfl", {"mix": 0.5}), ("splitgp", {})])
-def test_regression_custom_losses_stack_as_they_train_sequentially(name, args):
-    """(B, 1) regression outputs are squeezed to the targets in the per-sample losses, as in ``loss_fn``."""
-    data = DataConfig(source="synthetic_regression", num_clients=6, val_frac=0.2, test_frac=0.3)
-    groups = {"data": data, "model": {"name": "mlp", "hidden": [16]}, "client": {"lr": 0.01, "momentum": 0.5},
-              "trainer": {"rounds": 2, "eval_every": 2}}  # fmt: skip
-    seq, vec = (make_loop(tiny_config(name, args, **groups)) for _ in range(2))
+REGRESSION = {
+    "data": DataConfig(source="synthetic_regression", num_clients=6, val_frac=0.2, test_frac=0.3),
+    "model": {"name": "mlp", "hidden": [16]},
+    "client": {"lr": 0.01, "momentum": 0.5},
+}
+# momentum kept across rounds (each method's extra tensor's buffer too), weight decay, augmentation
+CLASSIFICATION = {"client": {"momentum": 0.5, "keep_momentum": True, "weight_decay": 1e-3},
+                  "data": {"augment": "flip", "max_client_samples": 90}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "groups"),
+    [
+        ("apfl", {"mix": 0.5}, REGRESSION),  # (B, 1) outputs squeezed to the targets, as in loss_fn
+        ("splitgp", {}, REGRESSION),
+        ("apfl", {"mix": 0.3}, CLASSIFICATION),
+        ("fedrod", {"head_lr": 0.05}, CLASSIFICATION),
+        ("splitgp", {"lam": 0.4}, CLASSIFICATION),
+    ],
+)
+def test_the_registrys_custom_losses_stack_as_they_train_sequentially(name, args, groups):
+    seq, vec = (make_loop(tiny_config(name, args, trainer={"rounds": 2, "eval_every": 2}, **groups)) for _ in range(2))
     vec.dispatcher = VectorizedDispatcher(vec.worker, vec.clients, vec.init_state, vec.evals.trained, False)
-    assert vec.worker.task == "regression"
     seq.fit(), vec.fit()
     assert vec.dispatcher.lockstep.stacked_fits == 12 and vec.dispatcher.lockstep.sequential_fits == 0
     _assert_close(vec.server.state, seq.server.state, "server")
