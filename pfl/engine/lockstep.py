@@ -3,13 +3,15 @@ trained together (``trainer.vectorize``).
 
 Each sampled client's local update runs in its own thread, but only one thread runs at a time (an
 explicit handoff), in the order given, so the code between fits runs exactly as in sequential mode.
-The update sees a ``LockstepTrainer``: the client trainer itself for everything (gradients, evaluation, batches,
+The update sees a ``LockstepTrainer``: the client trainer itself for everything (evaluation, batches,
 fits that cannot be stacked: those run right there, one client at a time, exactly), except a ``fit``
-that ``StackedTrainer`` can train and a ``mean_gradient`` (PGFed's full pass): those post a request and
-wait. When every client waits on a request or has finished, the pending fits are trained together
-(``StackedTrainer.train``), the pending mean gradients computed together
-(``StackedTrainer.mean_gradients``), and the waiting clients resume, one at a time in order, each
-finding the worker as its own sequential call would have left it: after a fit the trained state
+that ``StackedTrainer`` can train, a ``mean_gradient`` (PGFed's full pass) and a ``gradient`` call of the
+method's own loop (pFedMe, Per-FedAvg, FedALA): those post a request and wait. When every client waits on
+a request or has finished, the pending fits are trained together (``StackedTrainer.train``), the pending
+mean gradients and batch gradients computed together (``StackedTrainer.mean_gradients``,
+``batch_gradients``), and the waiting clients resume, one at a time in order, each
+finding the worker as its own sequential call would have left it: after a batch gradient its parameters,
+the gradient, its augmentation generator and torch's global generator as before the call; after a fit the trained state
 loaded (``snapshot()``), its momentum (``momentum_buffer()``), and torch's global generator seeded by
 the fit's key (``ClientTrainer.epoch_batches``; nothing draws from it in a stacked fit); after a mean gradient
 the state loaded with the running statistics its passes moved, and the gradient zeroed.
@@ -30,6 +32,7 @@ import torch
 from torch import Tensor
 
 from pfl.engine.stacked import (
+    BatchGradientRequest,
     FitRequest,
     GradientRequest,
     StackedTrainer,
@@ -37,7 +40,7 @@ from pfl.engine.stacked import (
     precision_name,
     spec_problem,
 )
-from pfl.engine.trainer import DEFAULT_FIT, ClientTrainer, FitSpec, FitStats
+from pfl.engine.trainer import DEFAULT_FIT, ClientTrainer, FitSpec, FitStats, LossFn
 from pfl.seeding import seed_everything
 
 T = TypeVar("T")
@@ -81,6 +84,27 @@ class LockstepTrainer:
         w.module.train()
         return request.grad, request.loss  # type: ignore[return-value]
 
+    def gradient(self, b: Tensor, loss_fn: LossFn | None = None, augment: bool = True) -> Tensor:
+        """``ClientTrainer.gradient``: with the task loss on a model that stacks, a request served with
+        the other clients' calls; the worker is then as this client left it (its parameters, its
+        augmentation generator, torch's global generator: the other clients ran meanwhile) with the
+        gradient in ``flat.grads``."""
+        w = self._worker
+        if loss_fn is not None or not (self._lockstep.model_ok and self._lockstep.trainer.stacks_batch_gradients):
+            self._lockstep.sequential_gradients += 1
+            return w.gradient(b, loss_fn, augment)
+        x, y = w.train_batch(b) if augment else (w.data.x[b], w.data.y[b])  # augmented now, as the call would
+        request = BatchGradientRequest(w.flat.params.clone(), x, y)
+        generator, rng = w._augment_gen, torch.get_rng_state()
+        self._lockstep.stacked_batch_gradients += 1
+        self._lockstep.wait_for(self._slot, request)
+        w._augment_gen = generator
+        torch.set_rng_state(rng)
+        w.flat.params.copy_(request.params)
+        w.flat.grads.copy_(request.grad)  # type: ignore[arg-type]
+        w.module.train()
+        return request.loss  # type: ignore[return-value]
+
     def momentum_buffer(self) -> Tensor | None:
         if self._stacked is None:
             return self._worker.momentum_buffer()
@@ -95,9 +119,10 @@ class Lockstep:
         self.worker, self.trainer = worker, trainer
         self.model_ok = not model_problems(worker, precision_name(worker))
         self.stacked_fits = self.sequential_fits = self.stacked_gradients = 0  # counts, for tests and logs
+        self.stacked_batch_gradients = self.sequential_gradients = 0  # a method's own gradient calls
         self._cond = threading.Condition()
         self._turn: int | None = None
-        self._pending: dict[int, FitRequest | GradientRequest] = {}
+        self._pending: dict[int, FitRequest | GradientRequest | BatchGradientRequest] = {}
         self._abandoned = False
 
     def stacks(self, spec: FitSpec) -> bool:
@@ -153,6 +178,9 @@ class Lockstep:
                 gradients = [r for r in requests if isinstance(r, GradientRequest)]
                 if gradients:
                     self.trainer.mean_gradients(gradients)
+                batch_gradients = [r for r in requests if isinstance(r, BatchGradientRequest)]
+                if batch_gradients:
+                    self.trainer.batch_gradients(batch_gradients)
                 runnable = sorted(pending)
         finally:
             with self._cond:
@@ -170,7 +198,7 @@ class Lockstep:
             self._cond.notify_all()
             self._cond.wait_for(lambda: self._turn is None)
 
-    def wait_for(self, slot: int, request: FitRequest | GradientRequest) -> None:
+    def wait_for(self, slot: int, request: FitRequest | GradientRequest | BatchGradientRequest) -> None:
         """Called by client ``slot``'s thread: post its request and wait until it is served."""
         with self._cond:
             self._pending[slot] = request

@@ -245,6 +245,19 @@ class GradientRequest:
     state_out: Tensor | None = field(default=None, repr=False)
 
 
+@dataclass
+class BatchGradientRequest:
+    """One ``ClientTrainer.gradient`` call of a method's own loop (pFedMe, Per-FedAvg, FedALA): the
+    gradient of the task loss on the batch (``x``, ``y``: inputs already augmented as the call would)
+    at ``params``. ``grad`` and ``loss`` are filled by the pass."""
+
+    params: Tensor
+    x: Tensor
+    y: Tensor
+    grad: Tensor | None = field(default=None, repr=False)
+    loss: Tensor | None = field(default=None, repr=False)
+
+
 class StackedTrainer:
     """Trains groups of fits with one vmapped step per batch position; ``mean_gradients`` is
     ``ClientTrainer.mean_gradient`` for several clients in one vmapped pass per batch position."""
@@ -283,6 +296,9 @@ class StackedTrainer:
         # Custom losses (pfl.engine.stacked_loss): one vmapped step per loss, uncompiled and uncaptured;
         # with running statistics or keyed dropout their fits stay on the worker (Lockstep.stacks).
         self.stacks_custom_losses = not self.buffer_views and not self.keyed
+        # A method's own gradient calls likewise: without running statistics a call's pass changes nothing
+        # but the gradient, so it is the vmapped pass, and without keyed dropout it draws no masks.
+        self.stacks_batch_gradients = not self.buffer_views and not self.keyed
         self._loss_steps: dict[Callable, Callable] = {}
 
     def _vmapped(self, context: Callable[[], AbstractContextManager]) -> tuple[Callable, Callable]:
@@ -502,6 +518,16 @@ class StackedTrainer:
             r.loss = loss_sum / max(len(idxs[j]), 1)
             r.state_out = torch.cat([params[j], bufs[j]])
 
+    def batch_gradients(self, reqs: Sequence[BatchGradientRequest]) -> None:
+        """``ClientTrainer.gradient`` of every request, one vmapped pass per batch width (no padding:
+        each gradient is of its batch's mean loss, as the worker's); only for models without float
+        buffers or keyed dropout (``stacks_batch_gradients``)."""
+        params = torch.stack([r.params for r in reqs])
+        none = params.new_zeros((len(reqs), 0))  # no running statistics
+        grads, loss = self._unpadded(params, none, [(r.x, r.y) for r in reqs], (), self.unpadded_gradient_step)
+        for j, r in enumerate(reqs):
+            r.grad, r.loss = grads[j], loss[j]
+
     def _perturbed(self, reqs: list[FitRequest], params: Tensor, grads: Tensor) -> Tensor:
         """SAM's perturbed point for every client (``SharpnessStep.two_pass``): w + ε, ε =
         ``perturbation`` of the client's own ascent gradient over its region, with its ρ, p and Λ."""
@@ -696,6 +722,7 @@ def _buffer_after(r: FitRequest, trained: Tensor | None, steps: int) -> Tensor |
 
 
 __all__ = [
+    "BatchGradientRequest",
     "FitRequest",
     "GradientRequest",
     "StackedTrainer",

@@ -24,8 +24,6 @@ class PerFedAvg(Method):
     name = "perfedavg"
     description = "MAML-style (first-order) global model; P-model = global + one local SGD step"
 
-    one_at_a_time = "local update is its own loop of gradient calls (MAML steps)"
-
     def __init__(
         self,
         inner_lr: float | None = None,

@@ -47,8 +47,6 @@ class PFedMe(Method):
     description = "Moreau-envelope personalization: K inner steps on theta, outer step on the local w"
     averages_uploads = True  # w ← (1 − β)w + β·(the mean of the uploads)
 
-    one_at_a_time = "local update is its own loop of gradient calls (inner proximal solves)"
-
     def __init__(
         self,
         lam: float = 15.0,

@@ -77,10 +77,12 @@ def test_every_method_trains_in_lockstep_as_it_does_sequentially(name):
     assert vec.progress.train_samples == seq.progress.train_samples
     lockstep = vec.dispatcher.lockstep
     # What vectorize_problems and the docs' table say is what happens: a method that names no problem
-    # stacks fits, one that says it gains nothing stacks none.
+    # stacks its fits or its own gradient calls, one that says it gains nothing stacks none.
     problems = seq.method.vectorize_problems()
-    assert (lockstep.stacked_fits > 0) == (not problems), lockstep.stacked_fits
-    status = "none" if not lockstep.stacked_fits else "some" if lockstep.sequential_fits else "all"
+    stacked = lockstep.stacked_fits + lockstep.stacked_batch_gradients
+    assert (stacked > 0) == (not problems), stacked
+    assert lockstep.sequential_gradients == 0  # every own gradient call on this model stacks
+    status = "none" if not stacked else "some" if lockstep.sequential_fits else "all"
     documented, why = _docs_table()[name]
     assert documented == status, (documented, status)
     assert why == (problems[0] if problems else why if status == "some" else ""), why

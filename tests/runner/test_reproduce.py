@@ -560,7 +560,17 @@ def test_a_full_run_costs_its_quick_runs_seconds_per_round_and_per_evaluation_an
 
 @pytest.mark.parametrize(
     ("first", "read"),
-    [(3.0, 3.0), (0, 0.0), ("3", 3.0), (None, None), ("soon", None), (-1.0, None), (4.5, None), ([3], None)],
+    [
+        (3.0, 3.0),
+        (0, 0.0),
+        (4.0, 4.0),
+        ("3", 3.0),
+        (None, None),
+        ("soon", None),
+        (-1.0, None),
+        (4.5, None),
+        ([3], None),
+    ],
 )
 def test_the_first_rounds_seconds_are_read_only_as_a_part_of_the_rounds_seconds(first, read):
     record = {"rounds": 3, "rounds_s": 4.0, "evaluations": 1, "evaluations_s": 0.5, "first_round_s": first}
