@@ -30,8 +30,11 @@ class ShiftedLoss:
         return F.cross_entropy(at(p, x) + e * shift, y, reduction="none")
 
 
-def _spec(k: int, e: torch.Tensor, shift: torch.Tensor, buf: torch.Tensor | None, anchor: torch.Tensor) -> FitSpec:
-    """Client k's fit: its own extra lr (None: the fit's), momentum, weight decay, kept buffer, epochs."""
+def _spec(
+    k: int, e: torch.Tensor, shift: torch.Tensor, buf: torch.Tensor | None, anchor: torch.Tensor, one: torch.Tensor
+) -> FitSpec:
+    """Client k's fit: its own extra lr (None: the fit's), momentum, weight decay, kept buffer, epochs;
+    client 0 trains on ``one`` sample (a batch of one: its mean is that sample's loss)."""
     term = ExtraParamSGD(e, lr=(None, 0.02, 0.3, None)[k], momentum=(0.0, 0.5, 0.9, 0.9)[k],
                          weight_decay=(0.0, 1e-2, 1e-3, 0.0)[k])  # fmt: skip
     term.buf = None if buf is None else buf.clone()
@@ -45,6 +48,7 @@ def _spec(k: int, e: torch.Tensor, shift: torch.Tensor, buf: torch.Tensor | None
         terms=[Proximal(anchor, 0.1), term],
         loss_fn=loss_fn,
         stacked_loss=StackedLoss(ShiftedLoss(), term, (shift,)),
+        indices=one if k == 0 else None,
     )
 
 
@@ -58,19 +62,25 @@ def test_custom_loss_fits_stack_as_the_workers_fits_each_with_its_extra_tensor_s
     bufs = [None, None, 0.1 * torch.randn(10, generator=g), torch.ones(10)]  # kept momentum, one never stepped
     anchor = start[:p] + 0.05 * torch.randn(p, generator=g)
 
+    one = w.split(0).train[:1]
+
     def specs() -> list[FitSpec]:
         fresh = [e.clone().requires_grad_(True) for e in extras]
-        return [_spec(k, fresh[k], shifts[k], bufs[k], anchor) for k in range(4)]
+        return [_spec(k, fresh[k], shifts[k], bufs[k], anchor, one) for k in range(4)]
 
     seq = specs()
     expected = [_sequential(w, k, start, s) for k, s in enumerate(seq)]
+    plain = FitSpec(terms=[Proximal(anchor, 0.1)])  # the same terms, the default loss: another group
+    expected.append(_sequential(w, 4, start, plain))
     stacked = specs()
     assert all(spec_problem(s) is None for s in stacked)
-    requests = [FitRequest.of(w, k, start, 0, s) for k, s in enumerate(stacked)]
-    assert len({r.group() for r in requests}) == 1 and all(len(r.terms) == 1 for r in requests)  # one group
+    requests = [FitRequest.of(w, k, start, 0, s) for k, s in enumerate([*stacked, plain])]
+    assert len({r.group() for r in requests[:4]}) == 1 and all(len(r.terms) == 1 for r in requests)
+    assert requests[4].group() != requests[0].group()
     trainer = StackedTrainer(w)
-    trainer.train(requests)
-    for k, r in enumerate(requests):
+    trainer.train([requests[0], *requests[2:]])  # with a fit of the default loss beside them
+    trainer.train(requests[1:2])  # a group of one
+    for k, r in enumerate(requests[:4]):
         state, momentum, stats = expected[k]
         torch.testing.assert_close(r.out, state, rtol=0, atol=1e-5)
         assert r.stats.steps == stats.steps and r.stats.loss == pytest.approx(stats.loss, abs=1e-5, nan_ok=True)
@@ -80,6 +90,8 @@ def test_custom_loss_fits_stack_as_the_workers_fits_each_with_its_extra_tensor_s
             assert b.buf is None, k
         else:
             torch.testing.assert_close(b.buf, a.buf, rtol=0, atol=1e-6)
+    torch.testing.assert_close(requests[4].out, expected[4][0], rtol=0, atol=1e-5)
+    assert requests[0].stats.steps == 1  # one batch, of one sample
     assert not torch.equal(stacked[2].stacked_loss.extra.tensor, extras[2])  # the extra tensors trained
     assert torch.equal(stacked[3].stacked_loss.extra.buf, torch.ones(10))  # no step: its buffer as it was
 

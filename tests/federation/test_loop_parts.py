@@ -56,8 +56,8 @@ def test_vectorizable_is_inherited_and_a_method_says_why_it_gains_nothing():
 
 
 def test_a_method_that_gains_nothing_from_vectorize_is_refused_by_name_before_training():
-    with pytest.raises(ConfigError, match=r"trainer.vectorize.*apfl's fits .* gains nothing"):
-        make_loop(tiny_config("apfl", trainer={"vectorize": True}))
+    with pytest.raises(ConfigError, match=r"trainer.vectorize.*ditto's prox=autograd personal fit .* gains nothing"):
+        make_loop(tiny_config("ditto", {"prox": "autograd"}, trainer={"vectorize": True}))
 
 
 def test_the_dispatcher_is_chosen_once_from_the_settings():
