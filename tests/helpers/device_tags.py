@@ -182,6 +182,13 @@ def loop_on_device(cfg: Any) -> Any:
         for name in ("step", "unpadded_step", "gradient_step", "unpadded_gradient_step"):
             step = getattr(lockstep.trainer, name)
             setattr(lockstep.trainer, name, lambda *args, step=step: tuple(on_device(out) for out in step(*args)))
+        loss_step = lockstep.trainer._loss_step  # a custom loss's vmapped step (pfl.engine.stacked_loss)
+
+        def tagged_loss_step(loss: Any, loss_step: Any = loss_step) -> Any:
+            step = loss_step(loss)
+            return lambda *args: tuple(on_device(out) for out in step(*args))
+
+        lockstep.trainer._loss_step = tagged_loss_step
         run = lockstep.run  # each client's update runs in a thread of its own: the mode is per thread
         lockstep.run = lambda updates: run([_in_mode(update) for update in updates])
     return loop
