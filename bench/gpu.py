@@ -3,7 +3,8 @@ clients on one device, against a plain PyTorch loop.
 
 Rows: the FedAvg CNN (MNIST-shaped Dirichlet split) and timm ResNet-18 GN (CIFAR-shaped, fp32 and
 bf16-mixed), each against the plain sequential loop; PGFed, FedRep and PLGU-LF on the ResNet workload,
-each against its own sequential path. Paths: ``bench.gpu_paths``; workloads: ``bench.gpu_workloads``.
+each against its own sequential path; with ``--only`` also APFL, FedRoD, pFedMe and Per-FedAvg on the CNN
+workload (``apfl-cnn``, ...). Paths: ``bench.gpu_paths``; workloads: ``bench.gpu_workloads``.
 
 Sized for one H100/H200 in under 8 minutes (``--budget-s``: a path that would start after it is
 skipped, a compile is stopped at it). On a CPU (or with ``--small``) everything shrinks so that the
@@ -165,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     procs = args.procs or (2 if small else 4)
     if device.type == "cpu":
         torch.set_num_threads(1)
-    ws = workloads(small)
+    ws = workloads(small, optional=bool(args.only))  # the optional rows only when named
     if args.only:
         wanted = args.only.split(",")
         unknown = sorted(set(wanted) - {w.name for w in ws})

@@ -3,8 +3,11 @@
 Full size (a GPU): the FedAvg CNN on an MNIST-shaped Dirichlet split (100 clients over a 5 000-sample
 pool, 20 per round, batch 10, 1 epoch), and timm ResNet-18 with GroupNorm and the CIFAR stem on
 3x32x32 inputs (50 clients x 500 samples, 10 per round, batch 32, 1 epoch) in fp32 and bf16-mixed,
-plus PGFed, FedRep and PLGU-LF on that ResNet workload. ``small`` shrinks clients, samples, inputs,
-widths and rounds so that the whole table takes seconds on a CPU (it exercises the code, not the speed).
+plus PGFed, FedRep and PLGU-LF on that ResNet workload. Optional rows, run only when ``--only`` names
+them: the methods whose clients train together through a stacked custom loss (APFL, FedRoD) or stacked
+gradient calls (pFedMe, Per-FedAvg) on the CNN workload, each against its own sequential path.
+``small`` shrinks clients, samples, inputs, widths and rounds so that the whole table takes seconds on a
+CPU (it exercises the code, not the speed).
 """
 
 from __future__ import annotations
@@ -48,8 +51,12 @@ CNN = ModelConfig(name="cnn", channels=[32, 64], fc=512)  # FedAvg-CNN, 32/64 5x
 RESNET = ModelConfig(name="timm:resnet18", norm="group", stem="cifar")  # GroupNorm, CIFAR stem
 
 
-def workloads(small: bool) -> list[Workload]:
-    """The table's workloads, in order; ``small`` the CPU-sized version of each."""
+OPTIONAL_METHODS = ("apfl", "fedrod", "pfedme", "perfedavg")  # on the CNN workload, rows --only names
+
+
+def workloads(small: bool, optional: bool = False) -> list[Workload]:
+    """The table's workloads, in order; ``small`` the CPU-sized version of each; ``optional``: then the
+    rows of ``OPTIONAL_METHODS`` too."""
     cnn = Workload("fedavg-cnn", "fedavg", CNN, "mnist_dirichlet", 100, 50, 28, 20, 10, rounds=10)
     resnet = Workload("fedavg-resnet18-gn", "fedavg", RESNET, "cifar", 50, 500, 32, 10, 32)
     if small:
@@ -61,7 +68,8 @@ def workloads(small: bool) -> list[Workload]:
         resnet = replace(resnet, rounds=2)
     methods = [replace(resnet, name=f"{m}-resnet18-gn", method=m) for m in ("pgfed", "fedrep", "plgu_lf")]
     bf16 = replace(resnet, name="fedavg-resnet18-gn-bf16", precision="bf16-mixed")
-    return [cnn, resnet, bf16, *methods]
+    extra = [replace(cnn, name=f"{m}-cnn", method=m) for m in OPTIONAL_METHODS] if optional else []
+    return [cnn, resnet, bf16, *methods, *extra]
 
 
 def build_data(w: Workload, seed: int = 0) -> FederatedData:

@@ -62,6 +62,20 @@ def test_the_workloads_are_the_ones_the_table_promises():
     assert full["fedavg-resnet18-gn-bf16"].precision == "bf16-mixed"
     assert [w.baseline for w in full.values()] == ["plain"] * 3 + ["sequential"] * 3
     assert [w.name for w in workloads(small=True)] == list(full)
+    optional = workloads(small=False, optional=True)[len(full) :]
+    assert [(w.name, w.method, w.model, w.baseline) for w in optional] == [
+        (f"{m}-cnn", m, cnn.model, "sequential") for m in ("apfl", "fedrod", "pfedme", "perfedavg")
+    ]
+
+
+def test_optional_rows_run_when_named_and_their_methods_train_stacked(tmp_path):
+    out = tmp_path / "gpu.json"
+    only = "apfl-cnn,pfedme-cnn"
+    assert main(["--small", "--only", only, "--paths", "sequential,vectorized", "--json", str(out)]) == 0
+    cells = {(c["workload"], c["path"]): c for c in json.loads(out.read_text())["cells"]}
+    for workload in only.split(","):
+        for path in ("sequential", "vectorized"):
+            assert cells[workload, path]["samples_per_s"] > 0, cells[workload, path]
 
 
 def test_paths_left_out_say_so_and_the_others_still_run(tmp_path, capsys):
