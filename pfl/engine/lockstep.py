@@ -90,10 +90,10 @@ class LockstepTrainer:
         augmentation generator, torch's global generator: the other clients ran meanwhile) with the
         gradient in ``flat.grads``."""
         w = self._worker
-        if loss_fn is not None or not (self._lockstep.model_ok and self._lockstep.trainer.stacks_batch_gradients):
+        if loss_fn is not None or not (self._lockstep.model_ok and self._lockstep.trainer.stacks_method_passes):
             self._lockstep.sequential_gradients += 1
             return w.gradient(b, loss_fn, augment)
-        x, y = w.train_batch(b) if augment else (w.data.x[b], w.data.y[b])  # augmented now, as the call would
+        x, y = w.gradient_batch(b, augment)  # augmented now, from this client's generator, as the call would
         request = BatchGradientRequest(w.flat.params.clone(), x, y)
         generator, rng = w._augment_gen, torch.get_rng_state()
         self._lockstep.stacked_batch_gradients += 1
@@ -128,7 +128,7 @@ class Lockstep:
     def stacks(self, spec: FitSpec) -> bool:
         """Whether a fit with these options is trained stacked (else on the worker, at once)."""
         ok = self.model_ok and spec_problem(spec) is None
-        ok = ok and (spec.stacked_loss is None or self.trainer.stacks_custom_losses)
+        ok = ok and (spec.stacked_loss is None or self.trainer.stacks_method_passes)
         if ok:
             self.stacked_fits += 1
         else:

@@ -272,6 +272,8 @@ class StackedTrainer:
         # the forward and loss in the fit's context, the backward outside, as ClientTrainer.train
         self._context = forward_context(worker, cache=not captured)
         self._named = _param_splitter(worker)
+        module = worker.module
+        self._at = ParamsAt(module.net, self._named, module.loss, worker.task == "regression")
         step, self.unpadded_step = self._vmapped(self._context)
         if compile:
             self.step = worker.compile_clock.first_call(torch.compile(step, dynamic=True))
@@ -293,12 +295,11 @@ class StackedTrainer:
         # Which clients a padded step trains (pfl.engine.batch_feed.stack_size): those with a batch; captured,
         # a power of two of them (a few graphs); compiled, all (another stack size would compile again).
         self.stack_rows = "all" if compile else "powers" if captured else "active"
-        # Custom losses (pfl.engine.stacked_loss): one vmapped step per loss, uncompiled and uncaptured;
-        # with running statistics or keyed dropout their fits stay on the worker (Lockstep.stacks).
-        self.stacks_custom_losses = not self.buffer_views and not self.keyed
-        # A method's own gradient calls likewise: without running statistics a call's pass changes nothing
-        # but the gradient, so it is the vmapped pass, and without keyed dropout it draws no masks.
-        self.stacks_batch_gradients = not self.buffer_views and not self.keyed
+        # Custom losses (pfl.engine.stacked_loss: one vmapped step per loss, uncompiled and uncaptured) and
+        # a method's own gradient calls stack only on a model whose forwards move no running statistics and
+        # draw no keyed masks: a custom loss may run several forwards per step, and a gradient call's pass
+        # must change nothing but the gradient (Lockstep.stacks, LockstepTrainer.gradient).
+        self.stacks_method_passes = not self.buffer_views and not self.keyed
         self._loss_steps: dict[Callable, Callable] = {}
 
     def _vmapped(self, context: Callable[[], AbstractContextManager]) -> tuple[Callable, Callable]:
@@ -312,14 +313,12 @@ class StackedTrainer:
         def keys(key: tuple[Tensor, ...]) -> AbstractContextManager:
             return dropout_key(key[0]) if key else contextlib.nullcontext()
 
+        at = self._at
+
         def loss(p: Tensor, x: Tensor, y: Tensor, mask: Tensor, *key: Tensor) -> Tensor:
-            params = named(p)
             with context(), keys(key):
-                out = functional_call(net, params, (x,))
-                if regression:
-                    out = out.squeeze(-1)
-                per_sample = task_loss(out, y, reduction="none")
-            return (per_sample.to(mask.dtype) * mask).sum() / mask.sum().clamp_min(1)
+                per_sample = at.loss(at(p, x), y)
+            return _masked_mean(per_sample, mask)
 
         def unpadded_loss(p: Tensor, buffers: dict[str, Tensor], x: Tensor, y: Tensor, *key: Tensor) -> Tensor:
             tensors = named(p)
@@ -335,14 +334,12 @@ class StackedTrainer:
         the loss's constants are its last inputs. One per loss, built at its first fit."""
         step = self._loss_steps.get(loss.per_sample)
         if step is None:
-            p, per_sample, context = self.worker.flat.num_params, loss.per_sample, self._context
-            module = self.worker.module
-            at = ParamsAt(module.net, self._named, module.loss, self.worker.task == "regression")
+            p, per_sample, context, at = self.worker.flat.num_params, loss.per_sample, self._context, self._at
 
             def masked(row: Tensor, x: Tensor, y: Tensor, mask: Tensor, *constants: Tensor) -> Tensor:
                 with context():
                     per = per_sample(at, row[:p], row[p:], x, y, *constants)
-                return (per.to(mask.dtype) * mask).sum() / mask.sum().clamp_min(1)
+                return _masked_mean(per, mask)
 
             step = self._loss_steps[loss.per_sample] = vmap(grad_and_value(masked))
         return step
@@ -521,7 +518,7 @@ class StackedTrainer:
     def batch_gradients(self, reqs: Sequence[BatchGradientRequest]) -> None:
         """``ClientTrainer.gradient`` of every request, one vmapped pass per batch width (no padding:
         each gradient is of its batch's mean loss, as the worker's); only for models without float
-        buffers or keyed dropout (``stacks_batch_gradients``)."""
+        buffers or keyed dropout (``stacks_method_passes``)."""
         params = torch.stack([r.params for r in reqs])
         none = params.new_zeros((len(reqs), 0))  # no running statistics
         grads, loss = self._unpadded(params, none, [(r.x, r.y) for r in reqs], (), self.unpadded_gradient_step)
@@ -687,6 +684,12 @@ class _ExtraStack:
                 t.tensor.copy_(self.rows[j].view_as(t.tensor))
             if buf is not None and t.momentum and steps[j]:
                 t.buf = buf[j].view_as(t.tensor).clone()
+
+
+def _masked_mean(per_sample: Tensor, mask: Tensor) -> Tensor:
+    """A padded batch's loss: the mean of its real samples' losses (``mask`` 1 for them, 0 for padding;
+    a fully masked row gives 0)."""
+    return (per_sample.to(mask.dtype) * mask).sum() / mask.sum().clamp_min(1)
 
 
 def _param_splitter(worker: ClientTrainer) -> Callable[[Tensor], dict[str, Tensor]]:

@@ -375,13 +375,18 @@ class ClientTrainer:
             x = self.augment(x, self._augment_gen)
         return x, y
 
+    def gradient_batch(self, b: Tensor, augment: bool) -> tuple[Tensor, Tensor]:
+        """The inputs and targets ``gradient`` takes the loss on: a training batch (``augment``), or the
+        data itself."""
+        return self.train_batch(b) if augment else (self.data.x[b], self.data.y[b])
+
     def gradient(self, b: Tensor, loss_fn: LossFn | None = None, augment: bool = True) -> Tensor:
         """Set ``flat.grads`` to the gradient of the loss on pool samples ``b`` at the current
         parameters (a training batch: augmented when the data setting says so); returns the
         (detached) loss."""
         self.module.train()
         self.flat.grads.zero_()
-        x, y = self.train_batch(b) if augment else (self.data.x[b], self.data.y[b])
+        x, y = self.gradient_batch(b, augment)
         loss = loss_fn(self.module.net, x, y) if loss_fn is not None else self.module.loss(self.module(x), y)
         loss.backward()
         return loss.detach()

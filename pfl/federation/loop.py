@@ -248,7 +248,8 @@ class FederatedLoop:
             for cb in self.callbacks:
                 cb.on_round_end(self)
             seconds = self._clock() - started - evaluation
-            times.first_round_s = seconds if times.rounds == 0 else times.first_round_s
+            if times.rounds == 0:
+                times.first_round_s = seconds
             times.rounds += 1
             times.rounds_s += seconds
         summary = self.summary(metrics)

@@ -63,7 +63,7 @@ def test_gradient_calls_with_a_custom_loss_or_on_a_model_with_running_statistics
     torch.testing.assert_close(grad, custom(w), rtol=0, atol=0)
     data = w.data
     bn = ClientTrainer(_bn_net(data.x[0].numel()), data, TrainSettings(batch_size=16), seed=0)
-    assert not StackedTrainer(bn).stacks_batch_gradients
+    assert not StackedTrainer(bn).stacks_method_passes
     lockstep = Lockstep(bn, StackedTrainer(bn))
     lockstep.run([_own_loop(0, bn.flat.snapshot())])
     calls = 2 * len(list(bn.batches(0, 0, "own", 2)))
