@@ -175,10 +175,13 @@ def capture_note(loop: FederatedLoop, device: torch.device, first_round_s: float
     the captures happen), uncaptured and why, or nothing off CUDA."""
     if device.type != "cuda":
         return "not captured: CUDA graphs need CUDA (this ran as vectorized)"
-    step = loop.dispatcher.lockstep.trainer.step  # type: ignore[attr-defined]
-    if getattr(step, "fallback", None):
-        return f"not captured: {step.fallback}"
-    return f"{len(step.graphs)} graph(s), first round {first_round_s:.1f} s (capturing)"
+    steps = loop.dispatcher.lockstep.trainer.captured_steps()  # type: ignore[attr-defined]
+    fallbacks = sorted({s.fallback for s in steps if s.fallback})
+    graphs = sum(len(s.graphs) for s in steps)
+    if fallbacks and not graphs:
+        return f"not captured: {'; '.join(fallbacks)}"
+    note = f"{graphs} graph(s), first round {first_round_s:.1f} s (capturing)"
+    return f"{note}; uncaptured: {'; '.join(fallbacks)}" if fallbacks else note
 
 
 def measure(w: Workload, data: Any, device: torch.device, path: str) -> Cell:

@@ -31,9 +31,11 @@ Without BatchNorm's running statistics, a fit's padded batches are gathered step
 table built for the whole fit (``pfl.engine.batch_feed``), a few operations per step instead of a few per
 client (with augmentation, each client's real rows are then augmented from its own generator); a step
 trains only the clients with a batch at it, so the largest client of an unequal split no longer makes
-every other one compute on padding until it is done. On CUDA the padded step
+every other one compute on padding until it is done. On CUDA the padded step, a custom loss's step
 and the full pass can be replayed from CUDA graphs (``trainer.cuda_graphs``, ``pfl.engine.cuda_graphs``);
-every step is then padded to the batch size, as when compiled.
+every step is then padded to the batch size, as when compiled. A method's own gradient calls
+(``batch_gradients``) are not padded (each is its batch's mean, as the worker's): they are replayed from
+one graph per number of calls and batch width.
 """
 
 from __future__ import annotations
@@ -268,7 +270,7 @@ class StackedTrainer:
         # client's key of the step, so each client draws the masks of its sequential step.
         self.keyed = worker.keyed_dropout
         # trainer.cuda_graphs: the padded step replayed from CUDA graphs (pfl.engine.cuda_graphs)
-        captured = graphs and not compile and worker.device.type == "cuda"
+        captured = self.captured = graphs and not compile and worker.device.type == "cuda"
         # the forward and loss in the fit's context, the backward outside, as ClientTrainer.train
         self._context = forward_context(worker, cache=not captured)
         self._named = _param_splitter(worker)
@@ -289,13 +291,16 @@ class StackedTrainer:
         net = worker.module.net
         self.buffer_views = _buffer_views(net)
         self._others = {n: b for n, b in net.named_buffers() if not b.is_floating_point()}
+        # A method's own gradient calls (batch_gradients) are unpadded: captured once per stack size and
+        # batch width, on models without integer buffers (which would pass as inputs).
+        self._batch_gradient = CapturedStep(self._bufferless_gradient) if captured and not self._others else None
         # Compiled or captured, every step pads to the batch size: one input width, so a short last
         # batch never compiles or captures another graph.
         self.static_width = compile or captured
         # Which clients a padded step trains (pfl.engine.batch_feed.stack_size): those with a batch; captured,
         # a power of two of them (a few graphs); compiled, all (another stack size would compile again).
         self.stack_rows = "all" if compile else "powers" if captured else "active"
-        # Custom losses (pfl.engine.stacked_loss: one vmapped step per loss, uncompiled and uncaptured) and
+        # Custom losses (pfl.engine.stacked_loss: one vmapped step per loss, captured as the step, not compiled) and
         # a method's own gradient calls stack only on a model whose forwards move no running statistics and
         # draw no keyed masks: a custom loss may run several forwards per step, and a gradient call's pass
         # must change nothing but the gradient (Lockstep.stacks, LockstepTrainer.gradient).
@@ -331,7 +336,8 @@ class StackedTrainer:
     def _loss_step(self, loss: StackedLoss) -> Callable[..., tuple[Tensor, Tensor]]:
         """The vmapped (gradient, loss) of a custom loss's masked mean over the padded batch, for rows
         that are the model's flat parameters followed by the extra tensor (``pfl.engine.stacked_loss``);
-        the loss's constants are its last inputs. One per loss, built at its first fit."""
+        the loss's constants are its last inputs. One per loss, built at its first fit, replayed from
+        CUDA graphs as the default loss's step (``trainer.cuda_graphs``)."""
         step = self._loss_steps.get(loss.per_sample)
         if step is None:
             p, per_sample, context, at = self.worker.flat.num_params, loss.per_sample, self._context, self._at
@@ -341,8 +347,15 @@ class StackedTrainer:
                     per = per_sample(at, row[:p], row[p:], x, y, *constants)
                 return _masked_mean(per, mask)
 
-            step = self._loss_steps[loss.per_sample] = vmap(grad_and_value(masked))
+            step = vmap(grad_and_value(masked))
+            step = self._loss_steps[loss.per_sample] = CapturedStep(step) if self.captured else step
         return step
+
+    def captured_steps(self) -> list[CapturedStep]:
+        """The steps replayed from CUDA graphs (none uncaptured): the default loss's, the mean gradient's
+        and each custom loss's built so far."""
+        steps = [self.step, self.gradient_step, self._batch_gradient, *self._loss_steps.values()]
+        return [s for s in steps if isinstance(s, CapturedStep)]
 
     def _keys(self, reqs: Sequence[FitRequest | GradientRequest], purpose: str | None, steps: Sequence[int]) -> tuple:
         """The vmapped calls' extra input: each client's dropout key of its step (none without keyed
@@ -521,9 +534,20 @@ class StackedTrainer:
         buffers or keyed dropout (``stacks_method_passes``)."""
         params = torch.stack([r.params for r in reqs])
         none = params.new_zeros((len(reqs), 0))  # no running statistics
-        grads, loss = self._unpadded(params, none, [(r.x, r.y) for r in reqs], (), self.unpadded_gradient_step)
+        step = self.unpadded_gradient_step
+        if self._batch_gradient is not None:
+            captured = self._batch_gradient
+
+            def step(p: Tensor, buffers: dict[str, Tensor], x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+                return captured(p, x, y)  # ``buffers`` is empty: only the model's parameters are inputs
+
+        grads, loss = self._unpadded(params, none, [(r.x, r.y) for r in reqs], (), step)
         for j, r in enumerate(reqs):
             r.grad, r.loss = grads[j], loss[j]
+
+    def _bufferless_gradient(self, p: Tensor, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """The unpadded gradient step of a model without buffers, its inputs all tensors (capturable)."""
+        return self.unpadded_gradient_step(p, {}, x, y)
 
     def _perturbed(self, reqs: list[FitRequest], params: Tensor, grads: Tensor) -> Tensor:
         """SAM's perturbed point for every client (``SharpnessStep.two_pass``): w + ε, ε =

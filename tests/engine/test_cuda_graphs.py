@@ -207,3 +207,85 @@ def test_captured_fits_train_a_power_of_two_of_their_clients_one_graph_per_stack
     sizes = sorted(key[0][0][0] for key in trainer.step.graphs)  # each graph's number of rows
     assert sizes == [1, 2, 4, 5] and trainer.step.replays > len(sizes)
     torch.testing.assert_close(captured, eager, rtol=0, atol=1e-6)
+
+
+def test_a_custom_losss_step_is_captured_as_the_default_losss_and_trains_as_uncaptured(fake_cuda, monkeypatch):
+    """A stacked custom loss (pfl.engine.stacked_loss, e.g. APFL's mixture) gets its own captured step:
+    one graph per stack size, the extra tensors and parameters as the uncaptured fit leaves them."""
+    from pfl.engine.stacked import FitRequest
+    from pfl.engine.stacked_loss import StackedLoss
+    from pfl.engine.terms import ExtraParamSGD
+    from pfl.engine.trainer import FitSpec
+    from tests.engine.test_stacked_loss import ShiftedLoss
+
+    loop = make_loop(tiny_config("fedavg", client={"batch_size": 8}))
+    w, start = loop.worker, loop.init_state
+    g = torch.Generator().manual_seed(0)
+    extras = [0.1 * torch.randn(10, generator=g) for _ in range(3)]
+    shifts = [torch.rand(10, generator=g) + 0.5 for _ in range(3)]
+
+    def fit(graphs: bool):
+        specs = []
+        for k, epochs in enumerate((3, 2, 1)):  # ragged: 3 clients, then fewer
+            term = ExtraParamSGD(extras[k].clone().requires_grad_(True), lr=0.3, momentum=0.5)
+            specs.append(FitSpec(epochs=epochs, terms=[term], loss_fn=lambda net, x, y: net(x).sum(),
+                                 stacked_loss=StackedLoss(ShiftedLoss(), term, (shifts[k],))))  # fmt: skip
+        requests = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in enumerate(specs)]
+        with monkeypatch.context() as m:  # a trainer built for CUDA (it captures), trained on the CPU
+            m.setattr(type(w), "device", property(lambda self: torch.device("cuda", 0)), raising=False)
+            trainer = StackedTrainer(w, graphs=graphs)
+        loss_step = trainer._loss_step(specs[0].stacked_loss)
+        if graphs:
+            loss_step.fn = recorded(loss_step.fn, fake_cuda, [])
+        trainer.train(requests)
+        extra = torch.stack([s.stacked_loss.extra.tensor.detach() for s in specs])
+        return trainer, loss_step, torch.stack([r.out for r in requests]), extra
+
+    _, eager_step, eager, eager_extra = fit(False)
+    trainer, step, captured, captured_extra = fit(True)
+    assert not isinstance(eager_step, cg.CapturedStep) and isinstance(step, cg.CapturedStep)
+    assert trainer.captured_steps()[-1] is step and trainer.step in trainer.captured_steps()
+    assert sorted(key[0][0][0] for key in step.graphs) == [1, 2, 3] and step.replays > 3
+    assert trainer.step.replays == 0  # the default loss's step never ran
+    torch.testing.assert_close(captured, eager, rtol=0, atol=1e-6)
+    torch.testing.assert_close(captured_extra, eager_extra, rtol=0, atol=1e-6)
+    assert not torch.equal(captured_extra, torch.stack(extras))  # the extra tensors trained
+
+
+def test_a_methods_own_gradient_calls_are_captured_once_per_stack_size_and_batch_width(fake_cuda, monkeypatch):
+    """pFedMe's and Per-FedAvg's ``client.gradient`` calls, served stacked (``batch_gradients``): replayed
+    from one graph per number of calls and batch width, each client resuming as its sequential calls leave it."""
+    from pfl.engine.lockstep import Lockstep
+    from tests.engine.test_batch_gradients import _own_loop
+    from tests.engine.test_lockstep import _worker
+
+    w = _worker().worker
+    start = w.flat.snapshot()
+    cids = [0, 1, 2]
+    expected = [_own_loop(c, start)(w) for c in cids]
+    with monkeypatch.context() as m:  # a trainer built for CUDA (it captures), trained on the CPU
+        m.setattr(type(w), "device", property(lambda self: torch.device("cuda", 0)), raising=False)
+        trainer = StackedTrainer(w, graphs=True)
+    captured = trainer._batch_gradient
+    assert isinstance(captured, cg.CapturedStep) and captured in trainer.captured_steps()
+    captured.fn = recorded(captured.fn, fake_cuda, [])
+    lockstep = Lockstep(w, trainer)
+    got = lockstep.run([_own_loop(c, start) for c in cids])
+    assert lockstep.stacked_batch_gradients > 0 and lockstep.sequential_gradients == 0
+    shapes = {key[1][0][:2] for key in captured.graphs}  # (calls, batch width) of each graph's x
+    assert shapes == {(3, 16), (2, 16)}  # all three clients' calls, then two (one client's batches ran out)
+    assert 0 < captured.replays < lockstep.stacked_batch_gradients  # several calls per replay
+    for a, b in zip(got, expected, strict=True):
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(x, y, rtol=0, atol=1e-6)
+
+
+def test_gradient_calls_on_a_model_with_integer_buffers_stay_uncaptured(monkeypatch):
+    """An integer buffer would be one more input of the captured pass: such a model's calls run uncaptured."""
+    loop = make_loop(tiny_config("fedavg"))
+    w = loop.worker
+    monkeypatch.setattr(type(w), "device", property(lambda self: torch.device("cuda", 0)), raising=False)
+    assert isinstance(StackedTrainer(w, graphs=True)._batch_gradient, cg.CapturedStep)
+    w.module.net.register_buffer("calls", torch.zeros((), dtype=torch.long))
+    trainer = StackedTrainer(w, graphs=True)
+    assert trainer._batch_gradient is None and isinstance(trainer.step, cg.CapturedStep)
