@@ -23,6 +23,7 @@ from pfl.data import build_data
 from pfl.errors import ConfigError
 from pfl.federation.robust import RobustRule
 from pfl.methods import ClientContext, Method, ServerContext, State, Upload, weighted_mean_of
+from pfl.methods.base import MethodFlagWarning
 from pfl.methods.ditto import Ditto
 from pfl.runner.args import parse_fit_args
 from pfl.runner.wandb_run import run_identity
@@ -31,27 +32,31 @@ from tests.api.helpers import ROOT, tiny_fit
 HERE = __name__  # the import path of the classes below
 
 
-class Pull(Method):
-    """FedAvg written as a user would, without a ``name``."""
+# A user who overrides aggregate without stating averages_uploads is told that it was set for them
+# (False: robust aggregators refuse the method, as a test below checks).
+with pytest.warns(MethodFlagWarning, match="Pull overrides aggregate without stating averages_uploads"):
 
-    has_personal_model = False
+    class Pull(Method):
+        """FedAvg written as a user would, without a ``name``."""
 
-    def __init__(self, mu: float = 0.0):
-        if mu > 1:
-            raise ValueError(f"mu must be at most 1, got {mu}")
-        self.mu = mu
+        has_personal_model = False
 
-    def init_server(self, server: ServerContext) -> State:
-        return {"global": server.init_state.clone()}
+        def __init__(self, mu: float = 0.0):
+            if mu > 1:
+                raise ValueError(f"mu must be at most 1, got {mu}")
+            self.mu = mu
 
-    def payload(self, server: ServerContext, cid: int) -> State:
-        return {"global": server["global"]}
+        def init_server(self, server: ServerContext) -> State:
+            return {"global": server.init_state.clone()}
 
-    def local_update(self, client: ClientContext, payload: State) -> Upload:
-        return Upload(client.fit(payload["global"]), client.num_samples)
+        def payload(self, server: ServerContext, cid: int) -> State:
+            return {"global": server["global"]}
 
-    def aggregate(self, server: ServerContext, uploads: dict[int, Upload]) -> None:
-        server["global"] = weighted_mean_of(uploads)
+        def local_update(self, client: ClientContext, payload: State) -> Upload:
+            return Upload(client.fit(payload["global"]), client.num_samples)
+
+        def aggregate(self, server: ServerContext, uploads: dict[int, Upload]) -> None:
+            server["global"] = weighted_mean_of(uploads)
 
 
 class PullAgain(Pull):
