@@ -1,5 +1,5 @@
 """``make bench``: overhead vs plain PyTorch, scaling with N, per-method cost, vectorized clients,
-checkpoint cost against N, a ResNet-18 round.
+lockstep's handoff, checkpoint cost against N, a ResNet-18 round.
 
 Writes bench/results.json and prints the tables that docs/performance.md quotes. Every timing is
 the best of a few interleaved blocks after a warm-up round, on ``--threads`` intra-op threads
@@ -22,6 +22,7 @@ import torch
 
 from bench.checkpoint import SHARE_CLIENTS, SHARE_LIMIT, SHARE_PER_ROUND, checkpoint_point, cost_share, method_shares
 from bench.common import bench_config, cifar_like, make_loop, mnist_like
+from bench.handoff import handoff_costs
 from bench.overhead import PlainFedAvg, overhead
 from bench.scaling import interleaved_round_s, method_costs
 from bench.vmap import compare
@@ -92,6 +93,11 @@ def run_objectives() -> list[dict]:
 
 def run_vmap() -> list[dict]:
     return [{"model": model, **compare(model, ROUNDS[model] * 2)} for model in ("mlp", "cnn")]
+
+
+def run_handoff() -> list[dict]:
+    worker = make_loop(bench_config("fedavg", "mlp", 100, 10), mnist_like(100)).worker
+    return handoff_costs(worker, (5, 20, 50), 50)
 
 
 def run_checkpoint() -> dict:
@@ -193,6 +199,16 @@ def report(results: dict) -> str:
                 ("max_abs_diff", "max |diff|", ".1e"),
             ],
         ),
+        "\nLockstep handoff: a stacked client.gradient call with its pass removed (bench.handoff), us per call",
+        table(
+            results["handoff"],
+            [
+                ("clients", "clients", "d"),
+                ("lockstep_us", "lockstep us", ".1f"),
+                ("at_once_us", "served at once us", ".1f"),
+                ("handoff_us", "handoff us", ".1f"),
+            ],
+        ),
         "\nCheckpoint per round against N: Ditto MLP, every client with a personal model, 10 sampled",
         table(
             results["checkpoint"]["by_n"],
@@ -260,6 +276,7 @@ def main(argv: list[str] | None = None) -> dict:
         "methods": run_methods(),
         "objectives": run_objectives(),
         "vmap": run_vmap(),
+        "handoff": run_handoff(),
         "checkpoint": run_checkpoint(),
         "resnet": run_resnet(),
     }

@@ -120,8 +120,12 @@ class Lockstep:
         self.model_ok = not model_problems(worker, precision_name(worker))
         self.stacked_fits = self.sequential_fits = self.stacked_gradients = 0  # counts, for tests and logs
         self.stacked_batch_gradients = self.sequential_gradients = 0  # a method's own gradient calls
-        self._cond = threading.Condition()
-        self._turn: int | None = None
+        # The handoff: each client thread waits on its own semaphore and the round's thread on one of its
+        # own, so passing the turn wakes exactly one thread (a shared condition woke every client at
+        # every handoff: a round's cost grew with the square of its clients). New ones every run: a
+        # client left running when a round stops cannot leave a release behind for the next.
+        self._go: list[threading.Semaphore] = []
+        self._back = threading.Semaphore(0)
         self._pending: dict[int, FitRequest | GradientRequest | BatchGradientRequest] = {}
         self._abandoned = False
 
@@ -143,22 +147,21 @@ class Lockstep:
         errors: list[BaseException | None] = [None] * n
         grad_mode = torch.is_grad_enabled()
 
+        self._go = [threading.Semaphore(0) for _ in range(n)]
+        self._back = threading.Semaphore(0)
+
         def body(slot: int) -> None:
+            self._go[slot].acquire()
+            if self._abandoned:
+                return
             try:
-                with self._cond:
-                    self._cond.wait_for(lambda: self._turn == slot or self._abandoned)
-                    if self._abandoned:
-                        return
                 with torch.set_grad_enabled(grad_mode):  # grad mode is per thread in torch
                     results[slot] = updates[slot](LockstepTrainer(self.worker, self, slot))
             except _Abandoned:
-                pass
+                return
             except BaseException as e:  # handed to the caller's thread, raised there
                 errors[slot] = e
-            finally:
-                with self._cond:
-                    self._turn = None
-                    self._cond.notify_all()
+            self._back.release()  # the turn back to the round's thread
 
         threads = [threading.Thread(target=body, args=(i,), daemon=True, name=f"pfl-lockstep-{i}") for i in range(n)]
         for t in threads:
@@ -183,30 +186,26 @@ class Lockstep:
                     self.trainer.batch_gradients(batch_gradients)
                 runnable = sorted(pending)
         finally:
-            with self._cond:
-                self._abandoned = True
-                self._cond.notify_all()
+            self._abandoned = True
+            for go in self._go:  # every waiting client wakes, sees the round stopped, and unwinds
+                go.release()
             for t in threads:
                 t.join()
-            self._abandoned, self._turn, self._pending = False, None, {}
+            self._abandoned, self._pending = False, {}
         return results
 
     def _resume(self, slot: int) -> None:
         """Let client ``slot`` run until it waits on a stacked fit or ends."""
-        with self._cond:
-            self._turn = slot
-            self._cond.notify_all()
-            self._cond.wait_for(lambda: self._turn is None)
+        self._go[slot].release()
+        self._back.acquire()
 
     def wait_for(self, slot: int, request: FitRequest | GradientRequest | BatchGradientRequest) -> None:
         """Called by client ``slot``'s thread: post its request and wait until it is served."""
-        with self._cond:
-            self._pending[slot] = request
-            self._turn = None
-            self._cond.notify_all()
-            self._cond.wait_for(lambda: self._turn == slot or self._abandoned)
-            if self._abandoned:
-                raise _Abandoned
+        self._pending[slot] = request
+        self._back.release()
+        self._go[slot].acquire()
+        if self._abandoned:
+            raise _Abandoned
 
 
 __all__ = ["LockstepTrainer", "Lockstep"]

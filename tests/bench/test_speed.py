@@ -86,3 +86,19 @@ def test_every_registered_method_runs_in_the_benchmark_setup():
         loop = make_bench_loop(bench_config(name, "mlp", 4, 2, epochs=1), mnist_like(4))
         loop.run_round()
         assert loop.progress.train_samples > 0
+
+
+def test_the_handoff_bench_times_the_same_gradient_calls_with_and_without_the_handoff():
+    from bench.handoff import Immediate, NoPass, gradient_calls, handoff_costs
+    from pfl.engine.lockstep import LockstepTrainer
+
+    w = _small_bench_loop().worker
+    rows = handoff_costs(w, (1, 3), calls=2, repeats=1)  # asserts every lockstep call was handed off
+    assert [r["clients"] for r in rows] == [1, 3]
+    assert all(r["handoff_us"] == r["lockstep_us"] - r["at_once_us"] and r["at_once_us"] > 0 for r in rows)
+    immediate = Immediate(w, NoPass(w))
+    w.flat.grads.fill_(1.0)
+    gradient_calls(2)(LockstepTrainer(w, immediate, 0))
+    # the same path as in lockstep (a stacked call each), served without a handoff: NoPass's zero gradient
+    assert (immediate.stacked_batch_gradients, immediate.sequential_gradients) == (2, 0)
+    assert not w.flat.grads.any()
