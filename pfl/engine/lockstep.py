@@ -115,17 +115,18 @@ class LockstepTrainer:
 class Lockstep:
     """Runs one round's local updates in lockstep on ``worker``, training their stackable fits together."""
 
+    # The handoff: each client thread waits on its own semaphore and the round's thread on one of its
+    # own, so passing the turn wakes exactly one thread (a shared condition woke every client at every
+    # handoff: a round's cost grew with the square of its clients). ``run`` makes new ones every round:
+    # a client left running when a round stops cannot leave a release behind for the next.
+    _go: list[threading.Semaphore]
+    _back: threading.Semaphore
+
     def __init__(self, worker: ClientTrainer, trainer: StackedTrainer):
         self.worker, self.trainer = worker, trainer
         self.model_ok = not model_problems(worker, precision_name(worker))
         self.stacked_fits = self.sequential_fits = self.stacked_gradients = 0  # counts, for tests and logs
         self.stacked_batch_gradients = self.sequential_gradients = 0  # a method's own gradient calls
-        # The handoff: each client thread waits on its own semaphore and the round's thread on one of its
-        # own, so passing the turn wakes exactly one thread (a shared condition woke every client at
-        # every handoff: a round's cost grew with the square of its clients). New ones every run: a
-        # client left running when a round stops cannot leave a release behind for the next.
-        self._go: list[threading.Semaphore] = []
-        self._back = threading.Semaphore(0)
         self._pending: dict[int, FitRequest | GradientRequest | BatchGradientRequest] = {}
         self._abandoned = False
 
