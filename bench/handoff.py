@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from bench.common import bench_config, make_loop, mnist_like
 from pfl.engine.lockstep import Lockstep, LockstepTrainer
 from pfl.engine.stacked import BatchGradientRequest, FitRequest, GradientRequest, StackedTrainer
 from pfl.engine.trainer import ClientTrainer
@@ -36,6 +37,15 @@ class Immediate(Lockstep):
     def wait_for(self, slot: int, request: FitRequest | GradientRequest | BatchGradientRequest) -> None:
         assert isinstance(request, BatchGradientRequest)
         self.trainer.batch_gradients([request])
+
+
+CLIENTS = (5, 20, 50)  # clients in the round (make bench and the command's default)
+CALLS = 50  # gradient calls per client
+
+
+def bench_worker() -> ClientTrainer:
+    """The worker the handoff is timed on: FedAvg's MLP on an MNIST-shaped split of 100 clients."""
+    return make_loop(bench_config("fedavg", "mlp", 100, 10), mnist_like(100)).worker
 
 
 def gradient_calls(calls: int) -> Callable[[LockstepTrainer], None]:
@@ -81,15 +91,12 @@ def handoff_costs(worker: ClientTrainer, clients: Sequence[int], calls: int, rep
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
-    from bench.common import bench_config, make_loop, mnist_like
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", default="5,20,50")
-    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--clients", default=",".join(map(str, CLIENTS)))
+    parser.add_argument("--calls", type=int, default=CALLS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    worker = make_loop(bench_config("fedavg", "mlp", 100, 10), mnist_like(100)).worker
-    rows = handoff_costs(worker, [int(n) for n in args.clients.split(",")], args.calls)
+    rows = handoff_costs(bench_worker(), [int(n) for n in args.clients.split(",")], args.calls)
     for r in rows:
         print(
             f"{r['clients']:3d} clients: {r['lockstep_us']:6.1f} us per call in lockstep, {r['at_once_us']:5.1f} "

@@ -22,7 +22,7 @@ import torch
 
 from bench.checkpoint import SHARE_CLIENTS, SHARE_LIMIT, SHARE_PER_ROUND, checkpoint_point, cost_share, method_shares
 from bench.common import bench_config, cifar_like, make_loop, mnist_like
-from bench.handoff import handoff_costs
+from bench.handoff import CALLS, CLIENTS, bench_worker, handoff_costs
 from bench.overhead import PlainFedAvg, overhead
 from bench.scaling import interleaved_round_s, method_costs
 from bench.vmap import compare
@@ -96,8 +96,7 @@ def run_vmap() -> list[dict]:
 
 
 def run_handoff() -> list[dict]:
-    worker = make_loop(bench_config("fedavg", "mlp", 100, 10), mnist_like(100)).worker
-    return handoff_costs(worker, (5, 20, 50), 50)
+    return handoff_costs(bench_worker(), CLIENTS, CALLS)
 
 
 def run_checkpoint() -> dict:
