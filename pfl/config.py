@@ -62,7 +62,7 @@ class TrainerConfig:
             states; pfl.engine.vectorized lists the methods, models and settings it supports):
             auto (together on CUDA when the method, model and settings allow it, else one at a
             time), true (together, or a refusal naming why not) or false (one at a time).
-        compile: wrap the model's forward in torch.compile (and the vectorized step, when on); the log
+        compile: wrap the model's forward in torch.compile (and the vectorized steps, when on); the log
             says once how long the first compiled calls (where compiling happens) took.
         cuda_graphs: replay the vectorized step from CUDA graphs captured once per shape
             (pfl.engine.cuda_graphs; every step padded to the batch size): one launch per step

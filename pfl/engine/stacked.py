@@ -31,11 +31,12 @@ Without BatchNorm's running statistics, a fit's padded batches are gathered step
 table built for the whole fit (``pfl.engine.batch_feed``), a few operations per step instead of a few per
 client (with augmentation, each client's real rows are then augmented from its own generator); a step
 trains only the clients with a batch at it, so the largest client of an unequal split no longer makes
-every other one compute on padding until it is done. On CUDA the padded step, a custom loss's step
-and the full pass can be replayed from CUDA graphs (``trainer.cuda_graphs``, ``pfl.engine.cuda_graphs``);
-every step is then padded to the batch size, as when compiled. A method's own gradient calls
-(``batch_gradients``) are not padded (each is its batch's mean, as the worker's): they are replayed from
-one graph per number of calls and batch width.
+every other one compute on padding until it is done. The padded step, a custom loss's step and the
+full pass are each compiled (``trainer.compile``) or, on CUDA, replayed from CUDA graphs
+(``trainer.cuda_graphs``, ``pfl.engine.cuda_graphs``); every step is then padded to the batch size. A
+method's own gradient calls (``batch_gradients``) are not padded (each is its batch's mean, as the
+worker's): they are replayed from one graph per number of calls and batch width, and not compiled
+(every new width would compile again).
 """
 
 from __future__ import annotations
@@ -276,14 +277,12 @@ class StackedTrainer:
         self._named = _param_splitter(worker)
         module = worker.module
         self._at = ParamsAt(module.net, self._named, module.loss, worker.task == "regression")
+        self.compiled = compile
         step, self.unpadded_step = self._vmapped(self._context)
-        if compile:
-            self.step = worker.compile_clock.first_call(torch.compile(step, dynamic=True))
-        else:
-            self.step = CapturedStep(step) if captured else step
+        self.step = self._staged(step)
         # The mean gradient's pass, as ClientTrainer.gradient: its loss outside any forward context.
         gradient_step, self.unpadded_gradient_step = self._vmapped(contextlib.nullcontext)
-        self.gradient_step = CapturedStep(gradient_step) if captured else gradient_step
+        self.gradient_step = self._staged(gradient_step)
         # BatchNorm: each client's running statistics are a row of a (clients × buffers) matrix passed
         # through functional_call, which BatchNorm updates in place, row by row under vmap; its other
         # buffers (num_batches_tracked) are passed as throwaway copies. Batches are never padded
@@ -300,12 +299,20 @@ class StackedTrainer:
         # Which clients a padded step trains (pfl.engine.batch_feed.stack_size): those with a batch; captured,
         # a power of two of them (a few graphs); compiled, all (another stack size would compile again).
         self.stack_rows = "all" if compile else "powers" if captured else "active"
-        # Custom losses (pfl.engine.stacked_loss: one vmapped step per loss, captured as the step, not compiled) and
+        # Custom losses (pfl.engine.stacked_loss: one vmapped step per loss, compiled or captured as the step) and
         # a method's own gradient calls stack only on a model whose forwards move no running statistics and
         # draw no keyed masks: a custom loss may run several forwards per step, and a gradient call's pass
         # must change nothing but the gradient (Lockstep.stacks, LockstepTrainer.gradient).
         self.stacks_method_passes = not self.buffer_views and not self.keyed
         self._loss_steps: dict[Callable, Callable] = {}
+
+    def _staged(self, step: Callable[..., tuple[Tensor, Tensor]]) -> Callable[..., tuple[Tensor, Tensor]]:
+        """A padded vmapped step as the trainer runs it: compiled (``trainer.compile``, its first call,
+        where torch.compile traces and compiles, on the run's compile clock), replayed from CUDA graphs
+        (``trainer.cuda_graphs``), or as it is."""
+        if self.compiled:
+            return self.worker.compile_clock.first_call(torch.compile(step, dynamic=True))
+        return CapturedStep(step) if self.captured else step
 
     def _vmapped(self, context: Callable[[], AbstractContextManager]) -> tuple[Callable, Callable]:
         """The vmapped (gradient, loss) of the padded batch's masked mean loss and of the unpadded
@@ -336,8 +343,8 @@ class StackedTrainer:
     def _loss_step(self, loss: StackedLoss) -> Callable[..., tuple[Tensor, Tensor]]:
         """The vmapped (gradient, loss) of a custom loss's masked mean over the padded batch, for rows
         that are the model's flat parameters followed by the extra tensor (``pfl.engine.stacked_loss``);
-        the loss's constants are its last inputs. One per loss, built at its first fit, replayed from
-        CUDA graphs as the default loss's step (``trainer.cuda_graphs``)."""
+        the loss's constants are its last inputs. One per loss, built at its first fit, compiled or
+        replayed from CUDA graphs as the default loss's step (``_staged``)."""
         step = self._loss_steps.get(loss.per_sample)
         if step is None:
             p, per_sample, context, at = self.worker.flat.num_params, loss.per_sample, self._context, self._at
@@ -347,8 +354,7 @@ class StackedTrainer:
                     per = per_sample(at, row[:p], row[p:], x, y, *constants)
                 return _masked_mean(per, mask)
 
-            step = vmap(grad_and_value(masked))
-            step = self._loss_steps[loss.per_sample] = CapturedStep(step) if self.captured else step
+            step = self._loss_steps[loss.per_sample] = self._staged(vmap(grad_and_value(masked)))
         return step
 
     def captured_steps(self) -> list[CapturedStep]:
