@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pfl.runner.claims import Claim, LrGrid, beats, method_args, standing
 
-# 50 of the config's 100 rounds (docs/reproduce.md, Budget: one seed of the 17 runs costs ~92 CPU-minutes,
-# pFedMe 24 of them), with a validation split (10 % of each client's samples) for the lr grid.
+# 50 of the config's 100 rounds (docs/reproduce.md, Budget: one seed of the 17 runs took ~60 run-minutes,
+# pFedMe 14 of them), with a validation split (10 % of each client's samples) for the lr grid.
 PGFED_BASE = [
     "--config",
     "conf/experiment/pgfed_mnist5k_dir03.yaml",
