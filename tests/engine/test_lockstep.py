@@ -63,6 +63,13 @@ def _assert_close(a, b, what, atol=1e-5):
             _assert_close(a[k], b[k], f"{what}[{k}]", atol)
 
 
+def _assert_same_metrics(got: dict, expected: dict, atol: float = 1e-5) -> None:
+    """Every float metric of a history row (timings and NaNs left out) as in ``expected``'s."""
+    for key, value in expected.items():
+        if isinstance(value, float) and not key.startswith(("time", "throughput")) and value == value:
+            assert got[key] == pytest.approx(value, abs=atol), key
+
+
 @pytest.mark.parametrize("name", sorted(methods()))
 def test_every_method_trains_in_lockstep_as_it_does_sequentially(name):
     seq, vec = _loop(name, False), _loop(name, True)
@@ -70,10 +77,7 @@ def test_every_method_trains_in_lockstep_as_it_does_sequentially(name):
     atol = STATE_ATOL.get(name, 1e-5)
     _assert_close(vec.server.state, seq.server.state, "server", atol)
     _assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients", atol)
-    final = seq.history[-1]
-    for key, value in final.items():
-        if isinstance(value, float) and not key.startswith(("time", "throughput")) and value == value:
-            assert vec.history[-1][key] == pytest.approx(value, abs=1e-5), key
+    _assert_same_metrics(vec.history[-1], seq.history[-1])
     assert vec.progress.train_samples == seq.progress.train_samples
     lockstep = vec.dispatcher.lockstep
     # What vectorize_problems and the docs' table say is what happens: a method that names no problem
@@ -504,9 +508,7 @@ def test_bf16_rounds_train_stacked_as_sequentially(name, precision, monkeypatch)
     assert set(dtypes) == {torch.bfloat16}
     _assert_close(vec.server.state, seq.server.state, "server", BF16_ROUNDS_ATOL)
     _assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients", BF16_ROUNDS_ATOL)
-    for key, value in seq.history[-1].items():
-        if isinstance(value, float) and not key.startswith(("time", "throughput")) and value == value:
-            assert vec.history[-1][key] == pytest.approx(value, abs=BF16_ROUNDS_ATOL), key
+    _assert_same_metrics(vec.history[-1], seq.history[-1], BF16_ROUNDS_ATOL)
 
 
 def test_a_gradient_scaler_stays_refused_in_one_line():
@@ -642,9 +644,7 @@ def test_rounds_with_keyed_dropout_train_stacked_as_sequentially(name):
     assert lockstep.stacked_fits > 0 and lockstep.sequential_fits == 0
     _assert_close(vec.server.state, seq.server.state, "server")
     _assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients")
-    for key, value in seq.history[-1].items():
-        if isinstance(value, float) and not key.startswith(("time", "throughput")) and value == value:
-            assert vec.history[-1][key] == pytest.approx(value, abs=1e-5), key
+    _assert_same_metrics(vec.history[-1], seq.history[-1])
     again = loop(False)
     again.fit()
     assert torch.equal(again.server.state["global"], seq.server.state["global"])  # the same seed reproduces
@@ -674,9 +674,7 @@ def test_compiled_stacked_rounds_with_keyed_dropout_train_as_sequentially():
     assert len(set(rows)) == 1 and len(rows) > 2
     assert vec.dispatcher.lockstep.stacked_fits > 0 and vec.dispatcher.lockstep.trainer.static_width
     _assert_close(vec.server.state, seq.server.state, "server")
-    for key, value in seq.history[-1].items():
-        if isinstance(value, float) and not key.startswith(("time", "throughput")) and value == value:
-            assert vec.history[-1][key] == pytest.approx(value, abs=1e-5), key
+    _assert_same_metrics(vec.history[-1], seq.history[-1])
 
 
 @pytest.mark.parametrize("name, compiled_steps", [("apfl", 3), ("pgfed", 2)])
@@ -716,9 +714,7 @@ def test_compiled_custom_losses_and_full_passes_train_as_sequentially(name, comp
     assert lockstep.stacked_fits > 0 and lockstep.sequential_fits == 0
     _assert_close(vec.server.state, seq.server.state, "server", atol=1e-10)
     _assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients", atol=1e-10)
-    for key, value in seq.history[-1].items():
-        if isinstance(value, float) and not key.startswith(("time", "throughput")) and value == value:
-            assert vec.history[-1][key] == pytest.approx(value, abs=1e-10), key
+    _assert_same_metrics(vec.history[-1], seq.history[-1], 1e-10)
 
 
 def test_stacked_wrn_batchnorm_fits_equal_the_workers_fits_to_float64_rounding():
@@ -774,8 +770,6 @@ def test_stacked_wrn_batchnorm_rounds_equal_the_sequential_rounds_in_float64():
         _assert_close(vec.server.state, seq.server.state, "server", atol=1e-12)
         _assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients", atol=1e-12)
         for got, expected in zip(vec.history, seq.history, strict=True):
-            for key, value in expected.items():
-                if isinstance(value, float) and not key.startswith(("time", "throughput")) and value == value:
-                    assert got[key] == pytest.approx(value, abs=1e-12), key
+            _assert_same_metrics(got, expected, 1e-12)
     finally:
         torch.set_default_dtype(previous)
