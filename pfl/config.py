@@ -55,6 +55,8 @@ class TrainerConfig:
             Above 1, a checkpoint is also written as soon as the time since the last one is 20x what
             that one cost (checkpointing then takes at most ~5 % of the run). Checkpoints are
             incremental (pfl.federation.checkpoint): a round's costs what it changed, not N.
+            0: no checkpoint is written (a killed run starts again from round 0, and the Python
+            API's Run.model() has no trained state to read).
         client_store: where per-client state lives between rounds: memory (on the training device)
             or disk (at most store_budget_mb on the device, the least recently used spilled to files).
         store_budget_mb: the disk store's budget on the training device, in MiB.
@@ -85,7 +87,7 @@ class TrainerConfig:
     fraction: float = 1.0  # share of clients sampled per round, in (0, 1]
     clients_per_round: int | None = None  # a fixed count instead of a fraction
     eval_every: int = 10
-    checkpoint_every: int = 1  # a killed run loses at most this many rounds
+    checkpoint_every: int = 1  # a killed run loses at most this many rounds (0: never checkpointed)
     accelerator: str = "auto"
     devices: int = 1  # devices per node; > 1 splits each round's clients across them (pfl.federation.distributed)
     processes_per_device: int = 1  # > 1: several processes share each device (pfl.runner.devices)
@@ -330,7 +332,11 @@ def validate(cfg: RunConfig) -> None:
             f"must be in [1, data.num_clients={cfg.data.num_clients}] (got {t.clients_per_round})",
         )
     require(t.eval_every >= 1, "trainer.eval_every", f"must be >= 1 (got {t.eval_every})")
-    require(t.checkpoint_every >= 1, "trainer.checkpoint_every", f"must be >= 1 (got {t.checkpoint_every})")
+    require(
+        t.checkpoint_every >= 0,
+        "trainer.checkpoint_every",
+        f"must be >= 1, or 0 for no checkpoints (got {t.checkpoint_every})",
+    )
     require_choice(t.accelerator, ACCELERATORS, "trainer.accelerator", "accelerator")
     require_choice(t.precision, PRECISIONS, "trainer.precision", "precision")
     require(

@@ -38,7 +38,9 @@ def restored_loop(run_dir: Path) -> tuple[RunConfig, FederatedLoop]:
     plan = plan_run(cfg, build_data(cfg.data, cfg.seed), resume_dir=run_dir)
     if plan.resume is None or plan.resume.checkpoint is None:
         raise ConfigError(
-            str(run_dir), "has no checkpoint to read the trained models from", "keep trainer.checkpoint_every > 0"
+            str(run_dir),
+            "has no checkpoint to read the trained models from",
+            "run it with trainer.checkpoint_every >= 1 (0 writes none)",
         )
     return cfg, build_loop(plan)
 

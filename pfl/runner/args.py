@@ -245,11 +245,34 @@ def check_resume_progress(run_dir: Path, rounds_done: int, rounds: int) -> bool:
     )
     if rounds != rounds_done:
         return False
+    summary = _finished_summary(run_dir)  # None: killed between its last checkpoint and its summary
+    return summary is not None and summary.get("rounds") == rounds_done
+
+
+def check_resume_without_checkpoint(run_dir: Path, rounds: int) -> bool:
+    """A resume of a folder with no checkpoint (``trainer.checkpoint_every: 0``, or killed before its
+    first): True when its summary already reports ``rounds`` (nothing left to do); a finished run of
+    other rounds is refused, since nothing can continue it and retraining would replace its results;
+    False (no summary) starts the run from round 0."""
+    summary = _finished_summary(run_dir)
+    if summary is None:
+        return False
+    done = summary.get("rounds")
+    require(
+        done == rounds,
+        str(run_dir),
+        f"finished {done} rounds but holds no checkpoint to continue from (trainer.checkpoint_every: 0 writes none)",
+        "start a new run with the rounds you want (another --tracking.name)",
+    )
+    return True
+
+
+def _finished_summary(run_dir: Path) -> dict | None:
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
-        return False  # killed between its last checkpoint and its summary: the resume writes it
-    return isinstance(summary, dict) and summary.get("rounds") == rounds_done
+        return None
+    return summary if isinstance(summary, dict) else None
 
 
 def _explain(message: str, parser: ArgumentParser) -> ConfigError:

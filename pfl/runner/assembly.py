@@ -110,7 +110,7 @@ def build_loop(
     )
     if resume is not None and resume.checkpoint is not None:
         checkpointer.restore(resume.checkpoint)  # the round, history, server, stores and counters it holds
-    if run_dir is not None:
+    if run_dir is not None and t.checkpoint_every > 0:  # 0: the run writes no checkpoint
         callbacks = [*callbacks, Checkpointing(checkpointer)]
     if t.progress and cohort.is_zero:  # last: started after the others (W&B takes seconds)
         callbacks = [*callbacks, ProgressBar()]

@@ -30,7 +30,7 @@ from pfl.methods import class_path
 from pfl.methods.base import Method
 from pfl.metrics.protocols import s_test_clients
 from pfl.models import check_model_builds, structure_model
-from pfl.runner.args import RESUME_ALLOWED, check_resume_progress
+from pfl.runner.args import RESUME_ALLOWED, check_resume_progress, check_resume_without_checkpoint
 from pfl.runner.training_path import require_vectorizable
 
 
@@ -182,7 +182,10 @@ def plan_run(cfg: RunConfig, data: FederatedData, resume_dir: Path | None = None
     resume, finished = None, False
     if resume_dir is not None:
         resume = read_resumption(Path(resume_dir))
-        finished = check_resume_progress(resume.run_dir, resume.rounds_done, cfg.trainer.rounds)
+        if resume.checkpoint is None:
+            finished = check_resume_without_checkpoint(resume.run_dir, cfg.trainer.rounds)
+        else:
+            finished = check_resume_progress(resume.run_dir, resume.rounds_done, cfg.trainer.rounds)
     return RunPlan(
         cfg=cfg,
         data=data,

@@ -42,9 +42,15 @@ from pfl.safe_files import write_atomic
 
 QUICK_SHARE = 10  # QUICK runs 1/10 of each run's rounds, on the first seed only
 LR_DIR = "_lr"
-# The suite regenerates its runs (an interrupted suite re-runs the unfinished ones with --reuse), so it
-# checkpoints only as often as costs ~5 % of a run (PAGE's 100 replay buffers made it 40 % every round).
-RUN_FLAGS = ["--trainer.progress", "false", "--tracking.overwrite", "true", "--trainer.checkpoint_every", "1000000"]
+RUN_FLAGS = ["--trainer.progress", "false", "--tracking.overwrite", "true"]
+
+
+def checkpoint_flags(keep: bool) -> list[str]:
+    """The suite regenerates its runs (an interrupted suite re-runs the unfinished ones from round 0 with
+    --reuse) and no verdict reads a checkpoint, so by default its runs write none (a pFedMe run's left
+    114 MB, a whole suite tens of GB). ``keep``: each run checkpoints as the Python API's ``Run.model()``
+    needs, as often as costs ~5 % of a run (PAGE's 100 replay buffers made it 40 % every round)."""
+    return ["--trainer.checkpoint_every", "1000000" if keep else "0"]
 
 
 @dataclass
@@ -216,13 +222,14 @@ def run_claims(
     reuse: bool = False,
     accelerator: str = "auto",
     fresh: bool = False,
+    keep_checkpoints: bool = False,
 ) -> Path:
     """Run the claims over their seeds in ``workers`` processes and write ``out/REPORT.md``. ``quick``:
     the first seed and 1/10 of the rounds, no lr grid (a smoke test: every verdict is indicative).
     ``reuse`` keeps runs that already have a summary (an interrupted suite continues where it stopped).
     ``accelerator``: every run's ``trainer.accelerator`` (auto: a GPU when there is one; cpu: the
     machine's cores, one run per worker). ``fresh``: a new process per run instead of warm workers
-    (``pfl.runner.warm_workers``)."""
+    (``pfl.runner.warm_workers``). ``keep_checkpoints``: each run leaves its final checkpoint (``checkpoint_flags``)."""
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     claims = [c for c in all_claims() if not only or c.key in only]
@@ -230,7 +237,7 @@ def run_claims(
     failures: list[str] = []
     diverged: list[str] = []
     times = RunTimes(out, workers, device=device_label(accelerator))
-    on = ["--trainer.accelerator", accelerator]
+    on = ["--trainer.accelerator", accelerator, *checkpoint_flags(keep_checkpoints)]
     launch = functools.partial(
         _run, workers=workers, reuse=reuse, times=times, failures=failures, diverged=diverged, extra=on, fresh=fresh
     )
@@ -731,9 +738,25 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="start a new process for every run (default: each worker process runs one run after another)",
     )
+    parser.add_argument(
+        "--keep-checkpoints",
+        action="store_true",
+        help="every run leaves its final checkpoint, for pfl.api.Run.model() (default: none is written; tens of GB)",
+    )
     args = parser.parse_args(argv)
     workers = args.workers or default_workers()
-    print(run_claims(args.out, args.only, args.quick, workers, args.reuse, args.accelerator, args.fresh_processes))
+    print(
+        run_claims(
+            args.out,
+            args.only,
+            args.quick,
+            workers,
+            args.reuse,
+            args.accelerator,
+            args.fresh_processes,
+            args.keep_checkpoints,
+        )  # fmt: skip
+    )
 
 
 def _read_json(path: Path, empty: dict | list) -> dict | list:

@@ -195,6 +195,12 @@ def test_fedrod_on_a_users_sequential_subclass_and_its_trained_models_read_back(
     assert type(run.personal_model(0)) is MyNet  # the first client is one
 
 
+def test_a_run_without_checkpoints_has_no_trained_model_to_read_back(tmp_path):
+    run = tiny_fit(tmp_path, "none", **{"trainer.checkpoint_every": 0})
+    with pytest.raises(ConfigError, match=r"has no checkpoint to read the trained models from.*checkpoint_every >= 1"):
+        run.model()
+
+
 class _DrawsOnImport(importlib.abc.MetaPathFinder):
     """Draws from Python's generator when ``pfl.api.fit`` is imported, as importing Lightning does."""
 

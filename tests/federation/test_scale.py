@@ -295,6 +295,18 @@ def test_checkpoints_are_written_every_round_or_when_they_cost_under_a_twentieth
     assert every.checkpointer.due(every.round)  # the default: a killed run loses at most one round
 
 
+def test_checkpoint_every_0_writes_no_checkpoint_and_trains_the_same(tmp_path):
+    summaries = {}
+    for every in (0, 1):
+        loop = make_loop(
+            tiny_config("ditto", trainer={"rounds": 3, "checkpoint_every": every}), run_dir=tmp_path / f"e{every}"
+        )
+        summaries[every] = comparable_metrics(loop.fit())
+    assert not list((tmp_path / "e0").glob("checkpoint*"))
+    assert (tmp_path / "e1" / "checkpoint.pt").is_file()
+    assert summaries[0] == summaries[1]
+
+
 FIT = [
     "--config", "conf/method/ditto.yaml", "--data.num_clients", "8", "--trainer.fraction", "0.5",
     "--trainer.rounds", "60", "--trainer.eval_every", "20", "--model.hidden", "[16]", "--client.epochs", "1",

@@ -115,13 +115,14 @@ def test_jobs_go_seed_by_seed_so_a_stopped_suite_has_whole_paired_seeds(tmp_path
         rep.claim_jobs(tiny_claim(seeds=()), tmp_path, quick=False)
 
 
-def test_each_run_writes_its_own_folder_without_progress_bars_and_checkpoints_rarely(tmp_path):
+def test_each_run_writes_its_own_folder_without_progress_bars(tmp_path):
     (job, *_) = rep.claim_jobs(tiny_claim(), tmp_path, quick=False)
     assert job.argv[0] == "fit" and job.argv[1:4] == BASE[:3] and job.done() is False
     assert flag(job.argv, "--tracking.root") == str(tmp_path / "tiny" / "local")
     assert flag(job.argv, "--tracking.name") == "s0" and flag(job.argv, "--seed") == "0"
     assert flag(job.argv, "--trainer.progress") == "false" and flag(job.argv, "--tracking.overwrite") == "true"
-    assert flag(job.argv, "--trainer.checkpoint_every") == "1000000"
+    assert flag(rep.checkpoint_flags(keep=False), "--trainer.checkpoint_every") == "0"  # the default: none
+    assert flag(rep.checkpoint_flags(keep=True), "--trainer.checkpoint_every") == "1000000"  # the cost ratio's
     (job.run_dir).mkdir(parents=True)
     (job.run_dir / "summary.json").write_text("{}")
     assert job.done()
@@ -878,12 +879,14 @@ def test_the_command_passes_its_options_to_the_suite_and_prints_the_reports_path
     calls = []
     monkeypatch.setattr(rep, "run_claims", lambda *a: calls.append(a) or Path("out/REPORT.md"))
     rep.main([])
-    assert calls[-1] == (Path("reproduce"), None, False, 2, False, "auto", False)
+    assert calls[-1] == (Path("reproduce"), None, False, 2, False, "auto", False, False)
     rep.main(["--out", "x", "--only", "a", "b", "--quick", "--workers", "3", "--reuse", "--accelerator", "cpu"])
-    assert calls[-1] == (Path("x"), ["a", "b"], True, 3, True, "cpu", False)
+    assert calls[-1] == (Path("x"), ["a", "b"], True, 3, True, "cpu", False, False)
     assert capsys.readouterr().out == "out/REPORT.md\nout/REPORT.md\n"
     rep.main(["--fresh-processes"])
-    assert calls[-1][-1] is True
+    assert calls[-1][-2:] == (True, False)
+    rep.main(["--keep-checkpoints"])
+    assert calls[-1][-2:] == (False, True)
     with pytest.raises(SystemExit):
         rep.main(["--accelerator", "tpu"])
 

@@ -47,6 +47,7 @@ def test_report_has_seed_table_paired_diffs_verdict_plot_and_time(tmp_path, monk
     for name in ("curves", "clients"):  # the runs as `pfl report --plot/--plot-clients` draws them
         assert (tmp_path / f"tiny_{name}.png").exists() and f"![tiny {name}](tiny_{name}.png)" in report
     assert "against the suite's own `local` run" in report
+    assert not list(tmp_path.rglob("checkpoint*"))  # no verdict reads one: the suite's runs write none
     seconds = json.loads((tmp_path / "seconds.json").read_text())
     assert set(seconds) == {f"tiny/{label}/s{seed}" for label in ("local", "ditto") for seed in (0, 1)}
     timing = json.loads((tmp_path / "timing.json").read_text())  # each run's rounds and evaluation, apart
@@ -74,8 +75,9 @@ def test_quick_runs_the_first_seed_shortened_and_marks_verdicts_indicative(tmp_p
     monkeypatch.chdir(ROOT)
     claim = tiny_claim(seeds=(4, 5), base=[*TINY, "--trainer.rounds", "20"])
     monkeypatch.setattr(rep, "all_claims", lambda: [claim])
-    report = rep.run_claims(tmp_path, quick=True).read_text()
+    report = rep.run_claims(tmp_path, quick=True, keep_checkpoints=True).read_text()
     assert sorted(p.name for p in (tmp_path / "tiny" / "ditto").iterdir()) == ["s4"]
+    assert (tmp_path / "tiny" / "ditto" / "s4" / "checkpoint.pt").is_file()  # kept, for Run.model()
     assert json.loads((tmp_path / "tiny" / "ditto" / "s4" / "summary.json").read_text())["rounds"] == 2
     assert "QUICK" in report and re.search(r"\*\*Verdict: (held|not held|tie) \(indicative, 1 seed\)\*\*", report)
 

@@ -191,6 +191,18 @@ def test_resuming_a_finished_run_says_so_and_touches_nothing(runs, capsys):
     assert {p.name: p.stat().st_mtime_ns for p in (runs / "a").iterdir()} == stamps
 
 
+def test_a_run_without_checkpoints_resumes_as_finished_and_refuses_more_rounds(tmp_path, capsys):
+    assert fit(tmp_path, "n", "--trainer.checkpoint_every", "0") == 0
+    before = hashes(tmp_path / "n")
+    assert not [name for name in before if name.startswith("checkpoint")]
+    assert main(["fit", "--resume", str(tmp_path / "n")]) == 0  # its summary is final: not trained again
+    assert "already finished its 2 rounds; nothing to do" in capsys.readouterr().out
+    assert main(["fit", "--resume", str(tmp_path / "n"), "--trainer.rounds", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "finished 2 rounds but holds no checkpoint to continue from" in err and "--tracking.name" in err
+    assert len(err.strip().splitlines()) == 1 and hashes(tmp_path / "n") == before
+
+
 def test_a_resume_may_add_rounds_and_change_the_evaluation_schedule(runs):
     assert main(["fit", "--resume", str(runs / "a"), "--trainer.rounds", "3", "--trainer.eval_every", "3"]) == 0
     assert "rounds: 3" in (runs / "a" / "config.yaml").read_text()
@@ -286,6 +298,7 @@ def test_a_sweep_marks_a_diverged_run_failed(tmp_path, capsys):
         (["--eval.target", "1.5"], "eval.target: a classification target is an accuracy and must be in [0, 1]"),
         (["--eval.target", "-0.2"], "eval.target: must be >= 0"),
         (["--trainer.threads", "0"], "trainer.threads: must be >= 1"),
+        (["--trainer.checkpoint_every", "-1"], "trainer.checkpoint_every: must be >= 1, or 0 for no checkpoints"),
     ],
 )
 def test_non_finite_and_out_of_range_values_are_refused(runs, capsys, args, field):
