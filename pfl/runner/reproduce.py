@@ -20,13 +20,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from pfl.config import RunConfig
 from pfl.errors import EXIT_DIVERGED, ConfigError, require
 from pfl.methods import methods
 from pfl.metrics.compare_plots import clients_figure, curve_figure, plot_groups
 from pfl.metrics.plots import save_figure
 from pfl.metrics.protocols import reference_metrics
-from pfl.metrics.report import build_table, load_config, render
+from pfl.metrics.report import build_table, flatten, load_config, render
 from pfl.runner.args import default_config, parse_fit_args
 from pfl.runner.claims import (
     Claim,
@@ -42,6 +44,7 @@ from pfl.safe_files import write_atomic
 
 QUICK_SHARE = 10  # QUICK runs 1/10 of each run's rounds, on the first seed only
 LR_DIR = "_lr"
+UNSTABLE = "unstable.json"  # in <claim>/_lr/: label -> the chosen lrs at which one of its claim runs diverged
 RUN_FLAGS = ["--trainer.progress", "false", "--tracking.overwrite", "true"]
 
 
@@ -63,9 +66,23 @@ class Job:
     argv: list[str]
     run_dir: Path
     name: str  # in the progress lines and seconds.json: the run folder under the suite's
+    chosen: tuple[str, float] | None = None  # the grid's choice: (config key, lr), as config.yaml records it
 
     def done(self) -> bool:
-        return (self.run_dir / "summary.json").exists()
+        """It has a summary, trained with the lr the grid chose (a label whose lr was changed after a
+        divergence, ``UNSTABLE``, may have seeds of the earlier lr left by a stopped suite)."""
+        if not (self.run_dir / "summary.json").exists():
+            return False
+        return self.chosen is None or recorded_value(self.run_dir, self.chosen[0]) == self.chosen[1]
+
+
+def recorded_value(run_dir: Path, key: str) -> object:
+    """``key`` (dotted) of the run's config.yaml; None when the file is missing or unreadable."""
+    try:
+        config = load_config(run_dir)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return flatten(config).get(key) if isinstance(config, dict) else None
 
 
 def run_dir(out: Path, claim: str, label: str, seed: int) -> Path:
@@ -118,6 +135,7 @@ def claim_jobs(
     for seed in seeds:
         for label, args in claim.runs.items():
             chosen = [claim.lr_grid.arg, str(lrs[label])] if lrs and label in lrs and claim.lr_grid else []
+            setting = (claim.lr_grid.arg.removeprefix("--"), float(chosen[1])) if chosen else None
             where = run_dir(out, claim.key, label, seed)
             argv = [*claim.base, *args, *chosen, "--seed", str(seed)]
             argv += ["--tracking.root", str(where.parent), "--tracking.name", where.name, *RUN_FLAGS]
@@ -125,7 +143,7 @@ def claim_jobs(
                 argv = shortened(argv, quick_rounds(argv, configs))
             if check:
                 configs.config(argv)
-            jobs.append(Job(claim.key, label, seed, ["fit", *argv], where, f"{claim.key}/{label}/s{seed}"))
+            jobs.append(Job(claim.key, label, seed, ["fit", *argv], where, f"{claim.key}/{label}/s{seed}", setting))
     return jobs
 
 
@@ -180,16 +198,22 @@ def edge_steps(claim: Claim, chosen: dict[str, float]) -> dict[str, float]:
 
 
 def choose_lrs(
-    claim: Claim, out: Path, finished: set[Path], edge: dict[str, float] | None = None
+    claim: Claim,
+    out: Path,
+    finished: set[Path],
+    edge: dict[str, float] | None = None,
+    unstable: dict[str, list[float]] | None = None,
 ) -> tuple[dict[str, float], list[str]]:
     """label -> the grid lr with the highest validation metric (the first of equals), and the report's
     lines saying what each lr scored. ``finished``: the folders of the grid runs with a result of this
     suite (``_finished_jobs``); a label none of whose grid runs finished keeps its configured lr.
-    ``edge``: each label's extra lr one step past the grid's edge (``edge_steps``), chosen among the others."""
+    ``edge``: each label's extra lr one step past the grid's edge (``edge_steps``), chosen among the others.
+    ``unstable``: label -> lrs at which one of its claim runs diverged (``unstable_lrs``), not chosen: the next is."""
     edge = edge or {}
     grid = claim.lr_grid
     if grid is None:
         return {}, []
+    unstable = unstable or {}
     chosen: dict[str, float] = {}
     lines = [f"Learning rate chosen on validation (`{grid.metric}` after {grid.rounds} rounds, seed "
              f"{claim.seeds[0]}) from {', '.join(f'{v:g}' for v in grid.values)}:", ""]  # fmt: skip
@@ -206,12 +230,31 @@ def choose_lrs(
         text = ", ".join(f"{lr:g}: {v:.4f}" for lr, v in scores.items()) or "no grid run finished"
         if label in edge:
             text += f"; {edge[label]:g} added: the grid's choice was on its edge"
+        for lr in unstable.get(label, []):
+            scores.pop(lr, None)
+            text += f"; {lr:g} left out: a run of the claim diverged at it"
         if scores:
             chosen[label] = max(scores, key=scores.__getitem__)
             lines.append(f"- {label}: **{chosen[label]:g}** ({text})")
         else:
             lines.append(f"- {label}: the configured lr ({text})")
     return chosen, [*lines, ""]
+
+
+def unstable_lrs(claim: Claim, out: Path) -> dict[str, list[float]]:
+    """label -> the lrs the grid chose at which one of the label's claim runs diverged (``UNSTABLE``)."""
+    path = out / claim.key / LR_DIR / UNSTABLE
+    value = _read_json(path, {})
+    for label, lrs in value.items():
+        require(isinstance(lrs, list) and all(isinstance(v, float) for v in lrs), str(path),
+                f"{label!r} is not a list of learning rates", "remove or restore it")  # fmt: skip
+    return value
+
+
+def mark_unstable(claim: Claim, out: Path, label: str, lr: float) -> None:
+    value = unstable_lrs(claim, out)
+    value[label] = sorted({*value.get(label, []), lr})
+    _write_json(out / claim.key / LR_DIR / UNSTABLE, value)
 
 
 def run_claims(
@@ -259,10 +302,26 @@ def run_claims(
         grid_done[c.key] += _finished_jobs(beyond[c.key], started, ran)
         if grids[c.key]:  # the claim's runs again, with the chosen learning rates
             done_dirs = {j.run_dir for j in grid_done[c.key]}
-            chosen, grid_lines[c.key] = choose_lrs(c, out, done_dirs, edges[c.key])
+            chosen, grid_lines[c.key] = choose_lrs(c, out, done_dirs, edges[c.key], unstable_lrs(c, out))
             jobs[c.key] = claim_jobs(c, out, quick, chosen, configs)
     started = time.time()
+    seen = len(diverged)
     ran = launch([j for c in ready for j in jobs[c.key]], "reproduce")
+    # A label's verdict needs every seed at one lr: where the grid's choice diverged on a seed, that lr is
+    # left out and the label's runs go again, every seed, at the next lr on validation.
+    while len(diverged) > seen:
+        fallen, seen = set(diverged[seen:]), len(diverged)
+        again = []
+        for c in ready:
+            labels = {j.label: j.chosen for j in jobs[c.key] if j.name in fallen and j.chosen is not None}
+            for label, (_, lr) in labels.items():
+                mark_unstable(c, out, label, lr)
+            if labels:
+                done_dirs = {j.run_dir for j in grid_done[c.key]}
+                chosen, grid_lines[c.key] = choose_lrs(c, out, done_dirs, edges[c.key], unstable_lrs(c, out))
+                jobs[c.key] = claim_jobs(c, out, quick, chosen, configs)
+                again += [j for j in jobs[c.key] if j.label in labels and j.label in chosen]
+        ran |= launch(again, "reproduce (the next lr after a divergence)")
     done = {key: _finished_jobs(claim_runs, started, ran) for key, claim_runs in jobs.items()}
 
     sections: list[str] = []

@@ -38,12 +38,14 @@ def flag(argv: list[str], name: str, default: str | None = None) -> str | None:
 
 class FakeRunner:
     """Stands in for ``run_parallel``: writes each run's folder (config, curves, clients, summary) with
-    ``score(name, argv)`` as its pm.l_acc.mean and pm.val_acc.mean, exits with ``codes[name]`` (0 when
-    absent), and reports ``wall`` and ``cpu`` seconds to ``on_finish`` as the real one does."""
+    ``score(name, argv)`` as its pm.l_acc.mean and pm.val_acc.mean, exits with ``code(name, argv)``
+    (default ``codes[name]``, 0 when absent), and reports ``wall`` and ``cpu`` seconds to ``on_finish`` as
+    the real one does."""
 
     def __init__(self, score=None, codes: dict[str, int] | None = None, wall: float = 150.0, cpu: float | None = 120.0):
         self.score = score or (lambda name, argv: SCORES[(name.split("/")[-2], int(flag(argv, "--seed")))])
         self.codes, self.wall, self.cpu = codes or {}, wall, cpu
+        self.code = lambda name, argv: self.codes.get(name, 0)
         self.calls: list[tuple[str, list[str], int]] = []
         self.argv: dict[str, list[str]] = {}
         self.fresh: list[bool] = []  # each call's fresh-processes setting
@@ -54,7 +56,7 @@ class FakeRunner:
         failed = []
         for name, argv in jobs.items():
             self.argv[name] = argv
-            code = self.codes.get(name, 0)
+            code = self.code(name, argv)
             if code == 0:
                 write_run(argv, self.score(name, argv))
             else:
@@ -396,6 +398,49 @@ def test_the_grid_runs_first_and_the_claims_runs_use_the_lr_it_chose(fake, tmp_p
     assert "| ditto | ditto | 0.3 | 2 | **0.6500 ± 0.0707** |" in report and "| local | local | 0.05 | 2 |" in report
     assert "| tiny | held | 7 (3 lr grid) | 14.0 | 17.5 |" in report
     assert report.rstrip().endswith("(7 (3 lr grid) runs, 14.0 CPU-minutes, 17.5 run-minutes)")
+
+
+def test_a_chosen_lr_that_diverges_on_a_seed_is_left_out_and_the_labels_seeds_run_at_the_next(
+    fake, tmp_path, monkeypatch
+):
+    grid = LrGrid((0.01, 0.03, 0.3), labels=("ditto",), rounds=5)
+    monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(base=[*BASE, "--data.val_frac", "0.2"], lr_grid=grid)])
+    fake.score = lambda name, argv: (
+        (lambda lr: lr if lr <= 0.3 else 0.0)(float(flag(argv, "--client.lr")))  # 0.3 best, then 0.03
+        if "_lr" in name
+        else SCORES[(name.split("/")[1], int(flag(argv, "--seed")))]
+    )
+    fake.code = lambda name, argv: EXIT_DIVERGED * (name == "tiny/ditto/s1" and flag(argv, "--client.lr") == "0.3")
+    report = rep.run_claims(tmp_path).read_text()
+    assert [c[:2] for c in fake.calls[2:]] == [
+        ("reproduce", ["tiny/local/s0", "tiny/ditto/s0", "tiny/local/s1", "tiny/ditto/s1"]),
+        ("reproduce (the next lr after a divergence)", ["tiny/ditto/s0", "tiny/ditto/s1"]),  # every seed again
+    ]
+    assert flag(fake.argv["tiny/ditto/s0"], "--client.lr") == "0.03" == flag(fake.argv["tiny/ditto/s1"], "--client.lr")
+    assert "- ditto: **0.03** (0.01: 0.0100, 0.03: 0.0300, 0.3: 0.3000, 3: 0.0000; 3 added: the grid's choice was on " \
+        "its edge; 0.3 left out: a run of the claim diverged at it)\n" in report  # fmt: skip
+    assert "| ditto | ditto | 0.03 | 2 |" in report and "Failed" not in report  # both seeds, at one lr
+    assert json.loads((tmp_path / "tiny" / "_lr" / "unstable.json").read_text()) == {"ditto": [0.3]}
+    fake.calls.clear()
+    again = rep.run_claims(tmp_path, reuse=True).read_text()  # the choice stands: nothing runs again
+    assert [c[:2] for c in fake.calls] == [("lr grid", []), ("lr grid edge", []), ("reproduce", [])]
+    assert "- ditto: **0.03** (" in again and "| ditto | ditto | 0.03 | 2 |" in again
+
+
+def test_a_run_of_another_lr_than_the_grids_choice_is_not_done(tmp_path):
+    claim = tiny_claim(base=[*BASE, "--data.val_frac", "0.2"], lr_grid=LrGrid((0.01, 0.3), labels=("ditto",)))
+    (_, ditto, *_) = rep.claim_jobs(claim, tmp_path, quick=False, lrs={"ditto": 0.3})
+    assert ditto.chosen == ("client.lr", 0.3)
+    write_run([*ditto.argv, "--client.lr", "0.01"], 0.5)  # a stopped suite's seed at the lr left out
+    assert not ditto.done()
+    write_run(ditto.argv, 0.5)
+    assert ditto.done()
+    (ditto.run_dir / "config.yaml").write_text("client: [unclosed")
+    assert not ditto.done()  # unreadable: run again
+    (tmp_path / "tiny" / "_lr").mkdir(parents=True)
+    (tmp_path / "tiny" / "_lr" / "unstable.json").write_text('{"ditto": "0.3"}')
+    with pytest.raises(ConfigError, match=r"unstable\.json: 'ditto' is not a list of learning rates"):
+        rep.unstable_lrs(claim, tmp_path)
 
 
 def test_a_choice_on_the_grids_edge_extends_it_one_step_that_way_and_chooses_again(fake, tmp_path, monkeypatch):
