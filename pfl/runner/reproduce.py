@@ -257,6 +257,22 @@ def mark_unstable(claim: Claim, out: Path, label: str, lr: float) -> None:
     _write_json(out / claim.key / LR_DIR / UNSTABLE, value)
 
 
+def next_lrs(
+    claim: Claim, out: Path, finished: set[Path], edge: dict[str, float], diverged: dict[str, float]
+) -> set[str]:
+    """The labels whose chosen lr (``diverged``: label -> lr) diverged on a seed and that have another
+    finished grid lr: that lr is recorded as unstable (``mark_unstable``), so ``choose_lrs`` takes the next.
+    A label with none keeps its lr and its diverged run."""
+    moved = set()
+    for label, lr in diverged.items():
+        unstable = unstable_lrs(claim, out)
+        unstable[label] = [*unstable.get(label, []), lr]
+        if label in choose_lrs(claim, out, finished, edge, unstable)[0]:
+            mark_unstable(claim, out, label, lr)
+            moved.add(label)
+    return moved
+
+
 def run_claims(
     out: Path,
     only: list[str] | None = None,
@@ -313,14 +329,14 @@ def run_claims(
         fallen, seen = set(diverged[seen:]), len(diverged)
         again = []
         for c in ready:
-            labels = {j.label: j.chosen for j in jobs[c.key] if j.name in fallen and j.chosen is not None}
-            for label, (_, lr) in labels.items():
-                mark_unstable(c, out, label, lr)
-            if labels:
-                done_dirs = {j.run_dir for j in grid_done[c.key]}
-                chosen, grid_lines[c.key] = choose_lrs(c, out, done_dirs, edges[c.key], unstable_lrs(c, out))
-                jobs[c.key] = claim_jobs(c, out, quick, chosen, configs)
-                again += [j for j in jobs[c.key] if j.label in labels and j.label in chosen]
+            unstable = {j.label: j.chosen[1] for j in jobs[c.key] if j.name in fallen and j.chosen is not None}
+            if not unstable:
+                continue
+            done_dirs = {j.run_dir for j in grid_done[c.key]}
+            moved = next_lrs(c, out, done_dirs, edges[c.key], unstable)
+            chosen, grid_lines[c.key] = choose_lrs(c, out, done_dirs, edges[c.key], unstable_lrs(c, out))
+            jobs[c.key] = claim_jobs(c, out, quick, chosen, configs)
+            again += [j for j in jobs[c.key] if j.label in moved]
         ran |= launch(again, "reproduce (the next lr after a divergence)")
     done = {key: _finished_jobs(claim_runs, started, ran) for key, claim_runs in jobs.items()}
 

@@ -427,6 +427,17 @@ def test_a_chosen_lr_that_diverges_on_a_seed_is_left_out_and_the_labels_seeds_ru
     assert "- ditto: **0.03** (" in again and "| ditto | ditto | 0.03 | 2 |" in again
 
 
+def test_a_diverged_choice_without_another_finished_lr_is_kept_and_its_run_named(fake, tmp_path, monkeypatch):
+    grid = LrGrid((0.3,), labels=("ditto",), rounds=5)  # one value: nothing else to take
+    monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(base=[*BASE, "--data.val_frac", "0.2"], lr_grid=grid)])
+    fake.score = lambda name, argv: 0.5 if "_lr" in name else SCORES[(name.split("/")[1], int(flag(argv, "--seed")))]
+    fake.code = lambda name, argv: EXIT_DIVERGED * (name == "tiny/ditto/s1")
+    report = rep.run_claims(tmp_path).read_text()
+    assert [c[0] for c in fake.calls] == ["lr grid", "reproduce"]  # no edge step, no second try
+    assert "- ditto: **0.3** (0.3: 0.5000)\n" in report and "tiny/ditto/s1" in report
+    assert not (tmp_path / "tiny" / "_lr" / "unstable.json").exists()
+
+
 def test_a_run_of_another_lr_than_the_grids_choice_is_not_done(tmp_path):
     claim = tiny_claim(base=[*BASE, "--data.val_frac", "0.2"], lr_grid=LrGrid((0.01, 0.3), labels=("ditto",)))
     (_, ditto, *_) = rep.claim_jobs(claim, tmp_path, quick=False, lrs={"ditto": 0.3})
