@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pfl.config import validate
+from pfl.config import TrainerConfig, validate
 from pfl.errors import ConfigError
 from pfl.federation.checkpoint import (
     CHAIN_DIR,
@@ -287,6 +287,7 @@ def test_checkpoints_are_written_every_round_or_when_they_cost_under_a_twentieth
     loop.checkpointer.save_cost = 0.0  # cheap: after every round
     loop.run_round()
     assert loop.checkpointer.due(loop.round)
+    assert TrainerConfig().checkpoint_every == 1  # the default, as below
     every = make_loop(tiny_config("fedavg", trainer={"checkpoint_every": 1}), run_dir=tmp_path / "b")
     every.run_round()
     every.checkpointer.save()

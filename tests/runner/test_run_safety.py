@@ -26,6 +26,7 @@ from pfl.engine.trainer import FitStats
 from pfl.errors import ConfigError, TrainingDiverged
 from pfl.federation import divergence
 from pfl.federation.checkpoint import load_checkpoint
+from pfl.federation.loop import comparable_metrics
 from pfl.methods import Upload
 from pfl.methods.fedavg import FedAvg
 from pfl.runner.experiment import apply_threads
@@ -191,6 +192,18 @@ def test_resuming_a_finished_run_says_so_and_touches_nothing(runs, capsys):
     assert {p.name: p.stat().st_mtime_ns for p in (runs / "a").iterdir()} == stamps
 
 
+def test_a_run_killed_between_its_last_checkpoint_and_its_summary_is_completed_by_a_resume(runs, capsys):
+    summary = json.loads((runs / "a" / "summary.json").read_text())
+    (runs / "a" / "summary.json").unlink()  # killed before writing it
+    assert main(["fit", "--resume", str(runs / "a")]) == 0
+    assert "nothing to do" not in capsys.readouterr().out
+    assert json.loads((runs / "a" / "summary.json").read_text())["rounds"] == 2
+    (runs / "a" / "summary.json").write_text(json.dumps({**summary, "rounds": 1}))  # not this checkpoint's
+    assert main(["fit", "--resume", str(runs / "a")]) == 0
+    assert "nothing to do" not in capsys.readouterr().out
+    assert json.loads((runs / "a" / "summary.json").read_text())["rounds"] == 2
+
+
 def test_a_run_without_checkpoints_resumes_as_finished_and_refuses_more_rounds(tmp_path, capsys):
     assert fit(tmp_path, "n", "--trainer.checkpoint_every", "0") == 0
     before = hashes(tmp_path / "n")
@@ -201,6 +214,11 @@ def test_a_run_without_checkpoints_resumes_as_finished_and_refuses_more_rounds(t
     err = capsys.readouterr().err
     assert "finished 2 rounds but holds no checkpoint to continue from" in err and "--tracking.name" in err
     assert len(err.strip().splitlines()) == 1 and hashes(tmp_path / "n") == before
+    finished = comparable_metrics(json.loads((tmp_path / "n" / "summary.json").read_text()))
+    (tmp_path / "n" / "summary.json").unlink()  # killed before its end: nothing to continue, trained again
+    assert main(["fit", "--resume", str(tmp_path / "n")]) == 0
+    assert "nothing to do" not in capsys.readouterr().out
+    assert comparable_metrics(json.loads((tmp_path / "n" / "summary.json").read_text())) == finished  # from round 0
 
 
 def test_a_resume_may_add_rounds_and_change_the_evaluation_schedule(runs):
