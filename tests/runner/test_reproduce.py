@@ -449,9 +449,10 @@ def test_a_run_of_another_lr_than_the_grids_choice_is_not_done(tmp_path):
     (ditto.run_dir / "config.yaml").write_text("client: [unclosed")
     assert not ditto.done()  # unreadable: run again
     (tmp_path / "tiny" / "_lr").mkdir(parents=True)
-    (tmp_path / "tiny" / "_lr" / "unstable.json").write_text('{"ditto": "0.3"}')
-    with pytest.raises(ConfigError, match=r"unstable\.json: 'ditto' is not a list of learning rates"):
-        rep.unstable_lrs(claim, tmp_path)
+    for bad in ('"0.3"', '[0.3, "x"]'):
+        (tmp_path / "tiny" / "_lr" / "unstable.json").write_text(f'{{"ditto": {bad}}}')
+        with pytest.raises(ConfigError, match=r"unstable\.json: 'ditto' is not a list of learning rates"):
+            rep.unstable_lrs(claim, tmp_path)
 
 
 def test_a_choice_on_the_grids_edge_extends_it_one_step_that_way_and_chooses_again(fake, tmp_path, monkeypatch):
