@@ -427,6 +427,30 @@ def test_a_chosen_lr_that_diverges_on_a_seed_is_left_out_and_the_labels_seeds_ru
     assert "- ditto: **0.03** (" in again and "| ditto | ditto | 0.03 | 2 |" in again
 
 
+def test_the_diverged_labels_of_every_claim_go_again_together_and_only_they(fake, tmp_path, monkeypatch):
+    grid = LrGrid((0.03, 0.3), rounds=5)  # both labels choose 0.3
+    base = [*BASE, "--data.val_frac", "0.2"]
+    claims = [tiny_claim(key=key, base=base, lr_grid=grid) for key in ("calm", "one", "two")]
+    monkeypatch.setattr(rep, "all_claims", lambda: claims)
+    fake.score = lambda name, argv: (
+        (lambda lr: lr if lr <= 0.3 else 0.0)(float(flag(argv, "--client.lr")))
+        if "_lr" in name
+        else SCORES[(name.split("/")[1], int(flag(argv, "--seed")))]
+    )
+    fake.code = lambda name, argv: (
+        EXIT_DIVERGED * (name in ("one/ditto/s1", "two/ditto/s0") and flag(argv, "--client.lr") == "0.3")
+    )
+    rep.run_claims(tmp_path)
+    assert fake.calls[-1][:2] == (
+        "reproduce (the next lr after a divergence)",
+        ["one/ditto/s0", "one/ditto/s1", "two/ditto/s0", "two/ditto/s1"],
+    )
+    assert all(flag(fake.argv[f"{k}/ditto/s1"], "--client.lr") == "0.03" for k in ("one", "two"))
+    for key in ("one", "two"):
+        assert json.loads((tmp_path / key / "_lr" / "unstable.json").read_text()) == {"ditto": [0.3]}
+    assert not (tmp_path / "calm" / "_lr" / "unstable.json").exists()
+
+
 def test_a_diverged_choice_without_another_finished_lr_is_kept_and_its_run_named(fake, tmp_path, monkeypatch):
     grid = LrGrid((0.3,), labels=("ditto",), rounds=5)  # one value: nothing else to take
     monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(base=[*BASE, "--data.val_frac", "0.2"], lr_grid=grid)])
