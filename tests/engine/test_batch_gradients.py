@@ -9,7 +9,7 @@ import torch
 from pfl.engine.lockstep import Lockstep
 from pfl.engine.stacked import StackedTrainer
 from pfl.engine.trainer import ClientTrainer, TrainSettings
-from tests.engine.test_lockstep import _bn_net, _worker
+from tests.engine.test_stacked import _bn_net, _worker
 
 
 def _own_loop(cid: int, start: torch.Tensor):

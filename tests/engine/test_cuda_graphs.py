@@ -257,7 +257,7 @@ def test_a_methods_own_gradient_calls_are_captured_once_per_stack_size_and_batch
     from one graph per number of calls and batch width, each client resuming as its sequential calls leave it."""
     from pfl.engine.lockstep import Lockstep
     from tests.engine.test_batch_gradients import _own_loop
-    from tests.engine.test_lockstep import _worker
+    from tests.engine.test_stacked import _worker
 
     w = _worker().worker
     start = w.flat.snapshot()

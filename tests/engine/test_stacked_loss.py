@@ -19,7 +19,8 @@ from pfl.engine.terms import ExtraParamSGD, Proximal
 from pfl.engine.trainer import ClientTrainer, TrainSettings
 from pfl.federation.dispatch import VectorizedDispatcher
 from tests.conftest import make_loop, tiny_config
-from tests.engine.test_lockstep import _assert_close, _bn_net, _dropout_net, _sequential, _worker
+from tests.engine.test_lockstep import _assert_close
+from tests.engine.test_stacked import _bn_net, _dropout_net, _sequential, _worker
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,482 @@
+"""Stacked fits (pfl.engine.stacked): several clients' fits trained as one vmapped step per batch position
+equal the worker's fits option by option (per-client lr, epochs, momentum, indices, terms, SAM, PLGU-LF's
+personal model, BatchNorm's running statistics, keyed dropout, bf16), and the full pass equals the
+worker's mean gradient. Whole rounds of every method: ``test_lockstep.py``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pfl.engine.stacked import FitRequest, StackedTrainer, spec_problem
+from pfl.engine.terms import Freeze, LinearTerm, Proximal, ProximalStep, Term, stack_terms, stackable
+from pfl.engine.trainer import ClientTrainer, FitSpec
+from pfl.methods.fedora import DecoupledPull
+from pfl.methods.pgfed import AuxiliaryRisk
+from tests.conftest import make_loop, tiny_config
+
+# Validation splits, augmentation and a cap on client sizes, as the registry-wide lockstep comparison.
+DATA = {"val_frac": 0.2, "augment": "flip", "max_client_samples": 90}
+
+
+def _worker():
+    cfg = tiny_config("fedavg", client={"momentum": 0.9, "weight_decay": 1e-3, "drop_last": True}, data=DATA)
+    return make_loop(cfg)
+
+
+def _sequential(worker: ClientTrainer, cid: int, start, spec: FitSpec):
+    stats = worker.train(cid, start, 0, spec)
+    return worker.snapshot(), worker.momentum_buffer(), stats
+
+
+def _bn_net(inputs: int) -> torch.nn.Module:
+    """A small MLP with one BatchNorm layer, drawn from seed 0."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Flatten(),
+        torch.nn.Linear(inputs, 16),
+        torch.nn.BatchNorm1d(16),
+        torch.nn.ReLU(),
+        torch.nn.Linear(16, 10),
+    )
+
+
+def _stacked_as_sequential(w, cids, start, specs):
+    """Fit the clients stacked (the second spec's client alone, as a group of its own) from a model left in
+    eval mode, as an evaluation leaves it (the stacked fit trains in train mode, as ClientTrainer.train), and
+    check each result against its sequential fit; the requests and the stacked trainer."""
+    expected = [_sequential(w, cid, start, spec)[0] for cid, spec in zip(cids, specs, strict=True)]
+    requests = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in zip(cids, specs, strict=True)]
+    trainer = StackedTrainer(w)
+    w.module.eval()
+    trainer.train(requests[:1] + requests[2:])
+    trainer.train(requests[1:2])
+    for r, state in zip(requests, expected, strict=True):
+        torch.testing.assert_close(r.out, state, rtol=0, atol=1e-5)
+    return requests, trainer
+
+
+def test_a_stacked_fit_equals_the_workers_fit_option_by_option():
+    loop = _worker()
+    w, start = loop.worker, loop.init_state
+    p = w.flat.num_params
+    g = torch.Generator().manual_seed(0)
+    buf = torch.randn(p, generator=g) * 0.1
+    rest = w.split(3).train[::2]
+    specs = {  # one group: per-client lr, epochs, momentum, restored buffer, indices, purpose
+        0: FitSpec(epochs=2, lr=0.05),
+        1: FitSpec(epochs=1, momentum=0.0),
+        2: FitSpec(epochs=3, momentum=0.5, momentum_buffer=buf, purpose="personal"),
+        3: FitSpec(indices=rest, momentum_buffer=buf, momentum=0.0),
+        4: FitSpec(epochs=0),
+    }
+    expected = {cid: _sequential(w, cid, start, spec) for cid, spec in specs.items()}
+    requests = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in specs.items()]
+    trainer, rows = StackedTrainer(w), []
+    step = trainer.step
+    trainer.step = lambda p, *rest: rows.append(len(p)) or step(p, *rest)
+    trainer.train(requests)
+    # each step trains the clients with a batch at it, not the whole stack
+    assert sum(rows) == sum(r.stats.steps for r in requests) and min(rows) < max(rows) < len(requests)
+    for r in requests:
+        state, momentum, stats = expected[r.cid]
+        torch.testing.assert_close(r.out, state, rtol=0, atol=1e-5)
+        if momentum is None:
+            assert r.buffer_out is None, r.cid
+        else:
+            torch.testing.assert_close(r.buffer_out, momentum, rtol=0, atol=1e-5)
+        assert (r.stats.steps, r.stats.num_samples, r.stats.samples_seen) == (
+            stats.steps,
+            stats.num_samples,
+            stats.samples_seen,
+        )
+        assert r.stats.loss == pytest.approx(stats.loss, abs=1e-5, nan_ok=True)
+    assert requests[4].stats.steps == 0 and len({r.stats.steps for r in requests}) >= 4  # ragged stack
+
+
+def test_stacked_fits_with_terms_equal_the_workers_fits():
+    loop = _worker()
+    w, start = loop.worker, loop.init_state
+    p = w.flat.num_params
+    g = torch.Generator().manual_seed(1)
+    anchors = [start[:p] + 0.1 * torch.randn(p, generator=g) for _ in range(3)]
+    head = w.flat.layout.tail(1)
+
+    def terms(k: int) -> list[Term]:  # several terms per fit, coefficients differ per client
+        return [
+            LinearTerm(0.01 * anchors[k]),
+            Proximal(anchors[k], 0.1 * (k + 1)),
+            ProximalStep(anchors[(k + 1) % 3], 0.5 * k),
+            Freeze(start[:p], head),
+        ]
+
+    expected = [_sequential(w, k, start, FitSpec(terms=terms(k), lr=0.05 * (k + 1)))[0] for k in range(3)]
+    requests = [FitRequest.of(w, k, start, 0, FitSpec(terms=terms(k), lr=0.05 * (k + 1))) for k in range(3)]
+    StackedTrainer(w).train(requests)
+    for k, r in enumerate(requests):
+        torch.testing.assert_close(r.out, expected[k], rtol=0, atol=1e-5)
+        assert torch.equal(r.out[:p][head], start[:p][head])  # frozen exactly
+
+
+def _stackable_terms(p: int, g: torch.Generator) -> dict[type, list[Term]]:
+    """Three terms of every class that has a stacked form, with per-client tensors and coefficients."""
+
+    def v() -> torch.Tensor:
+        return torch.randn(p, generator=g)
+
+    def alpha() -> torch.Tensor:
+        return torch.rand(4, generator=g)
+
+    return {
+        Proximal: [Proximal(v(), mu) for mu in (0.1, 0.2, 0.3)],
+        ProximalStep: [ProximalStep(v(), lam) for lam in (0.0, 0.5, 2.0)],
+        LinearTerm: [LinearTerm(v()) for _ in range(3)],
+        Freeze: [Freeze(v(), slice(2, 7)) for _ in range(3)],
+        DecoupledPull: [DecoupledPull(v(), lam) for lam in (0.1, 1.0, 3.0)],
+        AuxiliaryRisk: [AuxiliaryRisk(v(), alpha(), alpha(), 0.1 * k, gbar=v(), clip=True) for k in range(3)],
+    }
+
+
+def _subclasses(cls: type) -> set[type]:
+    return {c for s in cls.__subclasses__() for c in {s} | _subclasses(s)}
+
+
+def test_stacked_terms_equal_their_sequential_hooks_row_by_row():
+    p, g = 12, torch.Generator().manual_seed(2)
+    cases = _stackable_terms(p, g)
+    # Every class with a stacked form is checked here (a new one must be added above).
+    assert {c for c in _subclasses(Term) if "stack" in c.__dict__} == set(cases)
+    lrs = [0.1, 0.05, 0.2]
+    for cls, terms in cases.items():
+        params, grads = torch.randn(3, p, generator=g), torch.randn(3, p, generator=g)
+        rows_p, rows_g, seq_p, seq_g = params.clone(), grads.clone(), params.clone(), grads.clone()
+        before = [t.alpha.clone() if hasattr(t, "alpha") else None for t in terms]  # AuxiliaryRisk's state
+        stacked = stack_terms([[t] for t in terms])[0]
+        stacked.on_grad(rows_p, rows_g)
+        stacked.on_step(rows_p, torch.tensor([[lr] for lr in lrs], dtype=torch.float64))
+        if hasattr(stacked, "finish"):
+            stacked.finish()  # written back into each client's own tensor
+        for k, term in enumerate(terms):
+            if before[k] is not None:
+                after, term.alpha = term.alpha, before[k]
+            term.on_grad(seq_p[k], seq_g[k])
+            term.on_step(seq_p[k], lrs[k])
+            if before[k] is not None:
+                torch.testing.assert_close(after, term.alpha, rtol=0, atol=1e-6, msg=cls.__name__)
+        torch.testing.assert_close(rows_g, seq_g, rtol=0, atol=1e-6, msg=cls.__name__)
+        torch.testing.assert_close(rows_p, seq_p, rtol=0, atol=1e-6, msg=cls.__name__)
+
+
+def test_a_term_subclass_without_its_own_stacked_form_runs_one_client_at_a_time():
+    class Scaled(Proximal):
+        def on_grad(self, params, grads):
+            grads.add_(params - self.anchor, alpha=2 * self.mu)
+
+    anchor = torch.zeros(3)
+    assert stackable(Proximal(anchor, 1.0)) and not stackable(Scaled(anchor, 1.0))
+    assert "Scaled" in spec_problem(FitSpec(terms=[Scaled(anchor, 1.0)]))
+    assert "loss_fn" in spec_problem(FitSpec(loss_fn=lambda net, x, y: net(x).sum()))
+    assert spec_problem(FitSpec(terms=[Proximal(anchor, 1.0)])) is None
+
+
+def test_stacked_sam_fits_equal_the_workers_sam_fits():
+    from pfl.engine.sam import SAMObjective, sam_context
+
+    loop = _worker()
+    w, start = loop.worker, loop.init_state
+    body = slice(0, w.flat.layout.tail(1).start)
+    contexts = [sam_context(0.05), sam_context(0.1, p=3.0, region=body), sam_context(0.0, region=body)]
+    specs = [FitSpec(objective=SAMObjective, context=c, lr=0.05 * (k + 1)) for k, c in enumerate(contexts)]
+    expected = [_sequential(w, k, start, spec)[0] for k, spec in enumerate(specs)]
+    requests = [FitRequest.of(w, k, start, 0, spec) for k, spec in enumerate(specs)]
+    assert all(spec_problem(spec) is None for spec in specs)
+    StackedTrainer(w).train(requests)
+    for k, r in enumerate(requests):
+        torch.testing.assert_close(r.out, expected[k], rtol=0, atol=1e-5)
+    assert not torch.allclose(expected[0], expected[2], atol=1e-3)  # SAM's pass changes the result
+
+
+def test_padding_every_step_to_the_batch_size_changes_no_result():
+    loop = make_loop(tiny_config("fedavg", client={"momentum": 0.9}))
+    w, start = loop.worker, loop.init_state
+    specs = [FitSpec(epochs=2, lr=0.05), FitSpec(momentum=0.0)]
+    results, widths = [], []
+    for static in (False, True):
+        trainer = StackedTrainer(w)
+        trainer.static_width = static  # what compile=True and cuda_graphs set: one input width for every step
+        trainer.stack_rows = "powers" if static else "active"  # as cuda_graphs sets
+        step = trainer.step
+        trainer.step = lambda p, x, y, m, step=step, s=static: (
+            widths.append((s, x.shape[1], len(p))) or step(p, x, y, m)
+        )
+        requests = [FitRequest.of(w, k, start, 0, spec) for k, spec in enumerate(specs)]
+        trainer.train(requests)
+        results.append(torch.stack([r.out for r in requests]))
+        # only the clients with a batch train (static: a power of two of them, here each step's count)
+        assert sum(n for st, _, n in widths if st == static) == sum(r.stats.steps for r in requests)
+    torch.testing.assert_close(results[1], results[0], rtol=0, atol=1e-6)
+    bs = w.settings.batch_size
+    assert {width for static, width, _ in widths if static} == {bs}
+    assert {width for static, width, _ in widths if not static} > {bs}  # short last batches, unpadded
+
+
+def test_batchnorm_running_statistics_stack_per_client():
+    from pfl.engine.sam import SAMObjective, sam_context
+    from pfl.engine.stacked import model_problems
+    from pfl.engine.trainer import TrainSettings
+
+    data = make_loop(tiny_config("fedavg")).worker.data
+    dim = data.x[0].numel()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(dim, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 10)
+    )
+    w = ClientTrainer(net, data, TrainSettings(batch_size=16, lr=0.1, momentum=0.5), seed=0)
+    assert model_problems(w) == [] and w.flat.num_buffers == 32
+    sizes = {cid: len(w.split(cid).train) % 16 for cid in range(6)}
+    cids = [c for c, rest in sizes.items() if rest != 1][:4]  # a batch of one has no batch statistics
+    assert len({sizes[c] for c in cids}) > 1  # short last batches of different widths: no padding
+    start = w.flat.snapshot()
+    start[w.flat.num_params :] = torch.rand(w.flat.num_buffers)  # running statistics that differ from the init
+    specs = [FitSpec(epochs=2), FitSpec(objective=SAMObjective, context=sam_context(0.05)), FitSpec(), FitSpec()]
+    requests, trainer = _stacked_as_sequential(w, cids, start, specs)
+    for r in requests:
+        assert not torch.equal(r.out[w.flat.num_params :], start[w.flat.num_params :])  # statistics moved
+    cumulative = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.BatchNorm1d(dim, momentum=None))
+    assert "BatchNorm1d" in model_problems(ClientTrainer(cumulative, data, TrainSettings(), seed=0))[0]
+
+
+def _lwsam_spec(w: ClientTrainer, start, rho: float, lr: float, momentum: float, scale=None) -> FitSpec:
+    """PLGU-LF's fit (``PLGULF.local_update``) from ``start``, with a personal model θ of its own."""
+    from pfl.engine.sam import sam_context
+    from pfl.methods.plgu import PLGULFObjective
+
+    p = w.flat.num_params
+    theta = start.clone()
+    theta[:p] += 0.05 * torch.randn(p, generator=torch.Generator().manual_seed(int(rho * 1000 + lr * 100)))
+    leaf = theta[:p].detach().requires_grad_(True)  # shares theta's storage, as client.params(theta)
+    optimizer = torch.optim.SGD([leaf], lr=lr, momentum=momentum, weight_decay=w.settings.weight_decay)
+    context = sam_context(
+        rho, 2.0, scale, theta=theta, theta_params=leaf, theta_optimizer=optimizer, ascent="personal", perturb=rho > 0
+    )
+    return FitSpec(objective=PLGULFObjective, context=context, lr=lr, momentum=momentum)
+
+
+def _assert_lwsam_stacks(w: ClientTrainer, cids: list[int], start, settings: list[tuple]) -> None:
+    specs = [_lwsam_spec(w, start, *s) for s in settings]
+    expected = []
+    for cid, spec in zip(cids, specs, strict=True):
+        theta = spec.context["theta"].clone()
+        state, _, stats = _sequential(w, cid, start, spec)
+        expected.append((state, spec.context["theta"].clone(), stats.loss))
+        spec.context["theta"].copy_(theta)  # the stacked fit starts from the same θ
+    assert all(spec_problem(spec) is None for spec in specs)
+    requests = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in zip(cids, specs, strict=True)]
+    StackedTrainer(w).train(requests)
+    for r, spec, (state, theta, loss) in zip(requests, specs, expected, strict=True):
+        torch.testing.assert_close(r.out, state, rtol=0, atol=1e-5)
+        torch.testing.assert_close(spec.context["theta"], theta, rtol=0, atol=1e-5)  # θ written back in place
+        assert r.stats.loss == pytest.approx(loss, abs=1e-5)  # θ's batch loss, as the sequential fit reports
+    assert not torch.allclose(expected[0][0], expected[0][1], atol=1e-3)  # w and θ train apart
+
+
+def test_stacked_lwsam_fits_equal_the_workers_plgu_lf_fits():
+    loop = _worker()
+    w, start = loop.worker, loop.init_state
+    p = w.flat.num_params
+    scale = torch.rand(p, generator=torch.Generator().manual_seed(1))
+    scale[w.flat.layout.tail(1)] = 0  # a personal layer: no ε there
+    # per-client ρ, lr, θ momentum and Λ; ρ = 0 (ε ≡ 0) in the same stack
+    settings = [(0.05, 0.05, 0.9, scale), (0.2, 0.1, 0.0, None), (0.0, 0.02, 0.5, None)]
+    _assert_lwsam_stacks(w, [0, 1, 2], start, settings)
+    # ε changes the result: the same fit without it is another one
+    with_eps = _sequential(w, 1, start, _lwsam_spec(w, start, 0.2, 0.1, 0.0))[0]
+    without = _sequential(w, 1, start, _lwsam_spec(w, start, 0.0, 0.1, 0.0))[0]
+    assert not torch.allclose(with_eps, without, atol=1e-4)
+    global_ascent = _lwsam_spec(w, start, 0.05, 0.05, 0.0)
+    global_ascent.context["ascent"] = "global"
+    assert spec_problem(global_ascent) == "a custom objective (PLGULFObjective)"
+
+
+def test_stacked_lwsam_fits_keep_each_models_running_statistics():
+    from pfl.engine.trainer import TrainSettings
+
+    data = make_loop(tiny_config("fedavg")).worker.data
+    net = _bn_net(data.x[0].numel())
+    w = ClientTrainer(net, data, TrainSettings(batch_size=16, lr=0.1, momentum=0.5, weight_decay=1e-3), seed=0)
+    cids = [c for c in range(data.num_clients) if len(w.split(c).train) % 16 != 1][:2]  # no batch of one
+    start = w.flat.snapshot()
+    _assert_lwsam_stacks(w, cids, start, [(0.05, 0.1, 0.5), (0.1, 0.05, 0.0)])
+
+
+# bf16 keeps 8 significant bits (relative step 2^-8 ≈ 4e-3): a stacked (vmapped) matmul and the
+# sequential one may round a product to neighbouring bf16 values, so the paths agree to bf16's
+# rounding, not to float32's 1e-5, and those roundings compound over a fit's steps. Measured on this
+# test's fits (6 to 24 steps, parameters moving by 0.04 to 1.0): the largest difference is ≤ 1.1 % of
+# how far the fit moved under bf16-mixed (float32 parameters, bf16 forward) and ≤ 2.4 % under
+# bf16-true (bf16 parameters: a rounding step is 2^-7 at magnitude 1), the losses within 0.3 %. The
+# bounds: 5 % of the movement, 2 % of the loss.
+BF16_OF_MOVEMENT = 0.05
+BF16_LOSS_REL = 0.02
+
+
+def _bf16_linear_calls(monkeypatch) -> list[torch.dtype]:
+    """The output dtypes of every ``F.linear`` call from now on (bf16: autocast or a bf16 model ran)."""
+    seen: list[torch.dtype] = []
+    linear = torch.nn.functional.linear
+
+    def recording(*args, **kwargs):
+        out = linear(*args, **kwargs)
+        seen.append(out.dtype)
+        return out
+
+    monkeypatch.setattr(torch.nn.functional, "linear", recording)
+    return seen
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
+def test_bf16_stacked_fits_equal_the_workers_fits(precision, monkeypatch):
+    import lightning as L
+
+    cfg = tiny_config("fedavg", trainer={"precision": precision}, client={"momentum": 0.9, "weight_decay": 1e-3})
+    w = make_loop(cfg, fabric=L.Fabric(accelerator="cpu", precision=precision)).worker
+    start = w.flat.snapshot()
+    assert start.dtype == (torch.bfloat16 if precision == "bf16-true" else torch.float32)  # *-true: stored in bf16
+    specs = [FitSpec(epochs=2, lr=0.05), FitSpec(), FitSpec(lr=0.02, momentum=0.0)]
+    expected = [_sequential(w, k, start, spec) for k, spec in enumerate(specs)]
+    requests = [FitRequest.of(w, k, start, 0, spec) for k, spec in enumerate(specs)]
+    dtypes = _bf16_linear_calls(monkeypatch)
+    StackedTrainer(w).train(requests)
+    assert dtypes and set(dtypes) == {torch.bfloat16}  # the stacked forward ran in bf16
+    for r, (state, _, stats) in zip(requests, expected, strict=True):
+        assert r.out.dtype == start.dtype and r.stats.steps == stats.steps
+        moved = (state.float() - start.float()).abs().max()
+        assert (r.out.float() - state.float()).abs().max() <= BF16_OF_MOVEMENT * moved, r.cid
+        assert r.stats.loss == pytest.approx(stats.loss, rel=BF16_LOSS_REL)
+
+
+def test_a_gradient_scaler_stays_refused_in_one_line():
+    from pfl.engine.stacked import model_problems
+
+    w = _worker().worker
+    assert model_problems(w, "bf16-mixed") == model_problems(w, "bf16-true") == []
+    for precision in ("16-mixed", "16"):
+        (line,) = model_problems(w, precision)
+        assert line == f"precision {precision} uses a gradient scaler; use bf16-mixed or a *-true precision"
+
+
+def test_stacked_fits_with_per_client_lr_epochs_and_momentum_keep_to_the_training_device():
+    """PAGE's and Dap-FL's clients train with their own lr and epochs in one stacked fit: every tensor
+    the step builds (learning-rate column, momentum, the active-client mask, batches, losses) meets
+    the device's parameters on the device (tests/helpers/device_tags.py stands in for CUDA)."""
+    from tests.helpers.device_tags import is_on_device, training_device
+
+    loop = make_loop(tiny_config("fedavg", client={"momentum": 0.9}))
+    w = loop.worker
+    with training_device() as dev:
+        w.device, w.data = dev, w.data.to(dev)
+        start = loop.init_state.to(dev)
+        specs = [FitSpec(epochs=2, lr=0.05), FitSpec(epochs=1, lr=0.1), FitSpec(epochs=3, lr=0.02)]
+        requests = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in enumerate(specs)]
+        trainer = StackedTrainer(w)
+        vmapped = trainer.step  # functorch hands back untagged tensors; on CUDA they are the device's
+        trainer.step = lambda *args: tuple(out.to(dev) for out in vmapped(*args))
+        trainer.train(requests)
+        assert all(is_on_device(r.out) and is_on_device(r.buffer_out) for r in requests)
+        assert len({r.stats.steps for r in requests}) == 3 and all(r.stats.loss > 0 for r in requests)
+
+
+def test_stacked_mean_gradients_equal_the_workers_mean_gradients():
+    """PGFed's full pass (``ClientTrainer.mean_gradient``), several clients of different sizes in one pass:
+    the same gradient, loss and worker state (BatchNorm's running statistics moved) as one at a time."""
+    from pfl.engine.stacked import GradientRequest
+    from pfl.engine.trainer import TrainSettings
+
+    data = make_loop(tiny_config("fedavg")).worker.data
+    net = _bn_net(data.x[0].numel())
+    for w in (_worker().worker, ClientTrainer(net, data, TrainSettings(batch_size=16), seed=0)):
+        cids = [c for c in range(data.num_clients) if len(w.split(c).train) % 16 != 1][:4]  # no batch of one
+        assert len({len(w.split(c).train) // 16 for c in cids}) > 1  # ragged: clients run out of batches
+        start = w.flat.snapshot()
+        states = [start + 0.01 * k for k in range(len(cids))]
+        expected = []
+        for cid, state in zip(cids, states, strict=True):
+            grad, loss = w.mean_gradient(cid, state, 1)
+            expected.append((grad, loss, w.flat.snapshot()))
+        requests = [GradientRequest(cid, state, 1) for cid, state in zip(cids, states, strict=True)]
+        trainer, rows = StackedTrainer(w), []
+        step = trainer.gradient_step
+        trainer.gradient_step = lambda p, *rest, rows=rows, step=step: rows.append(len(p)) or step(p, *rest)
+        trainer.mean_gradients(requests)
+        if not trainer.buffer_views:  # the padded pass trains the clients with a batch at each position
+            assert sum(rows) == sum(math.ceil(len(w.split(c).train) / 16) for c in cids) and min(rows) < len(cids)
+        for r, (grad, loss, after) in zip(requests, expected, strict=True):
+            torch.testing.assert_close(r.grad, grad, rtol=0, atol=1e-6)
+            assert r.loss == pytest.approx(loss, abs=1e-6)
+            torch.testing.assert_close(r.state_out, after, rtol=0, atol=1e-6)
+        assert not torch.equal(requests[0].grad, requests[1].grad)
+
+
+def _dropout_net(dim: int, batch_norm: bool) -> torch.nn.Module:
+    from pfl.models.dropout import KeyedDropout
+
+    torch.manual_seed(0)
+    norm = [torch.nn.BatchNorm1d(16)] if batch_norm else []
+    return torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(dim, 16), *norm, torch.nn.ReLU(), KeyedDropout(0.4), torch.nn.Linear(16, 10)
+    )
+
+
+@pytest.mark.parametrize("batch_norm", [False, True])
+def test_stacked_fits_with_keyed_dropout_draw_each_clients_sequential_masks(batch_norm):
+    from pfl.engine.sam import SAMObjective, sam_context
+    from pfl.engine.stacked import GradientRequest, model_problems
+    from pfl.engine.trainer import TrainSettings
+
+    data = make_loop(tiny_config("fedavg")).worker.data
+    settings = TrainSettings(batch_size=16, lr=0.1, momentum=0.5, weight_decay=1e-3)
+    w = ClientTrainer(_dropout_net(data.x[0].numel(), batch_norm), data, settings, seed=0)
+    assert model_problems(w) == [] and w.keyed_dropout
+    cids = [c for c in range(data.num_clients) if len(w.split(c).train) % 16 not in (1, 2)][:3]
+    start = w.flat.snapshot()
+    specs = [FitSpec(epochs=2), FitSpec(objective=SAMObjective, context=sam_context(0.05)), FitSpec(purpose="p")]
+    first = _sequential(w, cids[0], start, specs[0])[0]
+    assert torch.equal(first, _sequential(w, cids[0], start, specs[0])[0])  # the same keys draw the same masks
+    _, trainer = _stacked_as_sequential(w, cids, start, specs)
+    gradients = [GradientRequest(cid, start, 2) for cid in cids]
+    trainer.mean_gradients(gradients)
+    for r in gradients:
+        grad, loss = w.mean_gradient(r.cid, start, 2)
+        torch.testing.assert_close(r.grad, grad, rtol=0, atol=1e-6)
+        assert r.loss == pytest.approx(loss, abs=1e-6)
+    # Without dropout the fit is another one: the masks are drawn.
+    plain = ClientTrainer(_dropout_net(data.x[0].numel(), batch_norm), data, settings, seed=0)
+    plain.module.net[-2].p = 0.0
+    assert not torch.allclose(_sequential(plain, cids[0], start, specs[0])[0], first, atol=1e-4)
+
+
+def test_stacked_wrn_batchnorm_fits_equal_the_workers_fits_to_float64_rounding():
+    """A Wide ResNet with BatchNorm, clients whose last batches hold 4 and 2 samples: in float32 a stacked
+    fit can drift from the sequential one by about 1e-3 within an epoch (a ReLU input within rounding of
+    zero takes another sign at one step); in float64 they agree to rounding, so the drift is rounding and
+    not a different computation."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        model = {"name": "wrn28_10", "depth": 10, "widen": 1}
+        loop = make_loop(tiny_config("fedavg", model=model, client={"batch_size": 16, "lr": 0.05}))
+        w, start = loop.worker, loop.init_state
+        w.data.x = w.data.x.double()
+        specs = {4: FitSpec(indices=w.split(4).train[:36]), 5: FitSpec(indices=w.split(5).train[:18])}
+        expected = {cid: _sequential(w, cid, start, spec)[0] for cid, spec in specs.items()}
+        requests = [FitRequest.of(w, cid, start, 0, spec) for cid, spec in specs.items()]
+        trainer = StackedTrainer(w)
+        trainer.train(requests)
+        assert trainer.buffer_views and start.dtype == torch.float64
+        for r in requests:
+            torch.testing.assert_close(r.out, expected[r.cid], rtol=0, atol=1e-12)
+            assert not torch.equal(r.out[w.flat.num_params :], start[w.flat.num_params :])  # statistics moved
+    finally:
+        torch.set_default_dtype(previous)
