@@ -11,7 +11,7 @@ import torch
 
 from bench.common import bench_config, make_loop, mnist_like
 from pfl.engine.stacked import FitRequest, StackedTrainer
-from pfl.engine.trainer import FitStats
+from pfl.engine.trainer import FitSpec
 from pfl.federation.loop import FederatedLoop, sample_clients
 from pfl.methods import weighted_mean
 
@@ -23,13 +23,7 @@ def vmap_fedavg_round(loop: FederatedLoop, round_idx: int) -> torch.Tensor:
     data = worker.data
     sampled = sample_clients(loop.schedule.seed, round_idx, data.num_clients, loop.server.clients_per_round).tolist()
     start = loop.server["global"]
-    s = worker.settings
-    requests = []
-    for cid in sampled:
-        n = len(worker.split(cid).train)
-        out = torch.empty_like(start)
-        stats = FitStats(n, n * s.epochs, 0, float("nan"), 0.0)
-        requests.append(FitRequest(cid, start, round_idx, s.epochs, "train", s.lr, s.momentum, (), out, stats))
+    requests = [FitRequest.of(worker, cid, start, round_idx, FitSpec()) for cid in sampled]
     StackedTrainer(worker).train(requests)
     p = loop.flat.num_params
     return weighted_mean([r.out[:p] for r in requests], [r.stats.num_samples for r in requests])

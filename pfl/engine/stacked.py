@@ -42,6 +42,7 @@ worker's): they are replayed from one graph per number of calls and batch width,
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -95,7 +96,7 @@ def precision_name(worker: ClientTrainer) -> str:
     return str(getattr(worker.precision, "precision", "32-true"))
 
 
-def forward_context(worker: ClientTrainer, cache: bool = True) -> Callable[[], AbstractContextManager]:
+def forward_context(worker: ClientTrainer, cache: bool) -> Callable[[], AbstractContextManager]:
     """The stacked forward's context, as the sequential worker's ``autocast()``: bf16 autocast under
     ``bf16-mixed`` (``torch.autocast`` itself, which ``torch.compile`` traces; ``cache`` false: without
     its cast cache, as CUDA graph capture needs), Fabric's own forward context under a *-true precision
@@ -199,10 +200,10 @@ class FitRequest:
     terms: tuple[Term, ...]
     out: Tensor
     stats: FitStats
-    buffer: Tensor | None = None  # momentum to continue from (FitSpec.momentum_buffer)
-    indices: Tensor | None = None  # pool samples to train on instead of the train split
-    sam: SAMRow | None = None  # each step a SAM step (pfl.engine.sam)
-    loss: StackedLoss | None = None  # a custom loss and the extra tensor it trains (pfl.engine.stacked_loss)
+    buffer: Tensor | None  # momentum to continue from (FitSpec.momentum_buffer)
+    indices: Tensor | None  # pool samples to train on instead of the train split
+    sam: SAMRow | None  # each step a SAM step (pfl.engine.sam)
+    loss: StackedLoss | None  # a custom loss and the extra tensor it trains (pfl.engine.stacked_loss)
     buffer_out: Tensor | None = field(default=None, repr=False)
 
     @classmethod
@@ -503,13 +504,12 @@ class StackedTrainer:
         if self.buffer_views or self.keyed:
             w.module.net.train()  # as ClientTrainer.gradient
         idxs = [w.split(r.cid).train for r in reqs]
-        counts = [math.ceil(len(i) / bs) for i in idxs]
+        # each client's batches in index order (epoch 0 of the schedule), then None once it has none left
+        batches = [[(0, b) for b in i.split(bs)] for i in idxs]
+        counts = [len(b) for b in batches]
+        schedule = [list(step) for step in itertools.zip_longest(*batches)]
         total = torch.zeros_like(params)
         losses: list[Tensor] = []
-        schedule = [
-            [(0, i[s * bs : (s + 1) * bs]) if s < c else None for i, c in zip(idxs, counts, strict=True)]
-            for s in range(max(counts, default=0))
-        ]
         feed = None
         if not self.buffer_views:
             feed = PaddedFeed(schedule, bs, self.static_width, params.dtype, params.device, self.stack_rows)

@@ -409,6 +409,7 @@ def test_stacked_mean_gradients_equal_the_workers_mean_gradients():
         trainer, rows = StackedTrainer(w), []
         step = trainer.gradient_step
         trainer.gradient_step = lambda p, *rest, rows=rows, step=step: rows.append(len(p)) or step(p, *rest)
+        w.module.eval()  # as an evaluation leaves it: the pass runs in train mode, as the worker's
         trainer.mean_gradients(requests)
         if not trainer.buffer_views:  # the padded pass trains the clients with a batch at each position
             assert sum(rows) == sum(math.ceil(len(w.split(c).train) / 16) for c in cids) and min(rows) < len(cids)
@@ -480,3 +481,266 @@ def test_stacked_wrn_batchnorm_fits_equal_the_workers_fits_to_float64_rounding()
             assert not torch.equal(r.out[w.flat.num_params :], start[w.flat.num_params :])  # statistics moved
     finally:
         torch.set_default_dtype(previous)
+
+
+def _two_norms_net(inputs: int) -> torch.nn.Module:
+    """An MLP with two BatchNorm layers of different widths (16 and 8 features), drawn from seed 0."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Flatten(),
+        torch.nn.Linear(inputs, 16),
+        torch.nn.BatchNorm1d(16),
+        torch.nn.ReLU(),
+        torch.nn.Linear(16, 8),
+        torch.nn.BatchNorm1d(8),
+        torch.nn.ReLU(),
+        torch.nn.Linear(8, 10),
+    )
+
+
+def test_each_batchnorm_layers_statistics_are_their_own_slice_of_the_flat_buffers():
+    """Running statistics of layers of different widths: each named float buffer is its own slice of the
+    flat state's buffers (``FlatModule``'s order), and a stacked fit moves each layer's statistics as the
+    sequential fit does."""
+    from pfl.engine.stacked import _buffer_views
+    from pfl.engine.trainer import TrainSettings
+
+    data = make_loop(tiny_config("fedavg")).worker.data
+    w = ClientTrainer(_two_norms_net(data.x[0].numel()), data, TrainSettings(batch_size=16, lr=0.1), seed=0)
+    p = w.flat.num_params
+    buffers = dict(w.module.net.named_buffers())
+    for k, b in enumerate(buffers.values()):
+        if b.is_floating_point():
+            b.copy_(torch.arange(b.numel(), dtype=b.dtype).view_as(b) + 100 * k)  # every value tells its buffer
+    state = w.flat.snapshot()[p:]
+    views = _buffer_views(w.module.net)
+    assert [n for n, _, _ in views] == [n for n, b in buffers.items() if b.is_floating_point()]
+    assert [sl.stop - sl.start for _, sl, _ in views] == [16, 16, 8, 8] and views[-1][1].stop == w.flat.num_buffers
+    for name, sl, shape in views:
+        assert torch.equal(state[sl].view(shape), buffers[name]), name
+    cids = [c for c in range(data.num_clients) if len(w.split(c).train) % 16 != 1][:3]
+    start = w.flat.snapshot()
+    requests, _ = _stacked_as_sequential(w, cids, start, [FitSpec(epochs=2), FitSpec(), FitSpec(lr=0.05)])
+    assert all(not torch.equal(r.out[p + 32 :], start[p + 32 :]) for r in requests)  # the second layer's moved
+
+
+def test_a_fit_without_steps_keeps_its_start_and_reports_no_loss():
+    """A fit of 0 epochs in a stack with others: its parameters and momentum are its start's, its stats
+    count its samples and no step, and its loss is NaN (no batch), as the worker's."""
+    loop = _worker()
+    w, start = loop.worker, loop.init_state
+    buf = torch.full((w.flat.num_params,), 0.5)
+    specs = [FitSpec(epochs=0, momentum_buffer=buf), FitSpec(epochs=1)]
+    expected = [_sequential(w, k, start, spec) for k, spec in enumerate(specs)]
+    requests = [FitRequest.of(w, k, start, 0, spec) for k, spec in enumerate(specs)]
+    StackedTrainer(w).train(requests)
+    idle, stats = requests[0], expected[0][2]
+    assert torch.equal(idle.out, start) and torch.equal(idle.buffer_out, buf) and idle.buffer_out is not buf
+    assert (idle.stats.steps, idle.stats.samples_seen, idle.stats.num_samples) == (0, 0, len(w.split(0).train))
+    assert math.isnan(idle.stats.loss) and math.isnan(stats.loss) and stats.steps == 0
+    assert requests[1].stats.steps > 0 and requests[1].stats.seconds > 0
+
+
+def test_the_stacked_forward_context_is_the_workers_own_or_bf16_autocast():
+    """32-true: the worker's own forward context; bf16-mixed: ``torch.autocast`` to bfloat16 on the
+    worker's device, with its cast cache unless the step is captured."""
+    import lightning as L
+
+    from pfl.engine.stacked import forward_context
+
+    w = _worker().worker
+    assert forward_context(w, cache=True) == w.autocast  # the bound method itself
+    mixed = make_loop(
+        tiny_config("fedavg", trainer={"precision": "bf16-mixed"}),
+        fabric=L.Fabric(accelerator="cpu", precision="bf16-mixed"),
+    ).worker
+    for cache in (True, False):
+        ctx = forward_context(mixed, cache=cache)()
+        assert isinstance(ctx, torch.autocast)
+        assert (ctx.device, ctx.fast_dtype, ctx._cache_enabled) == ("cpu", torch.bfloat16, cache)
+
+
+def test_what_keeps_a_model_from_stacking_is_said_in_one_line_each():
+    """``net_problems``: nothing for a plain float32 MLP (its defaults: 32-true, no scaler); each reason
+    names the layers or the precision and the way out."""
+    from pfl.engine.stacked import net_problems
+
+    counted = torch.nn.Module()
+    counted.register_buffer("count", torch.zeros((), dtype=torch.long))  # an integer buffer passes as it is
+    counted.register_buffer("unset", None)
+    assert net_problems(torch.nn.Sequential(torch.nn.Linear(4, 3), counted, torch.nn.Dropout(0.0))) == []  # p = 0
+    scaled = torch.nn.Module()
+    scaled.register_buffer("scale", torch.ones(3))  # a float buffer of another layer
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Dropout(0.2))  # stacks
+    cumulative = torch.nn.BatchNorm1d(3, momentum=None)  # a cumulative average reads num_batches_tracked
+    assert net_problems(torch.nn.Sequential(scaled, plain, cumulative, torch.nn.Dropout1d(0.1))) == [
+        "the model has float buffers outside BatchNorm layers with a momentum (BatchNorm1d, Module)",
+        "the model has dropout drawn from torch's global generator (Dropout, Dropout1d); "
+        "pfl.models.dropout.KeyedDropout draws each client's own masks and stacks",
+    ]
+    linear = torch.nn.Linear(4, 3)
+    assert net_problems(linear, "bf16-mixed") == net_problems(linear, "bf16-true") == []
+    assert net_problems(linear, scaler=True) == [
+        "precision 32-true uses a gradient scaler; use bf16-mixed or a *-true precision"
+    ]
+    assert net_problems(linear, "transformer-engine-float16") == [
+        "precision transformer-engine-float16 has no stacked form; use bf16-mixed or a *-true precision"
+    ]
+
+
+def test_a_bare_sam_context_stacks_as_the_sequential_objective_reads_it():
+    """``sam_row`` reads a context as ``SAMObjective`` does: p 2 and the whole vector unless given; a
+    subclass stacks only when it says its step is SAM's plain one."""
+    from pfl.engine.sam import SAMObjective, sam_context
+    from pfl.engine.stacked import SAMRow, sam_row
+
+    assert sam_row(FitSpec(objective=SAMObjective, context={"rho": 0.1})) == SAMRow(0.1, 2.0, None, slice(0, None))
+    scale = torch.ones(3)
+    given = sam_row(FitSpec(objective=SAMObjective, context=sam_context(0.2, 3.0, scale, slice(1, 3))))
+    assert given == SAMRow(0.2, 3.0, scale, slice(1, 3)) and given.scale is scale
+    assert sam_row(FitSpec()) is None
+
+    class Other(SAMObjective):  # another step, which does not say it is SAM's
+        pass
+
+    assert sam_row(FitSpec(objective=Other, context={"rho": 0.1})) is None
+
+
+def test_a_trainer_compiles_or_captures_only_when_asked(monkeypatch):
+    """``StackedTrainer(worker)``: neither compiled nor captured, even on CUDA; ``compile=True`` hands the
+    padded step and the full pass to ``torch.compile`` and pads every step, for every client."""
+    from pfl.engine.cuda_graphs import CapturedStep
+
+    w = _worker().worker
+    monkeypatch.setattr(type(w), "device", property(lambda self: torch.device("cuda", 0)), raising=False)
+    plain = StackedTrainer(w)
+    assert (plain.compiled, plain.captured, plain.static_width, plain.stack_rows) == (False, False, False, "active")
+    assert not isinstance(plain.step, CapturedStep)
+    compiled_fns = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: compiled_fns.append(kwargs) or fn)
+    compiled = StackedTrainer(w, compile=True)
+    assert compiled.compiled is True and compiled.captured is False
+    assert (compiled.static_width, compiled.stack_rows) == (True, "all")
+    assert compiled_fns == [{"dynamic": True}, {"dynamic": True}]  # the step and the full pass
+
+
+def _regression_bn_worker() -> ClientTrainer:
+    """A regression worker (targets of shape (B,), outputs (B, 1)) with a BatchNorm MLP: its stacked steps
+    are the unpadded ones."""
+    from pfl.config import DataConfig
+    from pfl.data import build_data
+    from pfl.engine.trainer import TrainSettings
+
+    data = build_data(DataConfig(source="synthetic_regression", num_clients=6, val_frac=0.2, test_frac=0.3), 0)
+    torch.manual_seed(0)
+    dim = data.x[0].numel()
+    net = torch.nn.Sequential(
+        torch.nn.Linear(dim, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 1)
+    )
+    return ClientTrainer(net, data, TrainSettings(batch_size=8, lr=0.05, momentum=0.5), seed=0)
+
+
+def test_stacked_regression_fits_squeeze_the_outputs_to_the_targets():
+    w = _regression_bn_worker()
+    assert w.task == "regression" and w.data.y.dim() == 1
+    cids = [c for c in range(6) if len(w.split(c).train) % 8 != 1][:3]
+    requests, trainer = _stacked_as_sequential(w, cids, w.flat.snapshot(), [FitSpec(epochs=2), FitSpec(), FitSpec()])
+    assert trainer.buffer_views and all(r.stats.loss > 0 for r in requests)
+
+
+def test_equal_epochs_stack_epoch_by_epoch_and_unequal_ones_each_at_its_own_pace():
+    """Two clients of 3 and 1 batches: with 2 epochs each, the second waits for the first's epoch (rows 2, 1,
+    1, then again); with 3 and 1 epochs each goes through its batches at its own pace (2, then 1 eight times)."""
+    w = _worker().worker
+    pool = torch.arange(64)  # pool samples (FitSpec.indices)
+    rows = []
+    for epochs, expected in (((2, 2), [2, 1, 1, 2, 1, 1]), ((3, 1), [2, 1, 1, 1, 1, 1, 1, 1, 1])):
+        trainer = StackedTrainer(w)
+        step = trainer.step
+        trainer.step = lambda p, *rest, step=step: rows.append(len(p)) or step(p, *rest)
+        specs = [FitSpec(indices=pool[:48], epochs=epochs[0]), FitSpec(indices=pool[48:64], epochs=epochs[1])]
+        requests = [FitRequest.of(w, k, w.flat.snapshot(), 0, spec) for k, spec in enumerate(specs)]
+        trainer.train(requests)
+        assert rows == expected, epochs
+        rows.clear()
+
+
+def test_stateful_terms_write_their_state_back_after_a_stacked_fit():
+    """PGFed's auxiliary risk keeps each client's α; a stacked fit writes each client's trained α back into
+    its own term, as the sequential fit leaves it."""
+    loop = _worker()
+    w, start = loop.worker, loop.init_state
+    p = w.flat.num_params
+    g = torch.Generator().manual_seed(3)
+
+    def terms(k: int) -> list[Term]:
+        aux, gbar = (0.01 * torch.randn(p, generator=g) for _ in range(2))
+        c, alpha = torch.randn(4, generator=g), torch.rand(4, generator=g)
+        return [AuxiliaryRisk(aux, c, alpha, 0.1 * (k + 1), gbar=gbar, clip=True)]
+
+    drawn = [terms(k) for k in range(2)]
+    before = [t[0].alpha.clone() for t in drawn]
+    expected = []
+    for k, t in enumerate(drawn):
+        _sequential(w, k, start, FitSpec(terms=t))
+        expected.append(t[0].alpha.clone())
+        t[0].alpha.copy_(before[k])
+    requests = [FitRequest.of(w, k, start, 0, FitSpec(terms=t)) for k, t in enumerate(drawn)]
+    StackedTrainer(w).train(requests)
+    for k, t in enumerate(drawn):
+        torch.testing.assert_close(t[0].alpha, expected[k], rtol=0, atol=1e-6)
+        assert not torch.equal(t[0].alpha, before[k])  # α moved
+
+
+def test_each_stacked_fit_reports_its_share_of_the_groups_seconds(monkeypatch):
+    import types
+
+    from pfl.engine import stacked
+
+    clock = iter([10.0, 16.0])
+    monkeypatch.setattr(stacked, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    w = _worker().worker
+    requests = [FitRequest.of(w, k, w.flat.snapshot(), 0, FitSpec()) for k in range(3)]
+    StackedTrainer(w).train(requests)
+    assert [r.stats.seconds for r in requests] == [2.0, 2.0, 2.0]  # 6 s over 3 clients
+
+
+def test_the_full_pass_of_a_one_sample_client_is_its_one_batch(monkeypatch):
+    """A client of one sample beside a larger one: one batch, its gradient and loss that sample's."""
+    import dataclasses
+
+    from pfl.engine.stacked import GradientRequest
+
+    w = _worker().worker
+    split = w.split
+    monkeypatch.setattr(
+        w, "split", lambda cid: dataclasses.replace(split(cid), train=split(cid).train[:1]) if cid == 0 else split(cid)
+    )
+    start = w.flat.snapshot()
+    expected = [w.mean_gradient(cid, start, 0) for cid in (0, 1)]
+    requests = [GradientRequest(cid, start, 0) for cid in (0, 1)]
+    StackedTrainer(w).mean_gradients(requests)
+    for r, (grad, loss) in zip(requests, expected, strict=True):
+        torch.testing.assert_close(r.grad, grad, rtol=0, atol=1e-6)
+        assert r.loss == pytest.approx(loss, abs=1e-6)
+    assert len(w.split(0).train) == 1 and expected[0][1] > 0
+
+
+def test_every_client_in_every_padded_step_with_augmentation_trains_as_alone():
+    """As ``trainer.compile`` runs it: every step pads to the batch size and holds every client, those
+    without a batch at it included; only the clients with a batch are augmented, each from its own
+    generator, and each fit equals the worker's."""
+    loop = _worker()
+    w, start = loop.worker, loop.init_state
+    assert w.augment is not None
+    specs = [FitSpec(epochs=2), FitSpec(epochs=1), FitSpec(indices=w.split(2).train[:20])]
+    expected = [_sequential(w, k, start, spec)[0] for k, spec in enumerate(specs)]
+    trainer, rows = StackedTrainer(w), []
+    trainer.static_width, trainer.stack_rows = True, "all"
+    step = trainer.step
+    trainer.step = lambda p, *rest: rows.append(len(p)) or step(p, *rest)
+    requests = [FitRequest.of(w, k, start, 0, spec) for k, spec in enumerate(specs)]
+    trainer.train(requests)
+    assert set(rows) == {3} and max(r.stats.steps for r in requests) > min(r.stats.steps for r in requests)
+    for r, state in zip(requests, expected, strict=True):
+        torch.testing.assert_close(r.out, state, rtol=0, atol=1e-5)
