@@ -340,6 +340,9 @@ def run_claims(
         ran |= launch(again, "reproduce (the next lr after a divergence)")
     done = {key: _finished_jobs(claim_runs, started, ran) for key, claim_runs in jobs.items()}
 
+    # each claim's time: its finished runs and grid runs, and every try of its runs that diverged
+    tried = {c.key: [*grids[c.key], *beyond[c.key], *jobs[c.key]] for c in ready}
+    per_claim = {c.key: times.of(done[c.key], grid_done[c.key], tried[c.key]) for c in ready}
     sections: list[str] = []
     verdicts: dict[str, str] = {}
     for claim in claims:
@@ -354,12 +357,9 @@ def run_claims(
                 if quick
                 else grid_lines.get(claim.key, [])
             )
-        lines, verdicts[claim.key] = claim_section(
-            claim, jobs[claim.key], done[claim.key], out, times, grid_done[claim.key]
-        )
+        lines, verdicts[claim.key] = claim_section(claim, jobs[claim.key], done[claim.key], out, per_claim[claim.key])
         sections += lines
     reused = sum(j.name not in ran and j.done() for c in ready for j in jobs[c.key])
-    per_claim = {c.key: times.of(done[c.key], grid_done[c.key]) for c in ready}
     timing = SuiteTime(time.perf_counter() - t0, workers, len(ran), reused, per_claim, times.invocations())
     timing.device = times.device
     if quick:
@@ -473,6 +473,7 @@ def _run_timing(folder: Path) -> object:
 
 INVOCATIONS = "invocations.json"
 TIMING = "timing.json"
+DIVERGED_TIMES = "diverged_seconds.json"  # run name -> [wall, CPU] seconds of its last try that diverged
 
 
 @dataclass
@@ -480,9 +481,11 @@ class RunTimes:
     """Each run's wall and CPU seconds, its device and the seconds of its rounds and evaluations
     (``seconds.json``, ``cpu_seconds.json``, ``devices.json``, ``timing.json`` in ``out``), written as each
     run ends, so a suite that is stopped keeps the times of every run it finished, and merged with earlier
-    suites': a reused run keeps its measured times. ``invocations.json`` lists every invocation that ran
-    runs in ``out``: when it started, its workers, how many runs it finished and its wall time up to the
-    last of them, so a suite stopped and continued with ``--reuse`` adds up its measured time."""
+    suites': a reused run keeps its measured times. A run that diverged is timed apart (``DIVERGED_TIMES``):
+    the suite spent that time, and a second try at the next lr under the same name replaces none of it.
+    ``invocations.json`` lists every invocation that ran runs in ``out``: when it started, its workers, how
+    many runs it finished and its wall time up to the last of them, so a suite stopped and continued with
+    ``--reuse`` adds up its measured time."""
 
     out: Path
     workers: int = 1
@@ -493,12 +496,14 @@ class RunTimes:
     # each run's rounds and evaluations, their counts and seconds (``timing.json``; null: not recorded)
     timing: dict[str, object] = field(default_factory=dict)
     device: str = field(default_factory=device_label)  # this invocation's
+    diverged: dict[str, list] = field(default_factory=dict)  # name -> [wall, CPU or None] of a diverged try
 
     def __post_init__(self) -> None:
         self.wall.update(_read_json(self.out / "seconds.json", {}))
         self.devices.update(_read_json(self.out / "devices.json", {}))
         self.cpu.update(_read_json(self.out / "cpu_seconds.json", {}))
         self.timing.update(_read_json(self.out / TIMING, {}))
+        self.diverged.update(_diverged_times(self.out / DIVERGED_TIMES))
         self.t0, self.finished, self.last = time.perf_counter(), 0, 0.0
         self.started = time.strftime("%Y-%m-%d %H:%M")
         self.earlier: list[dict] = _read_json(self.out / INVOCATIONS, [])
@@ -507,6 +512,9 @@ class RunTimes:
         """One run ended: its times (when it ran to the end; ``timing``: its ``summary.json``'s) and this
         invocation's line, on disk now."""
         self.codes[name] = code
+        if code == EXIT_DIVERGED:
+            self.diverged[name] = [wall, cpu]
+            _write_json(self.out / DIVERGED_TIMES, self.diverged)
         if code == 0:
             self.wall[name] = wall
             if cpu is not None:
@@ -526,31 +534,38 @@ class RunTimes:
                "wall_s": round(self.last, 1)}  # fmt: skip
         return [*self.earlier, now] if self.finished else list(self.earlier)
 
-    def of(self, jobs: list[Job], grid: list[Job] | None = None) -> ClaimTime:
-        """The recorded times of ``jobs`` and of the lr-grid runs ``grid`` (those with a result)."""
+    def of(self, jobs: list[Job], grid: list[Job] | None = None, tried: list[Job] | None = None) -> ClaimTime:
+        """The recorded times of ``jobs`` and of the lr-grid runs ``grid`` (those with a result), and of the
+        tries of ``tried`` (every run of the claim) that diverged."""
         names = [j.name for j in [*jobs, *(grid or [])]]
+        lost = [self.diverged[n] for n in dict.fromkeys(j.name for j in tried or []) if n in self.diverged]
         return ClaimTime(
             len(names),
-            sum(self.wall.get(n, 0.0) for n in names),
-            sum(self.cpu.get(n, 0.0) for n in names),
+            sum(self.wall.get(n, 0.0) for n in names) + sum(wall for wall, _ in lost),
+            sum(self.cpu.get(n, 0.0) for n in names) + sum(cpu for _, cpu in lost if cpu is not None),
             sum(n not in self.cpu for n in names),
             len(grid or []),
+            len(lost),
         )
 
 
 @dataclass
 class ClaimTime:
     """A claim's runs with a result, their recorded wall and CPU seconds, and how many have no CPU
-    record (reused runs of a suite older than the record, or whose files were lost)."""
+    record (reused runs of a suite older than the record, or whose files were lost). The seconds include
+    those of its ``diverged`` tries: runs that stopped at a divergence, not among ``runs`` (a second try
+    of one, at the next lr, is)."""
 
     runs: int
     wall: float
     cpu: float
     unrecorded: int
     grid: int = 0  # how many of ``runs`` are the lr grid's short runs
+    diverged: int = 0
 
     def count(self) -> str:
-        return f"{self.runs} ({self.grid} lr grid)" if self.grid else str(self.runs)
+        runs = f"{self.runs} ({self.grid} lr grid)" if self.grid else str(self.runs)
+        return f"{runs} + {self.diverged} diverged" if self.diverged else runs
 
     def text(self) -> str:
         missing = f"; {self.unrecorded} without a recorded CPU time" if self.unrecorded else ""
@@ -577,12 +592,14 @@ class SuiteTime:
         cpu = sum(c.cpu for c in self.claims.values()) / 60
         wall = sum(c.wall for c in self.claims.values()) / 60
         missing = sum(c.unrecorded for c in self.claims.values())
+        diverged = sum(c.diverged for c in self.claims.values())
+        tries = f" and of {diverged} diverged run(s)" if diverged else ""
         return [
             f"Measured wall time of this invocation: {self.wall / 60:.1f} min with {self.workers} worker(s); "
             f"it ran {self.ran} run(s) and reused {self.reused}.",
-            f"Recorded time of the report's {runs} runs: {cpu:.1f} CPU-minutes, about {cpu / self.workers:.1f} min "
-            f"of wall time with {self.workers} worker(s) on an otherwise idle machine ({wall:.1f} run-minutes of "
-            "wall time as measured, which grows with other load on the machine)"
+            f"Recorded time of the report's {runs} runs{tries}: {cpu:.1f} CPU-minutes, "
+            f"about {cpu / self.workers:.1f} min of wall time with {self.workers} worker(s) on an otherwise idle "
+            f"machine ({wall:.1f} run-minutes of wall time as measured, which grows with other load on the machine)"
             + (f"; {missing} reused run(s) have no recorded CPU time and are not in those sums." if missing else "."),
             *self.invocation_lines(),
             *self.estimate,
@@ -639,11 +656,10 @@ def _header(claims: list[Claim], verdicts: dict[str, str], quick: bool, timing: 
 
 
 def claim_section(
-    claim: Claim, jobs: list[Job], finished: list[Job], out: Path, times: RunTimes, grid: list[Job]
+    claim: Claim, jobs: list[Job], finished: list[Job], out: Path, spent: ClaimTime
 ) -> tuple[list[str], str]:
-    """The claim's report lines (table, contrasts, verdict, causes, plot) and its verdict; ``finished``:
-    those of its ``jobs`` with a result of this suite; ``grid``: its finished lr-grid runs (counted in
-    its time)."""
+    """The claim's report lines (table, contrasts, verdict, causes, plot, its time ``spent``) and its verdict;
+    ``finished``: those of its ``jobs`` with a result of this suite."""
     lines = []
     failed = [j.name for j in jobs if j not in finished]
     if failed:
@@ -682,7 +698,7 @@ def claim_section(
     title = f"{claim.paper}: {claim.key} ({result})"
     plot = seed_plot(s, claim.plot_metric, out / f"{claim.key}.png", claim.winner, title)
     lines += ["", f"![{claim.key}]({plot.name})", "", *comparison_plots(claim.key, finished, out, title)]
-    lines += [f"({times.of(finished, grid).text()})", ""]
+    lines += [f"({spent.text()})", ""]
     return lines, result
 
 
@@ -846,6 +862,21 @@ def _read_json(path: Path, empty: dict | list) -> dict | list:
     require(type(value) is type(empty), str(path), f"holds a {type(value).__name__}, not a {type(empty).__name__}",
             "remove or restore it")  # fmt: skip
     return value
+
+
+def _diverged_times(path: Path) -> dict[str, list]:
+    """``DIVERGED_TIMES`` (empty when absent): run name -> [wall seconds, CPU seconds or null]; anything
+    else is refused by name before any run starts."""
+    record = _read_json(path, {})
+    for name, value in record.items():  # type: ignore[union-attr]
+        wall, cpu = value if isinstance(value, list) and len(value) == 2 else (None, None)
+        require(_seconds(wall) and (cpu is None or _seconds(cpu)), str(path),
+                f"{name}: {value!r} is not [wall seconds, CPU seconds or null]", "remove or restore it")  # fmt: skip
+    return record  # type: ignore[return-value]
+
+
+def _seconds(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 def _write_json(path: Path, value: dict | list) -> None:

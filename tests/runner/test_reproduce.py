@@ -331,7 +331,9 @@ def test_a_diverged_run_is_a_finding_and_a_crash_fails_the_suite_after_the_repor
     text = report.read_text()
     assert "Failed (left out of the table and the check): tiny/ditto/s1." in text
     assert "| ditto - local (pm.l_acc) | +0.1000 | - | +0.1000 | 0.0000 | +0.0000 | held (indicative, 1 seed) |" in text
-    assert "| tiny | held | 3 |" in text  # the indicative mark is the contrast's; both seeds have runs
+    assert (
+        "| tiny | held | 3 + 1 diverged | 8.0 | 10.0 |" in text
+    )  # the indicative mark is the contrast's; the diverged try timed
     fake.codes = {"tiny/ditto/s1": EXIT_DIVERGED, "tiny/local/s1": 2}
     with pytest.raises(ConfigError, match="tiny/local/s1: boom"):
         rep.run_claims(tmp_path)
@@ -358,10 +360,12 @@ def test_a_run_that_failed_now_is_not_replaced_by_the_summary_an_earlier_suite_l
     fake.codes = {"tiny/ditto/s1": EXIT_DIVERGED}
     report = rep.run_claims(tmp_path).read_text()
     assert "Failed (left out of the table and the check): tiny/ditto/s1." in report
-    assert "| tiny | held | 3 | 6.0 | 7.5 |" in report and "(3 runs, 6.0 CPU-minutes, 7.5 run-minutes)" in report
+    assert "| tiny | held | 3 + 1 diverged | 8.0 | 10.0 |" in report
+    assert "(3 + 1 diverged runs, 8.0 CPU-minutes, 10.0 run-minutes)" in report
     fake.codes = {}
     kept = rep.run_claims(tmp_path, reuse=True).read_text()  # reused: an earlier result is this suite's
-    assert "Failed" not in kept and "| tiny | held | 4 |" in kept and fake.calls[-1][1] == []
+    # and the folder's diverged try still counts: its time was spent on this folder's runs
+    assert "Failed" not in kept and "| tiny | held | 4 + 1 diverged |" in kept and fake.calls[-1][1] == []
 
 
 def test_finished_runs_are_reused_only_when_asked(fake, tmp_path, capsys):
@@ -421,10 +425,15 @@ def test_a_chosen_lr_that_diverges_on_a_seed_is_left_out_and_the_labels_seeds_ru
         "its edge; 0.3 left out: a run of the claim diverged at it)\n" in report  # fmt: skip
     assert "| ditto | ditto | 0.03 | 2 |" in report and "Failed" not in report  # both seeds, at one lr
     assert json.loads((tmp_path / "tiny" / "_lr" / "unstable.json").read_text()) == {"ditto": [0.3]}
+    # the diverged try's time counts beside its second try's: 8 runs with a result and 1 try, 120 CPU-s each
+    assert json.loads((tmp_path / "diverged_seconds.json").read_text()) == {"tiny/ditto/s1": [150.0, 120.0]}
+    assert report.rstrip().endswith("(8 (4 lr grid) + 1 diverged runs, 18.0 CPU-minutes, 22.5 run-minutes)")
+    assert "Recorded time of the report's 8 runs and of 1 diverged run(s): 18.0 CPU-minutes" in report
     fake.calls.clear()
     again = rep.run_claims(tmp_path, reuse=True).read_text()  # the choice stands: nothing runs again
     assert [c[:2] for c in fake.calls] == [("lr grid", []), ("lr grid edge", []), ("reproduce", [])]
     assert "- ditto: **0.03** (" in again and "| ditto | ditto | 0.03 | 2 |" in again
+    assert again.rstrip().endswith("(8 (4 lr grid) + 1 diverged runs, 18.0 CPU-minutes, 22.5 run-minutes)")
 
 
 def test_the_diverged_labels_of_every_claim_go_again_together_and_only_they(fake, tmp_path, monkeypatch):
@@ -525,11 +534,11 @@ def test_a_grid_run_that_failed_now_is_not_chosen_on_an_earlier_suites_result(fa
     step = "0.000333333: 0.0003; 0.000333333 added: the grid's choice was on its edge"  # 0.01 is now its bottom
     assert f"- ditto: **0.01** (0.01: 0.0100, {step})\n" in report
     assert flag(fake.argv["tiny/ditto/s0"], "--client.lr") == "0.01"
-    assert "| tiny | held | 6 (2 lr grid) |" in report
+    assert "| tiny | held | 6 (2 lr grid) + 1 diverged |" in report  # the diverged grid run timed too
     fake.codes = {}
     reused = rep.run_claims(tmp_path, reuse=True).read_text()  # reused, the earlier result is this suite's
     assert "- ditto: **0.3** (0.01: 0.0100, 0.3: 0.3000, 9: 0.0000; 9 added" in reused
-    assert "| tiny | held | 7 (3 lr grid) |" in reused
+    assert "| tiny | held | 7 (3 lr grid) + 1 diverged |" in reused
 
 
 def test_quick_runs_the_first_seed_a_tenth_of_the_rounds_and_no_grid(fake, tmp_path, monkeypatch):
@@ -601,6 +610,38 @@ def test_each_finished_run_is_recorded_on_disk_at_once_and_failed_runs_only_by_t
     assert json.loads((tmp_path / "invocations.json").read_text())[0]["runs"] == 2
     assert times.of([rep.Job("k", "l", 0, [], tmp_path, n) for n in "abc"]) == rep.ClaimTime(3, 16.0, 7.5, 2, 0)
     assert json.loads((tmp_path / "devices.json").read_text()) == {"a": device_label(), "c": device_label()}
+
+
+def test_a_diverged_try_is_timed_apart_and_its_time_stays_beside_a_second_try_of_the_same_run(tmp_path):
+    times = rep.RunTimes(tmp_path)
+    times.record("a", EXIT_DIVERGED, 5.0, 4.0)
+    times.record("b", EXIT_DIVERGED, 3.0, None)  # no CPU time on this platform
+    times.record("c", 1, 2.0, 1.0)  # any other failure: only its code
+    assert json.loads((tmp_path / "diverged_seconds.json").read_text()) == {"a": [5.0, 4.0], "b": [3.0, None]}
+    assert not (tmp_path / "seconds.json").exists() and times.invocations() == []  # no run finished
+    times.record("a", 0, 10.0, 7.5)  # its second try, at the next lr
+    times.record("b", EXIT_DIVERGED, 6.0, 5.0)  # diverged again: the last try's time (one suite's cost)
+    assert json.loads((tmp_path / "seconds.json").read_text()) == {"a": 10.0}
+    assert rep.RunTimes(tmp_path).diverged == {"a": [5.0, 4.0], "b": [6.0, 5.0]}  # read back by a reuse
+    jobs = {n: rep.Job("k", "l", 0, [], tmp_path, n) for n in "abc"}
+    tried = [jobs["a"], jobs["b"], jobs["c"], jobs["a"]]  # a run listed twice is one try
+    assert times.of([jobs["a"]], [], tried) == rep.ClaimTime(1, 21.0, 16.5, 0, 0, 2)
+    assert times.of([jobs["a"]]) == rep.ClaimTime(1, 10.0, 7.5, 0)  # another claim's tries are not its own
+    times.record("b", EXIT_DIVERGED, 2.0, None)
+    assert times.of([], [], [jobs["b"]]) == rep.ClaimTime(0, 2.0, 0.0, 0, 0, 1)
+
+
+@pytest.mark.parametrize(
+    "text", ['{"a": "x"}', '{"a": [1.0]}', '{"a": [-1.0, 2.0]}', '{"a": [1.0, "x"]}', '{"a": [true, 1.0]}', "[]"]
+)
+def test_a_broken_record_of_diverged_tries_is_refused_by_name_and_left_as_it_was(tmp_path, text):
+    path = tmp_path / "diverged_seconds.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=f"{re.escape(str(path))}: .*remove or restore it"):
+        rep.RunTimes(tmp_path)
+    assert path.read_text() == text
+    path.write_text('{"a": [1, null], "b": [0.5, 0]}')
+    assert rep.RunTimes(tmp_path).diverged == {"a": [1, None], "b": [0.5, 0]}
 
 
 def test_a_runs_split_is_recorded_beside_its_wall_time_and_replaced_with_it(tmp_path):
@@ -814,6 +855,10 @@ def test_a_claims_time_says_its_runs_grid_runs_and_unrecorded_ones():
     assert rep.ClaimTime(4, 600.0, 450.0, 0).text() == "4 runs, 7.5 CPU-minutes, 10.0 run-minutes"
     assert rep.ClaimTime(4, 600.0, 450.0, 3).text() == (
         "4 runs, 7.5 CPU-minutes, 10.0 run-minutes; 3 without a recorded CPU time"
+    )
+    assert rep.ClaimTime(6, 600.0, 450.0, 0, grid=2, diverged=3).count() == "6 (2 lr grid) + 3 diverged"
+    assert (
+        rep.ClaimTime(4, 600.0, 450.0, 0, diverged=1).text() == "4 + 1 diverged runs, 7.5 CPU-minutes, 10.0 run-minutes"
     )
 
 
