@@ -504,8 +504,9 @@ class StackedTrainer:
         if self.buffer_views or self.keyed:
             w.module.net.train()  # as ClientTrainer.gradient
         idxs = [w.split(r.cid).train for r in reqs]
-        # each client's batches in index order (epoch 0 of the schedule), then None once it has none left
-        batches = [[(0, b) for b in i.split(bs)] for i in idxs]
+        # each client's batches in index order (epoch 0 of the schedule; none for an empty split, as the
+        # worker's), then None once it has none left
+        batches = [[(0, i[s : s + bs]) for s in range(0, len(i), bs)] for i in idxs]
         counts = [len(b) for b in batches]
         schedule = [list(step) for step in itertools.zip_longest(*batches)]
         total = torch.zeros_like(params)

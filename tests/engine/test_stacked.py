@@ -705,25 +705,31 @@ def test_each_stacked_fit_reports_its_share_of_the_groups_seconds(monkeypatch):
     assert [r.stats.seconds for r in requests] == [2.0, 2.0, 2.0]  # 6 s over 3 clients
 
 
-def test_the_full_pass_of_a_one_sample_client_is_its_one_batch(monkeypatch):
-    """A client of one sample beside a larger one: one batch, its gradient and loss that sample's."""
+def test_the_full_pass_of_a_one_sample_client_is_its_one_batch_and_of_an_empty_one_nothing(monkeypatch):
+    """Clients of one sample and of none beside a larger one: one batch, its gradient and loss that sample's;
+    no batch, a zero gradient and loss, as the worker's."""
     import dataclasses
 
     from pfl.engine.stacked import GradientRequest
 
     w = _worker().worker
     split = w.split
+    sizes = {0: 1, 2: 0}
     monkeypatch.setattr(
-        w, "split", lambda cid: dataclasses.replace(split(cid), train=split(cid).train[:1]) if cid == 0 else split(cid)
+        w, "split", lambda cid: dataclasses.replace(split(cid), train=split(cid).train[: sizes.get(cid, 10**6)])
     )
     start = w.flat.snapshot()
-    expected = [w.mean_gradient(cid, start, 0) for cid in (0, 1)]
-    requests = [GradientRequest(cid, start, 0) for cid in (0, 1)]
-    StackedTrainer(w).mean_gradients(requests)
+    expected = [w.mean_gradient(cid, start, 0) for cid in (0, 1, 2)]
+    requests = [GradientRequest(cid, start, 0) for cid in (0, 1, 2)]
+    trainer, rows = StackedTrainer(w), []
+    step = trainer.gradient_step
+    trainer.gradient_step = lambda p, *rest: rows.append(len(p)) or step(p, *rest)
+    trainer.mean_gradients(requests)
     for r, (grad, loss) in zip(requests, expected, strict=True):
         torch.testing.assert_close(r.grad, grad, rtol=0, atol=1e-6)
         assert r.loss == pytest.approx(loss, abs=1e-6)
-    assert len(w.split(0).train) == 1 and expected[0][1] > 0
+    assert [len(w.split(c).train) for c in (0, 2)] == [1, 0] and expected[0][1] > 0 and expected[2][1] == 0
+    assert rows[0] == 2 and sum(rows) == 1 + math.ceil(len(w.split(1).train) / w.settings.batch_size)  # none for 2
 
 
 def test_every_client_in_every_padded_step_with_augmentation_trains_as_alone():
