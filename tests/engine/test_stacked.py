@@ -31,16 +31,13 @@ def _sequential(worker: ClientTrainer, cid: int, start, spec: FitSpec):
     return worker.snapshot(), worker.momentum_buffer(), stats
 
 
-def _bn_net(inputs: int) -> torch.nn.Module:
-    """A small MLP with one BatchNorm layer, drawn from seed 0."""
+def _bn_net(inputs: int, widths: tuple[int, ...] = (16,)) -> torch.nn.Module:
+    """A small MLP with a BatchNorm layer after each hidden layer of ``widths``, drawn from seed 0."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Flatten(),
-        torch.nn.Linear(inputs, 16),
-        torch.nn.BatchNorm1d(16),
-        torch.nn.ReLU(),
-        torch.nn.Linear(16, 10),
-    )
+    layers: list[torch.nn.Module] = [torch.nn.Flatten()]
+    for fan_in, width in zip((inputs, *widths), widths, strict=False):
+        layers += [torch.nn.Linear(fan_in, width), torch.nn.BatchNorm1d(width), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(widths[-1], 10))
 
 
 def _stacked_as_sequential(w, cids, start, specs):
@@ -483,21 +480,6 @@ def test_stacked_wrn_batchnorm_fits_equal_the_workers_fits_to_float64_rounding()
         torch.set_default_dtype(previous)
 
 
-def _two_norms_net(inputs: int) -> torch.nn.Module:
-    """An MLP with two BatchNorm layers of different widths (16 and 8 features), drawn from seed 0."""
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Flatten(),
-        torch.nn.Linear(inputs, 16),
-        torch.nn.BatchNorm1d(16),
-        torch.nn.ReLU(),
-        torch.nn.Linear(16, 8),
-        torch.nn.BatchNorm1d(8),
-        torch.nn.ReLU(),
-        torch.nn.Linear(8, 10),
-    )
-
-
 def test_each_batchnorm_layers_statistics_are_their_own_slice_of_the_flat_buffers():
     """Running statistics of layers of different widths: each named float buffer is its own slice of the
     flat state's buffers (``FlatModule``'s order), and a stacked fit moves each layer's statistics as the
@@ -506,7 +488,7 @@ def test_each_batchnorm_layers_statistics_are_their_own_slice_of_the_flat_buffer
     from pfl.engine.trainer import TrainSettings
 
     data = make_loop(tiny_config("fedavg")).worker.data
-    w = ClientTrainer(_two_norms_net(data.x[0].numel()), data, TrainSettings(batch_size=16, lr=0.1), seed=0)
+    w = ClientTrainer(_bn_net(data.x[0].numel(), (16, 8)), data, TrainSettings(batch_size=16, lr=0.1), seed=0)
     p = w.flat.num_params
     buffers = dict(w.module.net.named_buffers())
     for k, b in enumerate(buffers.values()):
@@ -750,3 +732,62 @@ def test_every_client_in_every_padded_step_with_augmentation_trains_as_alone():
     assert set(rows) == {3} and max(r.stats.steps for r in requests) > min(r.stats.steps for r in requests)
     for r, state in zip(requests, expected, strict=True):
         torch.testing.assert_close(r.out, state, rtol=0, atol=1e-5)
+
+
+def test_pgfed_and_pgfed_ce_auxiliary_risks_stack_apart_each_as_alone():
+    """PGFed's term (ḡ, its ḡᵀθ at each step), PGFed-CE's with one constant per client j and with one
+    scalar: three groups in one call (a group per kind and shape), a client alone in the last; each fit
+    and each α as the sequential one."""
+    loop = _worker()
+    w, start = loop.worker, loop.init_state
+    p = w.flat.num_params
+    g = torch.Generator().manual_seed(4)
+
+    def risk(k: int, kind: str) -> AuxiliaryRisk:
+        aux, c, alpha = 0.01 * torch.randn(p, generator=g), torch.randn(4, generator=g), torch.rand(4, generator=g)
+        if kind == "gbar":
+            given = {"gbar": 0.01 * torch.randn(p, generator=g)}
+        else:  # PGFed-CE: one constant per client j, or one scalar
+            given = {"dot": torch.randn(4 if kind == "per_client" else 1, generator=g)}
+        return AuxiliaryRisk(aux, c, alpha, 0.1 * (k + 1), clip=True, **given)
+
+    kinds = ["gbar", "per_client", "gbar", "per_client", "scalar"]
+    terms = [risk(k, kind) for k, kind in enumerate(kinds)]
+    assert len({t.stack_key() for t in terms}) == 3
+    before = [t.alpha.clone() for t in terms]
+    expected = []
+    for k, t in enumerate(terms):
+        state = _sequential(w, k, start, FitSpec(terms=[t]))[0]
+        expected.append((state, t.alpha.clone()))
+        t.alpha.copy_(before[k])
+    requests = [FitRequest.of(w, k, start, 0, FitSpec(terms=[t])) for k, t in enumerate(terms)]
+    StackedTrainer(w).train(requests)
+    for r, t, (state, alpha) in zip(requests, terms, expected, strict=True):
+        torch.testing.assert_close(r.out, state, rtol=0, atol=1e-5)
+        torch.testing.assert_close(t.alpha, alpha, rtol=0, atol=1e-6)
+
+
+def test_plgu_grep_body_fits_stack_only_without_eq_11s_plain_step():
+    """PLGU-GRep's body step is SAM's own without ``pre_step`` (it stacks, with its region and Λ); with
+    Eq. 11's plain step first it has no stacked form."""
+    from pfl.engine.sam import sam_context
+    from pfl.engine.stacked import SAMRow, sam_row
+    from pfl.methods.plgu import GRepBodyObjective
+
+    scale, body = torch.ones(20), slice(0, 12)
+    plain = FitSpec(objective=GRepBodyObjective, context=sam_context(0.05, 2.0, scale, body, pre_step=False))
+    assert sam_row(plain) == SAMRow(0.05, 2.0, scale, body) and spec_problem(plain) is None
+    extra = FitSpec(objective=GRepBodyObjective, context=sam_context(0.05, 2.0, scale, body, pre_step=True))
+    assert sam_row(extra) is None and spec_problem(extra) == "a custom objective (GRepBodyObjective)"
+
+
+@pytest.mark.parametrize("settings", [{"nesterov": True, "momentum": 0.9}, {"dampening": 0.5, "momentum": 0.9}])
+def test_a_personal_model_trained_by_anything_but_plain_sgd_is_refused_by_the_stacked_step(settings):
+    """PLGU-LF's θ step stacks as heavy-ball SGD (``PersonalRow``): Nesterov or dampened momentum would be
+    another step, so ``stacked_personal`` refuses it rather than train θ otherwise."""
+    w = _worker().worker
+    spec = _lwsam_spec(w, w.flat.snapshot(), 0.05, 0.1, 0.9)
+    leaf = spec.context["theta_params"]
+    spec.context["theta_optimizer"] = torch.optim.SGD([leaf], lr=0.1, **settings)
+    with pytest.raises(AssertionError, match="the stacked θ step is plain"):
+        FitRequest.of(w, 0, w.flat.snapshot(), 0, spec)
