@@ -507,7 +507,6 @@ class StackedTrainer:
         # each client's batches in index order (epoch 0 of the schedule; none for an empty split, as the
         # worker's), then None once it has none left
         batches = [[(0, i[s : s + bs]) for s in range(0, len(i), bs)] for i in idxs]
-        counts = [len(b) for b in batches]
         schedule = [list(step) for step in itertools.zip_longest(*batches)]
         total = torch.zeros_like(params)
         losses: list[Tensor] = []
@@ -529,9 +528,9 @@ class StackedTrainer:
         rows = torch.stack(losses).tolist() if losses else []  # one transfer: the float32 losses
         for j, r in enumerate(reqs):
             loss_sum = 0.0
-            for s in range(counts[j]):
-                loss_sum += rows[s][j] * len(schedule[s][j][1])  # type: ignore[index]
-            r.grad = total[j] / max(counts[j], 1)
+            for s, (_, b) in enumerate(batches[j]):
+                loss_sum += rows[s][j] * len(b)
+            r.grad = total[j] / max(len(batches[j]), 1)
             r.loss = loss_sum / max(len(idxs[j]), 1)
             r.state_out = torch.cat([params[j], bufs[j]])
 
