@@ -9,7 +9,7 @@ batch and the client's constant tensors, returning one loss per sample. The stac
 one vmapped step, masks the padded samples out of the mean, and takes the extra tensor's SGD step
 (its lr, momentum and weight decay, as ``ExtraParamSGD.on_step``) beside the model's. The sequential
 worker keeps using ``loss_fn``: a batch's mean of ``per_sample`` equals it up to float summation order,
-which the registry-wide lockstep test checks (``tests/engine/test_lockstep.py``).
+which the registry-wide lockstep test checks (``tests/engine/test_lockstep_real_runs.py``).
 
 Clients whose ``per_sample`` callables compare equal (a frozen dataclass with equal fields, a bound
 method of the same instance) share one vmapped step, so everything a loss reads that differs between

@@ -1,6 +1,6 @@
 """A method's own gradient calls in lockstep (``LockstepTrainer.gradient``, ``StackedTrainer.batch_gradients``):
 the clients' calls are served together, and each client resumes with the worker as its sequential call
-would have left it. pFedMe, Per-FedAvg and FedALA are compared whole in ``test_lockstep.py``."""
+would have left it. pFedMe, Per-FedAvg and FedALA are compared whole in ``test_lockstep_real_runs.py``."""
 
 from __future__ import annotations
 

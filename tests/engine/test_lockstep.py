@@ -1,95 +1,26 @@
-"""Lockstep vectorized training (pfl.engine.lockstep): every registered method's rounds equal its
-sequential rounds (keyed dropout, bf16, compiled steps, a BatchNorm WRN included), a client resumes with
-the worker as its sequential fit leaves it, and a client's exception reaches the caller. Stacked fits
-one by one: ``test_stacked.py``."""
+"""The lockstep handoff (pfl.engine.lockstep): clients run one at a time in order, their stackable fits,
+full passes and gradient calls are served together, and each client resumes with the worker as its
+sequential call leaves it; what cannot stack runs on the worker at once; a client's exception stops the
+round. Whole rounds of every method: ``test_lockstep_real_runs.py``; a method's own gradient calls:
+``test_batch_gradients.py``."""
 
 from __future__ import annotations
 
 import threading
 import traceback
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
 
 from pfl.engine.lockstep import Lockstep
 from pfl.engine.stacked import StackedTrainer
-from pfl.engine.trainer import FitSpec
-from pfl.federation.dispatch import VectorizedDispatcher
-from pfl.methods import methods
+from pfl.engine.trainer import ClientTrainer, FitSpec, TrainSettings
 from pfl.seeding import seed_everything
-from tests.conftest import make_loop, tiny_config
-from tests.engine.test_stacked import DATA, _bf16_linear_calls, _worker
+from tests.engine.test_batch_gradients import _own_loop
+from tests.engine.test_stacked import _bn_net, _worker
 
-PERFORMANCE = Path(__file__).resolve().parents[2] / "docs" / "performance.md"
-
-# Momentum kept across rounds, weight decay, augmentation and validation splits are on in the
-# registry-wide comparison (DATA; drop_last and the rest: test_stacked.py's fits).
-CLIENT = {"momentum": 0.5, "keep_momentum": True, "weight_decay": 1e-3}
-# PAGE's agents pick up to 20 local epochs at lr up to 0.1: float summation order (the stacked loss's
-# masked mean against the batch mean) drifts the states by ~1e-4 over those steps; metrics stay within 1e-5.
-STATE_ATOL = {"page": 3e-4}
-
-
-def _loop(name: str, vectorize: bool):
-    loop = make_loop(tiny_config(name, trainer={"rounds": 2, "eval_every": 2}, client=CLIENT, data=DATA))
-    if vectorize:  # also for methods vectorize refuses (they gain nothing): lockstep must still be exact
-        loop.dispatcher = VectorizedDispatcher(loop.worker, loop.clients, loop.init_state, loop.evals.trained, False)
-    return loop
-
-
-def _docs_table() -> dict[str, tuple[str, str]]:
-    """docs/performance.md's lockstep table: method -> (fits trained together, why not)."""
-    text = PERFORMANCE.read_text()
-    block = text[text.index("<!-- lockstep-table") : text.index("<!-- end lockstep-table")]
-    rows = [line.split("|")[1:-1] for line in block.splitlines() if line.startswith("| ") and "---" not in line]
-    return {name.strip(): (status.strip(), why.strip()) for name, status, why in rows[1:]}
-
-
-def test_the_docs_table_lists_every_registered_method_once():
-    assert sorted(_docs_table()) == sorted(methods())
-
-
-def _assert_close(a, b, what, atol=1e-5):
-    if isinstance(b, torch.Tensor) and b.is_floating_point():
-        torch.testing.assert_close(a, b, rtol=0, atol=atol, msg=what)
-    elif isinstance(b, dict):
-        assert a.keys() == b.keys(), what
-        for k in b:
-            _assert_close(a[k], b[k], f"{what}[{k}]", atol)
-
-
-def _assert_same_metrics(got: dict, expected: dict, atol: float = 1e-5) -> None:
-    """Every float metric of a history row (timings and NaNs left out) as in ``expected``'s."""
-    for key, value in expected.items():
-        if isinstance(value, float) and not key.startswith(("time", "throughput")) and value == value:
-            assert got[key] == pytest.approx(value, abs=atol), key
-
-
-@pytest.mark.parametrize("name", sorted(methods()))
-def test_every_method_trains_in_lockstep_as_it_does_sequentially(name):
-    seq, vec = _loop(name, False), _loop(name, True)
-    seq.fit(), vec.fit()
-    atol = STATE_ATOL.get(name, 1e-5)
-    _assert_close(vec.server.state, seq.server.state, "server", atol)
-    _assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients", atol)
-    _assert_same_metrics(vec.history[-1], seq.history[-1])
-    assert vec.progress.train_samples == seq.progress.train_samples
-    lockstep = vec.dispatcher.lockstep
-    # What vectorize_problems and the docs' table say is what happens: a method that names no problem
-    # stacks its fits or its own gradient calls, one that says it gains nothing stacks none.
-    problems = seq.method.vectorize_problems()
-    stacked = lockstep.stacked_fits + lockstep.stacked_batch_gradients
-    assert (stacked > 0) == (not problems), stacked
-    assert lockstep.sequential_gradients == 0  # every own gradient call on this model stacks
-    status = "none" if not stacked else "some" if lockstep.sequential_fits else "all"
-    documented, why = _docs_table()[name]
-    assert documented == status, (documented, status)
-    assert why == (problems[0] if problems else why if status == "some" else ""), why
-    # PGFed's full-pass gradient after every fit runs stacked too (one vmapped pass for the round's clients).
-    full_passes = lockstep.stacked_fits if name in ("pgfed", "pgfedmo", "pgfed_ce") else 0
-    assert lockstep.stacked_gradients == full_passes
+CUSTOM = FitSpec(loss_fn=lambda net, x, y: net(x).square().mean())  # a custom loss: no stacked form
 
 
 def _lockstep():
@@ -97,29 +28,192 @@ def _lockstep():
     return loop, Lockstep(loop.worker, StackedTrainer(loop.worker))
 
 
-def test_a_client_resumes_with_the_worker_as_its_sequential_fit_leaves_it():
+def _global_dropout_worker() -> ClientTrainer:
+    """A worker whose model draws dropout from torch's global generator: no fit of it stacks."""
+    data = _worker().worker.data
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(data.x[0].numel(), 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 10)
+    )
+    return ClientTrainer(net, data, TrainSettings(batch_size=16), seed=0)
+
+
+def _threads_left() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("pfl-lockstep")]
+
+
+@pytest.mark.parametrize("grad_mode", [False, True])
+def test_a_client_resumes_with_the_worker_as_its_sequential_fit_leaves_it(grad_mode):
     loop, lockstep = _lockstep()
     w, start = loop.worker, loop.init_state
     seen = {}
 
     def update(cid):
         def run(worker):
-            worker.train(cid, start, 0, FitSpec(purpose="p"))
-            seen[cid] = (worker.snapshot(), worker.momentum_buffer(), torch.rand(3), torch.is_grad_enabled())
+            stats = worker.train(cid, start, 0, FitSpec(purpose="p"))
+            seen[cid] = (worker.snapshot(), worker.momentum_buffer(), torch.rand(3), torch.is_grad_enabled(), stats)
             return cid
 
         return run
 
-    with torch.no_grad():  # the clients' threads see the caller's grad mode
+    with torch.set_grad_enabled(grad_mode):  # the clients' threads see the caller's grad mode
         assert lockstep.run([update(c) for c in (0, 1, 2)]) == [0, 1, 2]
     assert lockstep.stacked_fits == 3 and lockstep.sequential_fits == 0
-    for cid, (state, momentum, draw, grad_mode) in seen.items():
-        w.train(cid, start, 0, FitSpec(purpose="p"))
+    for cid, (state, momentum, draw, grad, stats) in seen.items():
+        expected = w.train(cid, start, 0, FitSpec(purpose="p"))
         torch.testing.assert_close(state, w.snapshot(), rtol=0, atol=1e-5)
         torch.testing.assert_close(momentum, w.momentum_buffer(), rtol=0, atol=1e-5)
         assert torch.equal(draw, torch.rand(3))  # the global generator as the fit's key leaves it
-        assert grad_mode is False
+        assert grad is grad_mode
+        assert stats.steps == expected.steps > 0
+        assert stats.loss == pytest.approx(expected.loss, abs=1e-6)
     seed_everything(0)
+
+
+def test_a_fit_that_cannot_stack_runs_on_the_worker_at_once_and_its_momentum_is_the_workers():
+    loop, lockstep = _lockstep()
+    w, start = loop.worker, loop.init_state
+    order, seen = [], {}
+
+    def update(cid):
+        def run(worker):
+            worker.train(cid, start, 0, FitSpec(purpose="stacked"))
+            order.append(("stacked done", cid))
+            worker.train(cid, start, 0, replace(CUSTOM, purpose="custom"))
+            order.append(("custom done", cid))
+            buf = worker.momentum_buffer()
+            seen[cid] = (worker.snapshot(), buf.clone())
+            buf.add_(1.0)  # the caller's copy: a second read is unchanged
+            torch.testing.assert_close(worker.momentum_buffer(), seen[cid][1], rtol=0, atol=0)
+
+        return run
+
+    lockstep.run([update(c) for c in (0, 1)])
+    assert (lockstep.stacked_fits, lockstep.sequential_fits) == (2, 2)
+    # the custom fit ran in the client's own turn, right after its stacked fit was served
+    assert order == [("stacked done", 0), ("custom done", 0), ("stacked done", 1), ("custom done", 1)]
+    for cid, (state, momentum) in seen.items():
+        w.train(cid, start, 0, FitSpec(purpose="stacked"))
+        w.train(cid, start, 0, replace(CUSTOM, purpose="custom"))
+        torch.testing.assert_close(state, w.snapshot(), rtol=0, atol=0)  # trained on the worker itself
+        torch.testing.assert_close(momentum, w.momentum_buffer(), rtol=0, atol=0)  # the custom fit's
+
+
+def test_the_momentum_of_a_stacked_fit_is_a_copy_each_time():
+    loop, lockstep = _lockstep()
+
+    def run(worker):
+        worker.train(0, loop.init_state, 0)
+        first = worker.momentum_buffer()
+        first.add_(1.0)
+        return first, worker.momentum_buffer()
+
+    ((first, second),) = lockstep.run([run])
+    torch.testing.assert_close(second, first - 1.0, rtol=0, atol=1e-6)
+
+
+def test_stacks_counts_each_fit_and_refuses_what_has_no_stacked_form():
+    loop, lockstep = _lockstep()
+    assert lockstep.model_ok
+    assert lockstep.stacks(FitSpec()) and not lockstep.stacks(CUSTOM) and lockstep.stacks(FitSpec(epochs=3))
+    assert (lockstep.stacked_fits, lockstep.sequential_fits) == (2, 1)
+    drawn = _global_dropout_worker()
+    other = Lockstep(drawn, StackedTrainer(drawn))
+    assert not other.model_ok and not other.stacks(FitSpec())
+    assert (other.stacked_fits, other.sequential_fits) == (0, 1)
+
+
+def _full_pass(cid: int, state: torch.Tensor):
+    """A local update whose only request is PGFed's full pass, from a model left in eval mode."""
+
+    def run(worker):
+        worker.module.eval()
+        grad, loss = worker.mean_gradient(cid, state + 0.01 * cid, 3)
+        return grad, loss, worker.flat.snapshot(), worker.flat.grads.clone(), worker.module.training
+
+    return run
+
+
+def test_full_passes_are_served_together_and_leave_the_worker_as_the_sequential_pass():
+    data = _worker().worker.data
+    w = ClientTrainer(_bn_net(data.x[0].numel()), data, TrainSettings(batch_size=16), seed=0)
+    start = w.flat.snapshot()
+    cids = [0, 1, 2]
+    expected = [_full_pass(c, start)(w) for c in cids]
+    lockstep = Lockstep(w, StackedTrainer(w))
+    got = lockstep.run([_full_pass(c, start) for c in cids])
+    assert lockstep.stacked_gradients == 3
+    p = w.flat.num_params
+    for cid, (grad, loss, state, grads, training), (g, l_, s, gs, t) in zip(cids, got, expected, strict=True):
+        torch.testing.assert_close(grad, g, rtol=0, atol=1e-6)
+        assert loss == pytest.approx(l_, abs=1e-6)
+        torch.testing.assert_close(state, s, rtol=0, atol=1e-6)
+        assert not torch.equal(state[p:], (start + 0.01 * cid)[p:])  # running statistics moved by the pass
+        assert not grads.any() and not gs.any()  # the gradient zeroed
+        assert training and t  # train mode, as the sequential pass leaves it
+
+
+def test_full_passes_on_a_model_that_cannot_stack_run_on_the_worker_at_once():
+    w = _global_dropout_worker()
+    start = w.flat.snapshot()
+    torch.manual_seed(5)
+    expected = _full_pass(1, start)(w)
+    lockstep = Lockstep(w, StackedTrainer(w))
+    torch.manual_seed(5)
+    (got,) = lockstep.run([_full_pass(1, start)])
+    assert lockstep.stacked_gradients == 0
+    torch.testing.assert_close(got[0], expected[0], rtol=0, atol=0)  # the same global dropout masks
+    assert got[1] == expected[1]
+
+
+def test_fits_full_passes_and_gradient_calls_pending_together_are_all_served_in_one_turn():
+    loop, lockstep = _lockstep()
+    w, start = loop.worker, loop.init_state
+
+    def fit(worker):
+        worker.train(0, start, 0)
+        return worker.snapshot()
+
+    updates = [fit, _full_pass(1, start), _own_loop(2, start)]
+    expected = [u(w) for u in updates]
+    served = []
+    for kind in ("train", "mean_gradients", "batch_gradients"):
+        real = getattr(lockstep.trainer, kind)
+        setattr(
+            lockstep.trainer, kind, lambda reqs, real=real, kind=kind: served.append((kind, len(reqs))) or real(reqs)
+        )
+    got = lockstep.run(updates)
+    torch.testing.assert_close(got[0], expected[0], rtol=0, atol=1e-5)
+    for a, b in zip(got[1][:3], expected[1][:3], strict=True):
+        torch.testing.assert_close(torch.as_tensor(a), torch.as_tensor(b), rtol=0, atol=1e-6)
+    for a, b in zip(got[2], expected[2], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    # the first turn: one request of each kind, served together; then client 2's further gradient calls
+    assert served[:3] == [("train", 1), ("mean_gradients", 1), ("batch_gradients", 1)]
+    assert {kind for kind, _ in served[3:]} == {"batch_gradients"}
+    assert lockstep.stacked_batch_gradients == len(served) - 2
+
+
+def test_clients_finish_at_their_own_pace_and_results_keep_their_order():
+    loop, lockstep = _lockstep()
+    start = loop.init_state
+    turns = []
+
+    def update(cid, fits):
+        def run(worker):
+            for f in range(fits):
+                turns.append((cid, f))
+                worker.train(cid, start, 0, replace(FitSpec(), purpose=f"fit{f}"))
+            turns.append((cid, "end"))
+            return cid * 10
+
+        return run
+
+    assert lockstep.run([update(0, 2), update(1, 0), update(2, 1)]) == [0, 10, 20]
+    # each turn resumes the waiting clients in order; one that ends drops out
+    assert turns == [(0, 0), (1, "end"), (2, 0), (0, 1), (2, "end"), (0, "end")]
+    assert lockstep.stacked_fits == 3
+    assert lockstep.run([]) == []
 
 
 def test_a_clients_exception_reaches_the_caller_and_no_thread_is_left():
@@ -143,172 +237,26 @@ def test_a_clients_exception_reaches_the_caller_and_no_thread_is_left():
         lockstep.run([waiting(0), failing, waiting(2)])
     assert "failing" in "".join(traceback.format_tb(info.value.__traceback__))  # the client's own frame
     assert reached == []  # the round stopped: no client went past the failure's stacked step
-    assert not [t for t in threading.enumerate() if t.name.startswith("pfl-lockstep")]
+    assert not _threads_left()
     assert lockstep.run([waiting(0)]) == [None] and reached == [0]  # and the lockstep is usable again
 
 
-# bf16 (test_stacked.py's BF16_OF_MOVEMENT): two whole rounds compound a fit's bf16 roundings (momentum
-# buffers included) and an accuracy can flip one held-out sample: 5e-2 absolute.
-BF16_ROUNDS_ATOL = 5e-2
+def test_a_client_that_fails_before_any_request_stops_the_round_before_the_next_client_starts():
+    loop, lockstep = _lockstep()
+    started = []
 
+    def failing(worker):
+        raise KeyError("no such client")
 
-@pytest.mark.parametrize(("name", "precision"), [("plgu_lf", "bf16-mixed"), ("fedsam", "bf16-true")])
-def test_bf16_rounds_train_stacked_as_sequentially(name, precision, monkeypatch):
-    import lightning as L
+    def later(cid):
+        def run(worker):
+            started.append(cid)
+            worker.train(cid, loop.init_state, 0)
 
-    def loop(vectorize: bool):
-        cfg = tiny_config(name, trainer={"rounds": 2, "eval_every": 2, "precision": precision}, client=CLIENT)
-        out = make_loop(cfg, fabric=L.Fabric(accelerator="cpu", precision=precision))
-        if vectorize:
-            out.dispatcher = VectorizedDispatcher(out.worker, out.clients, out.init_state, out.evals.trained, False)
-        return out
+        return run
 
-    seq, vec = loop(False), loop(True)
-    seq.fit()
-    dtypes = _bf16_linear_calls(monkeypatch)
-    vec.fit()
-    lockstep = vec.dispatcher.lockstep
-    assert lockstep.stacked_fits > 0 and lockstep.sequential_fits == 0
-    assert set(dtypes) == {torch.bfloat16}
-    _assert_close(vec.server.state, seq.server.state, "server", BF16_ROUNDS_ATOL)
-    _assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients", BF16_ROUNDS_ATOL)
-    _assert_same_metrics(vec.history[-1], seq.history[-1], BF16_ROUNDS_ATOL)
-
-
-def dropout_mlp(cfg, input_shape, num_classes):
-    """An MLP with keyed dropout (``model.name: tests.engine.test_lockstep:dropout_mlp``)."""
-    from pfl.models.dropout import KeyedDropout
-
-    dim = 1
-    for d in input_shape:
-        dim *= d
-    return torch.nn.Sequential(
-        torch.nn.Flatten(),
-        torch.nn.Linear(dim, 32),
-        torch.nn.ReLU(),
-        KeyedDropout(0.3),
-        torch.nn.Linear(32, num_classes),
-    )
-
-
-@pytest.mark.parametrize("name", ["fedavg", "pgfed"])
-def test_rounds_with_keyed_dropout_train_stacked_as_sequentially(name):
-    model = {"name": "tests.engine.test_lockstep:dropout_mlp"}
-
-    def loop(vectorize: bool):
-        cfg = tiny_config(name, trainer={"rounds": 2, "eval_every": 2}, client=CLIENT, data=DATA, model=model)
-        out = make_loop(cfg)
-        if vectorize:
-            out.dispatcher = VectorizedDispatcher(out.worker, out.clients, out.init_state, out.evals.trained, False)
-        return out
-
-    seq, vec = loop(False), loop(True)
-    seq.fit(), vec.fit()
-    lockstep = vec.dispatcher.lockstep
-    assert lockstep.stacked_fits > 0 and lockstep.sequential_fits == 0
-    _assert_close(vec.server.state, seq.server.state, "server")
-    _assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients")
-    _assert_same_metrics(vec.history[-1], seq.history[-1])
-    again = loop(False)
-    again.fit()
-    assert torch.equal(again.server.state["global"], seq.server.state["global"])  # the same seed reproduces
-
-
-def test_compiled_stacked_rounds_with_keyed_dropout_train_as_sequentially():
-    """``trainer.compile`` with keyed dropout: the compiled vmapped step reads each client's key of the step
-    and pads every step to the batch size, and still trains as the sequential worker (a real compile on
-    the CPU: about 20 s the first time)."""
-    model = {"name": "tests.engine.test_lockstep:dropout_mlp"}
-
-    def loop(vectorize: bool):
-        trainer = {"rounds": 2, "eval_every": 2, "compile": vectorize}
-        data = {"val_frac": 0.2, "augment": "flip"}  # clients of 34 to 237 samples: ragged stacks
-        out = make_loop(tiny_config("fedavg", trainer=trainer, client=CLIENT, data=data, model=model))
-        if vectorize:
-            out.dispatcher = VectorizedDispatcher(out.worker, out.clients, out.init_state, out.evals.trained, True)
-        return out
-
-    seq, vec = loop(False), loop(True)
-    trainer, rows = vec.dispatcher.lockstep.trainer, []
-    step = trainer.step
-    trainer.step = lambda p, *rest: rows.append(len(p)) or step(p, *rest)
-    seq.fit(), vec.fit()
-    assert vec.worker.compile_clock.seconds is not None  # it compiled
-    # every step of a group trains all its clients: one stack size, one compiled graph
-    assert len(set(rows)) == 1 and len(rows) > 2
-    assert vec.dispatcher.lockstep.stacked_fits > 0 and vec.dispatcher.lockstep.trainer.static_width
-    _assert_close(vec.server.state, seq.server.state, "server")
-    _assert_same_metrics(vec.history[-1], seq.history[-1])
-
-
-@pytest.mark.parametrize("name, compiled_steps", [("apfl", 3), ("pgfed", 2)])
-def test_compiled_custom_losses_and_full_passes_train_as_sequentially(name, compiled_steps, monkeypatch):
-    """``trainer.compile`` compiles every padded stacked step: the default loss's and the full pass's
-    (built with the trainer) and each custom loss's (APFL's mixture, built at its first fit); APFL and
-    PGFed (its full pass) then train as the sequential worker (a real compile on the CPU). In float64:
-    in float32 the compiled kernels' own summation order moves PGFed's kept momentum by up to 3e-5 after
-    two rounds, in float64 by 2e-16, so a gap above 1e-10 is a different computation."""
-    compiled = []
-    real = torch.compile
-
-    def recording(fn, **kwargs):
-        if not isinstance(fn, torch.nn.Module):  # the model's forward is compiled too (pfl.runner.assembly)
-            compiled.append(fn)
-        return real(fn, **kwargs)
-
-    def loop(vectorize: bool):
-        trainer = {"rounds": 2, "eval_every": 2, "compile": vectorize}
-        out = make_loop(tiny_config(name, trainer=trainer, client=CLIENT))
-        if vectorize:
-            out.dispatcher = VectorizedDispatcher(out.worker, out.clients, out.init_state, out.evals.trained, True)
-        return out
-
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        seq = loop(False)
-        monkeypatch.setattr(torch, "compile", recording)
-        vec = loop(True)
-        seq.fit(), vec.fit()
-    finally:
-        torch.set_default_dtype(previous)
-    assert len(compiled) == compiled_steps and vec.worker.compile_clock.seconds is not None
-    assert vec.init_state.dtype == torch.float64
-    lockstep = vec.dispatcher.lockstep
-    assert lockstep.stacked_fits > 0 and lockstep.sequential_fits == 0
-    _assert_close(vec.server.state, seq.server.state, "server", atol=1e-10)
-    _assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients", atol=1e-10)
-    _assert_same_metrics(vec.history[-1], seq.history[-1], 1e-10)
-
-
-def test_stacked_wrn_batchnorm_rounds_equal_the_sequential_rounds_in_float64():
-    """Whole rounds of a Wide ResNet with BatchNorm (momentum kept across rounds, weight decay,
-    augmentation; clients 0 and 3 end each epoch on a batch of 2 samples). In float32 the stacked run's
-    metrics differ from the sequential run's by up to 0.065 after two rounds: in some fit a ReLU input
-    within rounding of zero takes another sign, and training amplifies the changed gradient. In float64
-    every state and metric agrees to 1e-12, so a small change of the stacked computation still fails here."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        model = {"name": "wrn28_10", "depth": 10, "widen": 1}
-        client = {**CLIENT, "lr": 0.05}
-
-        def loop(vectorize: bool):
-            data = {"val_frac": 0.2, "augment": "flip"}
-            cfg = tiny_config("fedavg", trainer={"rounds": 2, "eval_every": 1}, model=model, client=client, data=data)
-            out = make_loop(cfg)
-            out.worker.data.x = out.worker.data.x.double()
-            if vectorize:
-                out.dispatcher = VectorizedDispatcher(out.worker, out.clients, out.init_state, out.evals.trained, False)
-            return out
-
-        seq, vec = loop(False), loop(True)
-        assert [len(seq.worker.split(c).train) % 16 for c in (0, 3)] == [2, 2]
-        seq.fit(), vec.fit()
-        assert vec.dispatcher.lockstep.stacked_fits == 12 and vec.dispatcher.lockstep.sequential_fits == 0
-        _assert_close(vec.server.state, seq.server.state, "server", atol=1e-12)
-        _assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients", atol=1e-12)
-        for got, expected in zip(vec.history, seq.history, strict=True):
-            _assert_same_metrics(got, expected, 1e-12)
-    finally:
-        torch.set_default_dtype(previous)
+    with pytest.raises(KeyError, match="no such client"):
+        lockstep.run([failing, later(1), later(2)])
+    assert started == [] and not _threads_left()
+    assert lockstep.stacked_fits == 0
+    assert lockstep.run([later(1), later(2)]) == [None, None] and started == [1, 2]

@@ -1,7 +1,7 @@
 """Stacked fits (pfl.engine.stacked): several clients' fits trained as one vmapped step per batch position
 equal the worker's fits option by option (per-client lr, epochs, momentum, indices, terms, SAM, PLGU-LF's
 personal model, BatchNorm's running statistics, keyed dropout, bf16), and the full pass equals the
-worker's mean gradient. Whole rounds of every method: ``test_lockstep.py``."""
+worker's mean gradient. Whole rounds of every method: ``test_lockstep_real_runs.py``."""
 
 from __future__ import annotations
 

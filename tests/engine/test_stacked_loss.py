@@ -1,6 +1,6 @@
 """Custom losses trained stacked (``pfl.engine.stacked_loss``): each client's extra tensor, constants and
 SGD settings, against the worker's sequential fit with the same ``loss_fn``. The registry's custom-loss
-methods (APFL, FedRoD, SplitGP) are compared whole in ``test_lockstep.py``."""
+methods (APFL, FedRoD, SplitGP) are compared whole in ``test_lockstep_real_runs.py``."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from pfl.engine.terms import ExtraParamSGD, Proximal
 from pfl.engine.trainer import ClientTrainer, TrainSettings
 from pfl.federation.dispatch import VectorizedDispatcher
 from tests.conftest import make_loop, tiny_config
-from tests.engine.test_lockstep import _assert_close
 from tests.engine.test_stacked import _bn_net, _dropout_net, _sequential, _worker
+from tests.helpers.same_runs import assert_close
 
 
 @dataclass(frozen=True)
@@ -156,5 +156,5 @@ def test_the_registrys_custom_losses_stack_as_they_train_sequentially(name, args
     vec.dispatcher = VectorizedDispatcher(vec.worker, vec.clients, vec.init_state, vec.evals.trained, False)
     seq.fit(), vec.fit()
     assert vec.dispatcher.lockstep.stacked_fits == 12 and vec.dispatcher.lockstep.sequential_fits == 0
-    _assert_close(vec.server.state, seq.server.state, "server")
-    _assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients")
+    assert_close(vec.server.state, seq.server.state, "server")
+    assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -172,10 +173,15 @@ def test_every_claim_names_only_configurations_that_parse(monkeypatch, tmp_path)
     monkeypatch.chdir(ROOT)
     from pfl.runner.claims import all_claims
 
+    configs = rep.Configs()  # each method's parser built once for the whole suite, as pfl reproduce does
     for claim in all_claims():
         assert len(claim.seeds) >= 3, claim.key  # every claim over >= 3 seeds
-        assert len(rep.claim_jobs(claim, tmp_path, quick=False)) == len(claim.runs) * len(claim.seeds)
-        rep.grid_jobs(claim, tmp_path)
+        assert len(rep.claim_jobs(claim, tmp_path, False, check=False)) == len(claim.runs) * len(claim.seeds)
+        # a later seed's arguments differ only in --seed and the run's folder: the first seed's are parsed
+        first = replace(claim, seeds=claim.seeds[:1])
+        assert len(rep.claim_jobs(first, tmp_path, False, configs=configs)) == len(claim.runs)
+        rep.grid_jobs(claim, tmp_path, configs=configs)
+    assert len(configs.parsers) > 1 and len(configs.parsed) > len(all_claims())
 
 
 def test_runs_that_differ_only_outside_the_summary_get_a_row_each(tmp_path, monkeypatch):
