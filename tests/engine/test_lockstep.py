@@ -18,7 +18,7 @@ from pfl.engine.stacked import StackedTrainer
 from pfl.engine.trainer import ClientTrainer, FitSpec, TrainSettings
 from pfl.seeding import seed_everything
 from tests.engine.test_batch_gradients import _own_loop
-from tests.engine.test_stacked import _bn_net, _worker
+from tests.engine.test_stacked import _dropout_net, _worker
 
 CUSTOM = FitSpec(loss_fn=lambda net, x, y: net(x).square().mean())  # a custom loss: no stacked form
 
@@ -103,6 +103,7 @@ def test_the_momentum_of_a_stacked_fit_is_a_copy_each_time():
     loop, lockstep = _lockstep()
 
     def run(worker):
+        assert worker.momentum_buffer() is None  # before any fit: the worker's own (none yet)
         worker.train(0, loop.init_state, 0)
         first = worker.momentum_buffer()
         first.add_(1.0)
@@ -123,25 +124,31 @@ def test_stacks_counts_each_fit_and_refuses_what_has_no_stacked_form():
     assert (other.stacked_fits, other.sequential_fits) == (0, 1)
 
 
-def _full_pass(cid: int, state: torch.Tensor):
-    """A local update whose only request is PGFed's full pass, from a model left in eval mode."""
+def _full_pass(cid: int, state: torch.Tensor, round_idx: int | None = 3):
+    """A local update whose only request is PGFed's full pass, from a model left in eval mode (``round_idx``
+    None: the call's default round)."""
 
     def run(worker):
         worker.module.eval()
-        grad, loss = worker.mean_gradient(cid, state + 0.01 * cid, 3)
+        at = state + 0.01 * cid
+        grad, loss = worker.mean_gradient(cid, at) if round_idx is None else worker.mean_gradient(cid, at, round_idx)
         return grad, loss, worker.flat.snapshot(), worker.flat.grads.clone(), worker.module.training
 
     return run
 
 
 def test_full_passes_are_served_together_and_leave_the_worker_as_the_sequential_pass():
+    """BatchNorm's running statistics and keyed dropout (each batch's masks keyed by the call's round, the
+    first client's by the default round) in the pass."""
     data = _worker().worker.data
-    w = ClientTrainer(_bn_net(data.x[0].numel()), data, TrainSettings(batch_size=16), seed=0)
+    w = ClientTrainer(_dropout_net(data.x[0].numel(), batch_norm=True), data, TrainSettings(batch_size=16), seed=0)
+    assert w.keyed_dropout
     start = w.flat.snapshot()
     cids = [0, 1, 2]
-    expected = [_full_pass(c, start)(w) for c in cids]
+    updates = [_full_pass(0, start, None), _full_pass(1, start), _full_pass(2, start)]
+    expected = [u(w) for u in updates]
     lockstep = Lockstep(w, StackedTrainer(w))
-    got = lockstep.run([_full_pass(c, start) for c in cids])
+    got = lockstep.run(updates)
     assert lockstep.stacked_gradients == 3
     p = w.flat.num_params
     for cid, (grad, loss, state, grads, training), (g, l_, s, gs, t) in zip(cids, got, expected, strict=True):

@@ -51,6 +51,35 @@ def test_the_pool_restores_saved_agents_into_one_shared_scratch_agent_per_config
     assert pool.load(_config(hidden=(8, 8)), DDPGAgent(_config(hidden=(8, 8)), seed=0).state_dict()) is not first
 
 
+def test_each_thread_keeps_its_own_scratch_agent():
+    """Under ``trainer.vectorize`` each client's update runs in a thread of its own and keeps the agent it
+    loaded across its fit while the other clients load theirs: a load in one thread leaves another's be."""
+    import threading
+
+    pool, config = AgentPool(), _config()
+    saved = [DDPGAgent(config, seed=s).state_dict() for s in (1, 2)]
+    for _ in range(3):
+        pool.load(config, saved[1]).act(torch.zeros(2))  # this thread's agent: acted three times
+    mine = pool.load(config, saved[1])
+    loaded, other_loaded, resume = [], threading.Event(), threading.Event()
+
+    def client() -> None:
+        agent = pool.load(config, saved[0])
+        other_loaded.set()
+        resume.wait(10)
+        loaded.append((agent, agent.acts, pool.load(config, saved[0])))
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    other_loaded.wait(10)
+    assert pool.load(config, saved[1]) is mine and mine.acts == 0  # this thread's scratch, reloaded
+    mine.act(torch.zeros(2))
+    resume.set()
+    thread.join()
+    ((agent, acts, again),) = loaded
+    assert agent is not mine and again is agent and acts == 0  # the other thread's, untouched by this one
+
+
 def test_learning_starts_with_the_first_action_that_came_from_the_actor():
     agent = DDPGAgent(_config(warmup=2), seed=0)
     agent.remember(torch.zeros(2), torch.zeros(2), 1.0, torch.ones(2))
