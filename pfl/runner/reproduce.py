@@ -17,6 +17,7 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -499,14 +500,14 @@ class RunTimes:
     diverged: dict[str, list] = field(default_factory=dict)  # name -> [wall, CPU or None] of a diverged try
 
     def __post_init__(self) -> None:
-        self.wall.update(_read_json(self.out / "seconds.json", {}))
-        self.devices.update(_read_json(self.out / "devices.json", {}))
-        self.cpu.update(_read_json(self.out / "cpu_seconds.json", {}))
-        self.timing.update(_read_json(self.out / TIMING, {}))
-        self.diverged.update(_diverged_times(self.out / DIVERGED_TIMES))
+        self.wall.update(_record(self.out / "seconds.json", _seconds, "seconds"))
+        self.devices.update(_record(self.out / "devices.json", _device, "a device's name"))
+        self.cpu.update(_record(self.out / "cpu_seconds.json", _seconds, "seconds"))
+        self.timing.update(_read_json(self.out / TIMING, {}))  # any value: split_of reads what it can
+        self.diverged.update(_record(self.out / DIVERGED_TIMES, _diverged, "[wall seconds, CPU seconds or null]"))
         self.t0, self.finished, self.last = time.perf_counter(), 0, 0.0
         self.started = time.strftime("%Y-%m-%d %H:%M")
-        self.earlier: list[dict] = _read_json(self.out / INVOCATIONS, [])
+        self.earlier: list[dict] = _invocations(self.out / INVOCATIONS)
 
     def record(self, name: str, code: int, wall: float, cpu: float | None, timing: object = None) -> None:
         """One run ended: its times (when it ran to the end; ``timing``: its ``summary.json``'s) and this
@@ -864,15 +865,39 @@ def _read_json(path: Path, empty: dict | list) -> dict | list:
     return value
 
 
-def _diverged_times(path: Path) -> dict[str, list]:
-    """``DIVERGED_TIMES`` (empty when absent): run name -> [wall seconds, CPU seconds or null]; anything
-    else is refused by name before any run starts."""
+def _record(path: Path, ok: Callable[[object], bool], shape: str) -> dict:
+    """A time record of run name -> value (empty when absent); a value that ``ok`` refuses is refused by
+    the run's name and ``shape`` before any run starts."""
     record = _read_json(path, {})
     for name, value in record.items():  # type: ignore[union-attr]
-        wall, cpu = value if isinstance(value, list) and len(value) == 2 else (None, None)
-        require(_seconds(wall) and (cpu is None or _seconds(cpu)), str(path),
-                f"{name}: {value!r} is not [wall seconds, CPU seconds or null]", "remove or restore it")  # fmt: skip
+        require(ok(value), str(path), f"{name}: {value!r} is not {shape}", "remove or restore it")
     return record  # type: ignore[return-value]
+
+
+def _invocations(path: Path) -> list[dict]:
+    """``INVOCATIONS`` (empty when absent): one line per invocation, as ``RunTimes.invocations`` writes it;
+    anything else is refused by its position before any run starts."""
+    lines = _read_json(path, [])
+    for i, line in enumerate(lines):
+        ok = isinstance(line, dict) and isinstance(line.get("started"), str) and _count(line.get("workers"), 1)
+        ok = ok and _count(line.get("runs"), 1) and _seconds(line.get("wall_s"))
+        require(ok, str(path), f"entry {i}: {line!r} is not {{started, workers, runs, wall_s}}", "remove or restore it")
+    return lines  # type: ignore[return-value]
+
+
+def _diverged(value: object) -> bool:
+    """[wall seconds, CPU seconds or null] (``DIVERGED_TIMES``)."""
+    if not isinstance(value, list) or len(value) != 2:
+        return False
+    return _seconds(value[0]) and (value[1] is None or _seconds(value[1]))
+
+
+def _device(value: object) -> bool:
+    return isinstance(value, str)
+
+
+def _count(value: object, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 def _seconds(value: object) -> bool:

@@ -822,6 +822,14 @@ def test_a_later_invocation_keeps_the_earlier_records_and_adds_its_own_line(tmp_
     assert times.of([rep.Job("k", "l", 0, [], tmp_path, "new")], grid) == rep.ClaimTime(2, 62.0, 31.0, 0, 1)
 
 
+LINE = '{"started": "2026-11-29 10:00", "workers": 1, "runs": 3, "wall_s": 9.5}'  # an invocation's line
+
+
+def _lines(**changes) -> str:
+    """invocations.json holding ``LINE`` with ``changes``."""
+    return json.dumps([{**json.loads(LINE), **changes}])
+
+
 @pytest.mark.parametrize(
     ("name", "text", "problem"),
     [
@@ -830,6 +838,19 @@ def test_a_later_invocation_keeps_the_earlier_records_and_adds_its_own_line(tmp_
         ("invocations.json", "{}", "holds a dict, not a list"),
         ("timing.json", "[]", "holds a list, not a dict"),
         ("seconds.json", b"\xff", "not a time record of the suite"),
+        # each value read as the report reads it: a run's seconds, a device's name, an invocation's line
+        ("seconds.json", '{"k/a/s0": 1.5, "k/b/s0": "x"}', "k/b/s0: 'x' is not seconds"),
+        ("seconds.json", '{"a": true}', "a: True is not seconds"),
+        ("cpu_seconds.json", '{"a": -1}', "a: -1 is not seconds"),
+        ("cpu_seconds.json", '{"a": NaN}', "a: nan is not seconds"),
+        ("devices.json", '{"a": "cpu", "b": ["cpu"]}', r"b: \['cpu'\] is not a device's name"),
+        ("invocations.json", '["x"]', "entry 0: 'x' is not {started, workers, runs, wall_s}"),
+        ("invocations.json", f"[{LINE}, {{}}]", "entry 1: {} is not"),
+        ("invocations.json", _lines(workers=0), "entry 0: .*'workers': 0"),
+        ("invocations.json", _lines(runs=True), "entry 0: .*'runs': True"),
+        ("invocations.json", _lines(runs=0), "entry 0: .*'runs': 0"),  # a line is written after a run
+        ("invocations.json", _lines(wall_s="9"), "entry 0: .*'wall_s': '9'"),
+        ("invocations.json", _lines(started=None), "entry 0: .*'started': None"),
     ],
 )
 def test_a_broken_time_record_is_refused_by_name_and_left_as_it_was(tmp_path, name, text, problem):
@@ -840,7 +861,18 @@ def test_a_broken_time_record_is_refused_by_name_and_left_as_it_was(tmp_path, na
     assert path.read_bytes() == (text if isinstance(text, bytes) else text.encode())
 
 
-@pytest.mark.parametrize(("name", "text"), [("seconds.json", "{"), ("invocations.json", "{}")])
+def test_time_records_as_the_suite_writes_them_are_read_back(tmp_path):
+    for name, text in [("seconds.json", '{"a": 0, "b": 2.5}'), ("cpu_seconds.json", '{"a": 1}'),
+                       ("devices.json", '{"a": "cpu"}'), ("invocations.json", f"[{LINE}]")]:  # fmt: skip
+        (tmp_path / name).write_text(text)
+    times = rep.RunTimes(tmp_path)
+    assert times.wall == {"a": 0, "b": 2.5} and times.cpu == {"a": 1} and times.devices == {"a": "cpu"}
+    assert times.earlier == [json.loads(LINE)]
+
+
+@pytest.mark.parametrize(
+    ("name", "text"), [("seconds.json", "{"), ("invocations.json", "{}"), ("devices.json", '{"a": 1}')]
+)
 def test_a_broken_time_record_is_refused_before_any_run(fake, tmp_path, name, text):
     (tmp_path / name).write_text(text)
     with pytest.raises(ConfigError, match=f"{name}: .*remove or restore it"):
