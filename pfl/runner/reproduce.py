@@ -86,6 +86,27 @@ def recorded_value(run_dir: Path, key: str) -> object:
     return flatten(config).get(key) if isinstance(config, dict) else None
 
 
+def check_reused_runs(folder: Path) -> None:
+    """Every run result under a claim's ``folder`` that ``--reuse`` may read (its ``summary.json`` with the
+    ``config.yaml`` beside it) is read now, before any run starts: one that is not what a run writes is
+    refused in one line naming the file, not found by the report after the runs have gone."""
+    fix = "remove the run's folder to run it again, or restore the file"
+    for path in sorted(folder.rglob("summary.json")):
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ConfigError(str(path), f"not a run's summary ({err})", fix) from None
+        ok = isinstance(summary, dict) and isinstance(summary.get("metrics"), dict)
+        require(ok, str(path), "not a run's summary (a JSON object with its metrics)", fix)
+        try:
+            config = load_config(path.parent)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+            reason = " ".join(str(err).split())  # a YAML error spans lines: the refusal is one
+            raise ConfigError(str(path.parent / "config.yaml"), f"not a run's configuration ({reason})", fix) from None
+        require(config is None or isinstance(config, dict), str(path.parent / "config.yaml"),
+                "not a run's configuration (a mapping of its settings)", fix)  # fmt: skip
+
+
 def run_dir(out: Path, claim: str, label: str, seed: int) -> Path:
     return out / claim / label / f"s{seed}"
 
@@ -297,6 +318,9 @@ def run_claims(
     failures: list[str] = []
     diverged: list[str] = []
     times = RunTimes(out, workers, device=device_label(accelerator))
+    if reuse:
+        for c in ready:
+            check_reused_runs(out / c.key)
     on = ["--trainer.accelerator", accelerator, *checkpoint_flags(keep_checkpoints)]
     launch = functools.partial(
         _run, workers=workers, reuse=reuse, times=times, failures=failures, diverged=diverged, extra=on, fresh=fresh

@@ -880,6 +880,32 @@ def test_a_broken_time_record_is_refused_before_any_run(fake, tmp_path, name, te
     assert fake.calls == [] and not (tmp_path / "tiny").exists() and (tmp_path / name).read_text() == text
 
 
+@pytest.mark.parametrize(
+    ("file", "text", "problem"),
+    [
+        ("ditto/s0/summary.json", "{", r"not a run's summary \(Expecting"),
+        ("ditto/s0/summary.json", b"\xff", r"not a run's summary \('utf-8'"),
+        ("ditto/s0/summary.json", "[]", r"not a run's summary \(a JSON object with its metrics\)"),
+        ("local/s1/summary.json", '{"metrics": 0.5}', "not a run's summary"),
+        (f"{rep.LR_DIR}/ditto/lr0.1/summary.json", '{"rounds": 3}', "not a run's summary"),  # a grid run's
+        ("ditto/s0/config.yaml", "method: [fedavg", r"not a run's configuration \(while parsing"),
+        ("ditto/s0/config.yaml", "- fedavg", r"not a run's configuration \(a mapping of its settings\)"),
+    ],
+)
+def test_a_reused_run_folder_that_a_run_did_not_write_is_refused_before_any_run(fake, tmp_path, file, text, problem):
+    for folder in ("ditto/s0", "local/s1", f"{rep.LR_DIR}/ditto/lr0.1"):  # results the report would read
+        (tmp_path / "tiny" / folder).mkdir(parents=True)
+        (tmp_path / "tiny" / folder / "summary.json").write_text('{"metrics": {"pm.l_acc.mean": 0.5}}')
+        (tmp_path / "tiny" / folder / "config.yaml").write_text("method:\n  name: fedavg\n")
+    path = tmp_path / "tiny" / file
+    data = text if isinstance(text, bytes) else text.encode()
+    path.write_bytes(data)
+    with pytest.raises(ConfigError, match=f"{re.escape(str(path))}: {problem}.*remove the run's folder") as err:
+        rep.run_claims(tmp_path, reuse=True)
+    assert "\n" not in str(err.value)  # one line, a YAML error's too
+    assert fake.calls == [] and path.read_bytes() == data
+
+
 def test_a_claims_time_says_its_runs_grid_runs_and_unrecorded_ones():
     assert rep.ClaimTime(4, 600.0, 450.0, 0) == rep.ClaimTime(4, 600.0, 450.0, 0, grid=0)  # no grid runs
     assert rep.ClaimTime(4, 600.0, 450.0, 0).count() == "4"
