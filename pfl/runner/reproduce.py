@@ -77,11 +77,14 @@ class Job:
         return self.chosen is None or recorded_value(self.run_dir, self.chosen[0]) == self.chosen[1]
 
 
+_CONFIG_READ_ERRORS = (OSError, UnicodeDecodeError, yaml.YAMLError)  # what reading a run's config.yaml raises
+
+
 def recorded_value(run_dir: Path, key: str) -> object:
     """``key`` (dotted) of the run's config.yaml; None when the file is missing or unreadable."""
     try:
         config = load_config(run_dir)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+    except _CONFIG_READ_ERRORS:
         return None
     return flatten(config).get(key) if isinstance(config, dict) else None
 
@@ -92,15 +95,12 @@ def check_reused_runs(folder: Path) -> None:
     refused in one line naming the file, not found by the report after the runs have gone."""
     fix = "remove the run's folder to run it again, or restore the file"
     for path in sorted(folder.rglob("summary.json")):
-        try:
-            summary = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ConfigError(str(path), f"not a run's summary ({err})", fix) from None
+        summary = _json(path, "a run's summary", fix)
         ok = isinstance(summary, dict) and isinstance(summary.get("metrics"), dict)
         require(ok, str(path), "not a run's summary (a JSON object with its metrics)", fix)
         try:
             config = load_config(path.parent)
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        except _CONFIG_READ_ERRORS as err:
             reason = " ".join(str(err).split())  # a YAML error spans lines: the refusal is one
             raise ConfigError(str(path.parent / "config.yaml"), f"not a run's configuration ({reason})", fix) from None
         require(config is None or isinstance(config, dict), str(path.parent / "config.yaml"),
@@ -880,13 +880,18 @@ def _read_json(path: Path, empty: dict | list) -> dict | list:
     writes is refused by name before any run starts, not overwritten."""
     if not path.exists():
         return empty
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(str(path), f"not a time record of the suite ({err})", "remove or restore it") from None
+    value = _json(path, "a time record of the suite", "remove or restore it")
     require(type(value) is type(empty), str(path), f"holds a {type(value).__name__}, not a {type(empty).__name__}",
             "remove or restore it")  # fmt: skip
     return value
+
+
+def _json(path: Path, what: str, fix: str) -> object:
+    """The JSON file's value; a file that cannot be read as JSON is refused in one line naming it."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(str(path), f"not {what} ({err})", fix) from None
 
 
 def _record(path: Path, ok: Callable[[object], bool], shape: str) -> dict:
