@@ -10,7 +10,6 @@ as not run. How verdicts are decided: docs/reproduce.md.
 
 from __future__ import annotations
 
-import csv
 import functools
 import json
 import math
@@ -32,11 +31,14 @@ from pfl.metrics.protocols import reference_metrics
 from pfl.metrics.report import build_table, flatten, load_config, render
 from pfl.runner.args import default_config, parse_fit_args
 from pfl.runner.claims import (
+    RESULT_FIX,
     Claim,
     Contrast,
     SeedSummaries,
     all_claims,
     claim_verdict,
+    client_pairs,
+    client_rows,
     verdict_text,
 )
 from pfl.runner.suite_estimate import Planned, device_label, estimate, evaluations, split_of
@@ -91,20 +93,22 @@ def recorded_value(run_dir: Path, key: str) -> object:
 
 def check_reused_runs(folder: Path) -> None:
     """Every run result under a claim's ``folder`` that ``--reuse`` may read (its ``summary.json`` with the
-    ``config.yaml`` beside it) is read now, before any run starts: one that is not what a run writes is
-    refused in one line naming the file, not found by the report after the runs have gone."""
-    fix = "remove the run's folder to run it again, or restore the file"
+    ``config.yaml`` and ``clients.csv`` beside it) is read now, before any run starts: one that is not what a
+    run writes is refused in one line naming the file, not found by the report after the runs have gone."""
     for path in sorted(folder.rglob("summary.json")):
-        summary = _json(path, "a run's summary", fix)
+        summary = _json(path, "a run's summary", RESULT_FIX)
         ok = isinstance(summary, dict) and isinstance(summary.get("metrics"), dict)
-        require(ok, str(path), "not a run's summary (a JSON object with its metrics)", fix)
+        require(ok, str(path), "not a run's summary (a JSON object with its metrics)", RESULT_FIX)
         try:
             config = load_config(path.parent)
         except _CONFIG_READ_ERRORS as err:
             reason = " ".join(str(err).split())  # a YAML error spans lines: the refusal is one
-            raise ConfigError(str(path.parent / "config.yaml"), f"not a run's configuration ({reason})", fix) from None
+            raise ConfigError(
+                str(path.parent / "config.yaml"), f"not a run's configuration ({reason})", RESULT_FIX
+            ) from None
         require(config is None or isinstance(config, dict), str(path.parent / "config.yaml"),
-                "not a run's configuration (a mapping of its settings)", fix)  # fmt: skip
+                "not a run's configuration (a mapping of its settings)", RESULT_FIX)  # fmt: skip
+        client_rows(path.parent)
 
 
 def run_dir(out: Path, claim: str, label: str, seed: int) -> Path:
@@ -779,13 +783,9 @@ def add_gain_over_local(runs: dict[str, dict]) -> None:
     """Add gain.{mean,std}, r_acc.mean and ptr of every run's P-models against the ``local`` run of the
     same seed, client by client from the runs' clients.csv (all runs of a seed share the split)."""
 
-    def per_client(summary: dict) -> list[float]:
-        with open(Path(summary["run_dir"]) / "clients.csv") as fh:
-            return [float(row["pm.l_acc"]) for row in csv.DictReader(fh)]
-
-    reference = per_client(runs["local"])
     for summary in runs.values():
-        comp = reference_metrics(per_client(summary), reference)
+        pairs = client_pairs(summary, runs["local"], "pm.l_acc")
+        comp = reference_metrics([mine for mine, _ in pairs], [local for _, local in pairs])
         summary["metrics"].update(
             {
                 "gain.mean": comp["gain.mean"],

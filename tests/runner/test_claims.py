@@ -3,11 +3,14 @@ per-seed paired differences, and each paper's claim comparing what its table com
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
+from pfl.errors import ConfigError
 from pfl.runner.claims import (
     Claim,
     Contrast,
@@ -16,6 +19,8 @@ from pfl.runner.claims import (
     all_claims,
     beats,
     claim_verdict,
+    client_pairs,
+    client_scores,
     method_args,
     paired,
     standing,
@@ -285,3 +290,56 @@ def test_page_diagnose_ranks_page_and_sets_its_agents_against_both_controls():
     )
     del s[0]["page_random"]  # no control run at all: no comparison line
     assert len(page.page_diagnose(s)) == 2
+
+
+# -- a run's table of clients ---------------------------------------------------------------------------
+def _run(tmp_path: Path, name: str, text: str | bytes | None) -> dict:
+    folder = tmp_path / name
+    folder.mkdir()
+    if text is not None:
+        (folder / "clients.csv").write_bytes(text if isinstance(text, bytes) else text.encode())
+    return {"run_dir": str(folder), "metrics": {}}
+
+
+def test_a_runs_client_scores_are_read_by_client_id_in_the_files_order(tmp_path):
+    run = _run(tmp_path, "a", "client,n_train,pm.l_acc,pm.val_acc\n0,5,0.5,\n2,5,nan,0.25\n1,5,1.0,0.75\n")
+    scores = client_scores(run, "pm.l_acc")
+    assert list(scores) == [0, 2, 1] and scores[0] == 0.5 and scores[1] == 1.0 and math.isnan(scores[2])
+    assert client_scores(_run(tmp_path, "none", "client,pm.l_acc\n"), "pm.l_acc") == {}  # no client: no score
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (None, "missing: every run writes its table of clients"),
+        (b"client,pm.l_acc\n0,\xff\n", r"not a run's table of clients \('utf-8'"),
+        ("client,pm.l_acc\n0," + "1" * 200_000 + "\n", r"not a run's table of clients \(field larger"),
+        ("", r"not a run's table of clients \(a client column of client ids\)"),
+        ("pm.l_acc\n0.5\n", r"not a run's table of clients \(a client column of client ids\)"),
+        ("client,pm.l_acc\nx,0.5\n", r"not a run's table of clients \(a client column"),
+        ("pm.l_acc,client\n0.5\n", r"not a run's table of clients \(a client column"),  # a row without its id
+        ("client,other\n0,0.5\n", "has no number in its 'pm.l_acc' column for every client"),
+        ("client,pm.l_acc\n0,0.5\n1,\n", "has no number in its 'pm.l_acc' column for every client"),
+        ("client,pm.l_acc\n0,0.5\n1\n", "has no number in its 'pm.l_acc' column for every client"),
+        ("client,pm.l_acc\n0,high\n", "has no number in its 'pm.l_acc' column for every client"),
+    ],
+)
+def test_a_table_of_clients_that_a_run_did_not_write_is_refused_in_one_line_naming_it(tmp_path, text, problem):
+    run = _run(tmp_path, "a", text)
+    path = tmp_path / "a" / "clients.csv"
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(path))}: {problem}.*remove the run's folder") as err:
+        client_scores(run, "pm.l_acc")
+    assert "\n" not in str(err.value)
+    assert text is None or path.read_bytes() == (text if isinstance(text, bytes) else text.encode())
+
+
+def test_two_runs_clients_pair_up_by_id_in_the_references_order(tmp_path):
+    local = _run(tmp_path, "local", "client,pm.l_acc\n0,0.5\n1,0.25\n2,1.0\n")
+    mine = _run(tmp_path, "mine", "client,pm.l_acc\n2,0.75\n0,0.5\n1,0.5\n")
+    assert client_pairs(mine, local, "pm.l_acc") == [(0.5, 0.5), (0.5, 0.25), (0.75, 1.0)]
+    for name, text in {"fewer": "client,pm.l_acc\n0,0.5\n1,0.5\n", "other": "client,pm.l_acc\n0,1\n1,1\n3,1\n"}.items():
+        run = _run(tmp_path, name, text)
+        where = re.escape(str(tmp_path / name / "clients.csv"))
+        problem = f"its clients are not those of {re.escape(str(tmp_path / 'local' / 'clients.csv'))}"
+        with pytest.raises(ConfigError, match=f"^{where}: {problem} \\(remove the run's folder"):
+            client_pairs(run, local, "pm.l_acc")

@@ -146,7 +146,7 @@ def test_diagnose_reads_the_last_evaluation_and_every_seed_and_variant_that_ran(
 
 
 def test_a_run_and_its_local_reference_must_have_the_same_clients(tmp_path):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="its clients are not those of "):
         fedora.versus_local(_client_run(tmp_path, "a", [0.8, 0.7, 0.6]), _client_run(tmp_path, "b", [0.8, 0.7]))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="its clients are not those of "):
         fedora.versus_local(_client_run(tmp_path, "c", [0.8]), _client_run(tmp_path, "d", [0.9, 0.7]))

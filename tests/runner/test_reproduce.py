@@ -890,6 +890,9 @@ def test_a_broken_time_record_is_refused_before_any_run(fake, tmp_path, name, te
         (f"{rep.LR_DIR}/ditto/lr0.1/summary.json", '{"rounds": 3}', "not a run's summary"),  # a grid run's
         ("ditto/s0/config.yaml", "method: [fedavg", r"not a run's configuration \(while parsing"),
         ("ditto/s0/config.yaml", "- fedavg", r"not a run's configuration \(a mapping of its settings\)"),
+        ("local/s1/clients.csv", None, "missing: every run writes its table of clients"),  # gain over local reads it
+        ("ditto/s0/clients.csv", "pm.l_acc\n0.5\n", r"not a run's table of clients \(a client column of client"),
+        (f"{rep.LR_DIR}/ditto/lr0.1/clients.csv", b"\xff", r"not a run's table of clients \('utf-8'"),
     ],
 )
 def test_a_reused_run_folder_that_a_run_did_not_write_is_refused_before_any_run(fake, tmp_path, file, text, problem):
@@ -897,13 +900,17 @@ def test_a_reused_run_folder_that_a_run_did_not_write_is_refused_before_any_run(
         (tmp_path / "tiny" / folder).mkdir(parents=True)
         (tmp_path / "tiny" / folder / "summary.json").write_text('{"metrics": {"pm.l_acc.mean": 0.5}}')
         (tmp_path / "tiny" / folder / "config.yaml").write_text("method:\n  name: fedavg\n")
+        (tmp_path / "tiny" / folder / "clients.csv").write_text("client,pm.l_acc\n0,0.5\n")
     path = tmp_path / "tiny" / file
-    data = text if isinstance(text, bytes) else text.encode()
-    path.write_bytes(data)
+    data = None if text is None else text if isinstance(text, bytes) else text.encode()
+    if data is None:
+        path.unlink()
+    else:
+        path.write_bytes(data)
     with pytest.raises(ConfigError, match=f"{re.escape(str(path))}: {problem}.*remove the run's folder") as err:
         rep.run_claims(tmp_path, reuse=True)
     assert "\n" not in str(err.value)  # one line, a YAML error's too
-    assert fake.calls == [] and path.read_bytes() == data
+    assert fake.calls == [] and (path.read_bytes() == data if data is not None else not path.exists())
 
 
 def test_a_claims_time_says_its_runs_grid_runs_and_unrecorded_ones():

@@ -8,6 +8,7 @@ over the seeds (held / not held / tie; the rule is documented in docs/reproduce.
 
 from __future__ import annotations
 
+import csv
 import importlib
 import math
 import pkgutil
@@ -17,10 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pfl.errors import ConfigError, require
+
 Summaries = dict[str, dict[str, Any]]  # label -> a run's summary.json (with "run_dir" set)
 SeedSummaries = dict[int, Summaries]  # seed -> label -> summary
 
 HELD, NOT_HELD, TIE = "held", "not held", "tie"
+RESULT_FIX = "remove the run's folder to run it again, or restore the file"  # a run's file that is not what it wrote
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,41 @@ def paired(s: SeedSummaries, a: str, b: str, key: str) -> dict[int, float]:
 def above(s: SeedSummaries, label: str, key: str, threshold: float) -> dict[int, float]:
     """``key`` of run ``label`` minus a fixed threshold, per seed that has the run."""
     return {seed: value(s, seed, label, key) - threshold for seed in s if label in s[seed]}
+
+
+def client_rows(run_dir: Path) -> list[dict[str, str]]:
+    """The run's clients.csv (a row per client of the reported round, which every run writes), refused in
+    one line naming the file when it is missing or is not a CSV table with a ``client`` column of ids."""
+    path = run_dir / "clients.csv"
+    require(path.is_file(), str(path), "missing: every run writes its table of clients", RESULT_FIX)
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            rows, columns = list(reader), reader.fieldnames or []
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        raise ConfigError(str(path), f"not a run's table of clients ({err})", RESULT_FIX) from None
+    ids = "client" in columns and all(str(r["client"]).isdigit() for r in rows)
+    require(ids, str(path), "not a run's table of clients (a client column of client ids)", RESULT_FIX)
+    return rows
+
+
+def client_scores(summary: dict, key: str) -> dict[int, float]:
+    """Each client's ``key`` in the run's clients.csv, by client id in the file's order (by id)."""
+    rows = client_rows(Path(summary["run_dir"]))
+    try:
+        return {int(r["client"]): float(r[key]) for r in rows}
+    except (KeyError, TypeError, ValueError):
+        path = Path(summary["run_dir"]) / "clients.csv"
+        raise ConfigError(str(path), f"has no number in its {key!r} column for every client", RESULT_FIX) from None
+
+
+def client_pairs(run: dict, reference: dict, key: str) -> list[tuple[float, float]]:
+    """``(run's, reference's)`` ``key`` of every client, in the reference's order; refused in one line when
+    the two runs did not evaluate the same clients (runs of one seed share the split)."""
+    mine, theirs = client_scores(run, key), client_scores(reference, key)
+    require(mine.keys() == theirs.keys(), str(Path(run["run_dir"]) / "clients.csv"),
+            f"its clients are not those of {Path(reference['run_dir']) / 'clients.csv'}", RESULT_FIX)  # fmt: skip
+    return [(mine[c], theirs[c]) for c in theirs]
 
 
 def beats(winner: str, baselines: Iterable[str], key: str, margin: float = 0.0) -> Callable[[SeedSummaries], list]:

@@ -10,7 +10,17 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from pfl.runner.claims import Claim, Contrast, LrGrid, SeedSummaries, above, method_args, paired, value
+from pfl.runner.claims import (
+    Claim,
+    Contrast,
+    LrGrid,
+    SeedSummaries,
+    above,
+    client_pairs,
+    method_args,
+    paired,
+    value,
+)
 
 FEDORA_BALANCED = ["--config", "conf/experiment/fedora_rotated_mnist5k_12.yaml"]
 FEDORA_BIG = ["--config", "conf/experiment/fedora_rotated_mnist5k_12_big.yaml"]
@@ -129,11 +139,6 @@ def chosen_k_notes(s: SeedSummaries) -> list[str]:
     return lines
 
 
-def per_client(summary: dict, key: str = "pm.l_acc") -> list[float]:
-    with open(Path(summary["run_dir"]) / "clients.csv") as fh:
-        return [float(row[key]) for row in csv.DictReader(fh)]
-
-
 def last_method_metrics(summary: dict, prefix: str) -> dict[str, float]:
     """The run's own ``prefix*`` columns of metrics.csv at the last evaluation (empty when it logs none)."""
     path = Path(summary["run_dir"]) / "metrics.csv"
@@ -148,7 +153,7 @@ def last_method_metrics(summary: dict, prefix: str) -> dict[str, float]:
 
 def versus_local(run: dict, local: dict) -> tuple[int, list[float], int]:
     """A run's clients exactly at LOCAL's test accuracy, the shortfalls of those below it, and the client count."""
-    pairs = list(zip(per_client(run), per_client(local), strict=True))
+    pairs = client_pairs(run, local, "pm.l_acc")
     return sum(a == b for a, b in pairs), [b - a for a, b in pairs if a < b], len(pairs)
 
 

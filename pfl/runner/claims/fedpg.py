@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 
 from pfl.federation.attacks import malicious_clients
-from pfl.runner.claims import Claim, Contrast, LrGrid, SeedSummaries, method_args, paired, value
+from pfl.runner.claims import Claim, Contrast, LrGrid, SeedSummaries, client_scores, method_args, paired, value
 
 FEDPG_BASE = ["--config", "conf/experiment/fedpg_digits_pat2.yaml", "--tracking.wandb", "false"]
 # Table 1: each row's learning rate is chosen on validation (10% of each client's training set) from the
@@ -132,8 +132,7 @@ def honest_clean(summary: dict, key: str) -> float:
     """Mean of a per-client key over the clients the attacks make malicious, from a clean run's
     clients.csv (the attacked runs draw the same clients: same seed, same fraction)."""
     bad = set(malicious_clients(summary["seed"], summary["num_clients"], ATTACK_FRACTION).tolist())
-    with open(Path(summary["run_dir"]) / "clients.csv") as fh:
-        values = [float(r[key]) for r in csv.DictReader(fh) if int(r["client"]) not in bad]
+    values = [v for client, v in client_scores(summary, key).items() if client not in bad]
     return sum(values) / len(values)
 
 
