@@ -43,7 +43,9 @@ from pfl.runner.claims import (
 )
 from pfl.runner.suite_estimate import Planned, device_label, estimate, evaluations, split_of
 from pfl.runner.sweep import run_parallel
+from pfl.runner.warm_workers import WorkerPool
 from pfl.safe_files import write_atomic
+from pfl.suggest import choice_fix
 
 QUICK_SHARE = 10  # QUICK runs 1/10 of each run's rounds, on the first seed only
 LR_DIR = "_lr"
@@ -308,13 +310,23 @@ def run_claims(
     accelerator: str = "auto",
     fresh: bool = False,
     keep_checkpoints: bool = False,
+    pool: WorkerPool | None = None,
 ) -> Path:
     """Run the claims over their seeds in ``workers`` processes and write ``out/REPORT.md``. ``quick``:
     the first seed and 1/10 of the rounds, no lr grid (a smoke test: every verdict is indicative).
     ``reuse`` keeps runs that already have a summary (an interrupted suite continues where it stopped).
     ``accelerator``: every run's ``trainer.accelerator`` (auto: a GPU when there is one; cpu: the
     machine's cores, one run per worker). ``fresh``: a new process per run instead of warm workers
-    (``pfl.runner.warm_workers``). ``keep_checkpoints``: each run leaves its final checkpoint (``checkpoint_flags``)."""
+    (``pfl.runner.warm_workers``). ``keep_checkpoints``: each run leaves its final checkpoint (``checkpoint_flags``).
+    The warm workers serve every phase (lr grid, its edge steps, the claims' runs) and end with the suite, or
+    wait in ``pool`` when one is given (several suites in one session)."""
+    keys = [c.key for c in all_claims()]
+    for key in only or []:
+        require(key in keys, "--only", f"{key!r} is not a claim of the suite", choice_fix(key, keys))
+    require(workers >= 1, "--workers", f"{workers} is not a number of worker processes", "give 1 or more")
+    if pool is None:
+        with WorkerPool() as own:
+            return run_claims(out, only, quick, workers, reuse, accelerator, fresh, keep_checkpoints, own)
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     claims = [c for c in all_claims() if not only or c.key in only]
@@ -327,8 +339,9 @@ def run_claims(
             check_reused_runs(out / c.key)
     on = ["--trainer.accelerator", accelerator, *checkpoint_flags(keep_checkpoints)]
     launch = functools.partial(
-        _run, workers=workers, reuse=reuse, times=times, failures=failures, diverged=diverged, extra=on, fresh=fresh
-    )
+        _run, workers=workers, reuse=reuse, times=times, failures=failures, diverged=diverged, extra=on, fresh=fresh,
+        pool=pool,
+    )  # fmt: skip
 
     # Every run's configuration is checked before the first one starts (the chosen lrs are grid values).
     configs = Configs()
@@ -468,6 +481,7 @@ def _run(
     diverged: list[str],
     extra: list[str],
     fresh: bool,
+    pool: WorkerPool,
 ) -> set[str]:
     """Run the jobs (``reuse``: those without a summary yet) with ``extra`` after each one's arguments; the
     names of the runs started. Runs that diverged go to ``diverged``; any other failure to ``failures``
@@ -482,7 +496,7 @@ def _run(
         times.record(name, code, wall, cpu, _run_timing(dirs[name]))
 
     try:
-        run_parallel(todo, workers, what=what, on_finish=finished, fresh=fresh)
+        run_parallel(todo, workers, what=what, on_finish=finished, fresh=fresh, pool=pool)
     except ConfigError as err:  # the failed runs are named in the report; the others still count
         codes = {name: times.codes.get(name) for name in todo}  # None: a run that never reported its end
         diverged += [name for name, code in codes.items() if code == EXIT_DIVERGED]
@@ -860,7 +874,7 @@ def main(argv: list[str] | None = None) -> None:
         help="every run leaves its final checkpoint, for pfl.api.Run.model() (default: none is written; tens of GB)",
     )
     args = parser.parse_args(argv)
-    workers = args.workers or default_workers()
+    workers = default_workers() if args.workers is None else args.workers
     print(
         run_claims(
             args.out,

@@ -40,7 +40,7 @@ from pfl.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, ConfigError, require
 from pfl.metrics.report import report
 from pfl.runner.args import parse_fit_args
 from pfl.runner.config_files import shipped_config
-from pfl.runner.warm_workers import WarmWorker, close_all
+from pfl.runner.warm_workers import WarmWorker, WorkerPool, close_all
 
 SEARCH_METHODS = ("grid", "random", "bayes")
 DISTRIBUTIONS = ("uniform", "log_uniform_values", "int_uniform", "normal", "categorical")
@@ -265,14 +265,16 @@ def run_parallel(
     what: str = "sweep",
     on_finish: Callable[[str, int, float, float | None], None] | None = None,
     fresh: bool = False,
+    pool: WorkerPool | None = None,
 ) -> None:
     """Run ``python -m pfl <argv>`` for every job in ``workers`` warm worker processes
     (``pfl.runner.warm_workers``: each imports once and runs job after job; ``fresh``: a new process
-    per job); the cores are split between workers. A line per finished run (with elapsed time and ETA)
-    and, on a terminal, a live bar below them; ``on_finish`` (when given) is called as each run ends
-    with its name, exit code, wall seconds and CPU seconds (None where the platform cannot measure
-    them; unlike wall time, CPU time does not grow when other work shares the machine), so a caller can
-    record it before the next run ends.
+    per job); the cores are split between workers. The workers end with the call, or, given a ``pool``,
+    wait there for its next call (unless a stop or an error ends this one early). A line per finished run
+    (with elapsed time and ETA) and, on a terminal, a live bar below them; ``on_finish`` (when given) is
+    called as each run ends with its name, exit code, wall seconds and CPU seconds (None where the
+    platform cannot measure them; unlike wall time, CPU time does not grow when other work shares the
+    machine), so a caller can record it before the next run ends.
     Raises ConfigError naming every failed job.
 
     Threads: each run sets torch's threads itself (``trainer.threads``, default 1); the split of the
@@ -284,19 +286,21 @@ def run_parallel(
     progress = RunProgress(len(jobs), what, workers)
     own = threading.local()  # each thread's worker process
     started_workers: list[WarmWorker] = []
+    pool = None if fresh else pool  # a process per run: nothing to keep
 
     def launch(name: str, argv: list[str]) -> tuple[int, str, float, float | None]:
         if not hasattr(own, "worker"):
-            own.worker = WarmWorker(env, fresh=fresh)
+            own.worker = pool.take(env) if pool is not None else WarmWorker(env, fresh=fresh)
             started_workers.append(own.worker)
         started = progress.started(name)
         code, err, cpu = own.worker.run(argv)
         return code, err, time.perf_counter() - started, cpu
 
     failed = []
+    ended = False
     try:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            pending = {pool.submit(launch, name, argv): name for name, argv in jobs.items()}
+        with ThreadPoolExecutor(max_workers=workers) as executor:
+            pending = {executor.submit(launch, name, argv): name for name, argv in jobs.items()}
             while pending:
                 done, _ = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
                 for future in done:
@@ -308,8 +312,12 @@ def run_parallel(
                     if code != 0:
                         failed.append(f"{name}: {(err.strip().splitlines() or [''])[-1]}")
                 progress.tick()
-    finally:  # the worker processes end with the runs, also when a run's failure or a stop ends them early
-        close_all(started_workers)
+        ended = True
+    finally:  # the worker processes end with the runs, and always when a stop or an error ends the call early
+        if ended and pool is not None:
+            pool.give_back(started_workers)
+        else:
+            close_all(started_workers)
     progress.close()
     if failed:
         raise ConfigError(what, f"{len(failed)} of {len(jobs)} runs failed: {'; '.join(failed)}")

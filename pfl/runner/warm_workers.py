@@ -29,6 +29,7 @@ import runpy
 import subprocess
 import sys
 import tempfile
+import threading
 import traceback
 from pathlib import Path
 from typing import IO, Any
@@ -143,6 +144,46 @@ def close_all(workers: list[WarmWorker]) -> None:
     (each exit frees its run's memory, a CUDA context, W&B's service) instead of one after another."""
     for proc in [worker._release() for worker in workers]:
         _reap(proc)
+
+
+class WorkerPool:
+    """Warm workers kept from one ``run_parallel`` call to the next (the reproduction suite's phases: its
+    lr grid, the grid's edge steps, its claims' runs): a worker whose call ended waits here for the next
+    call with the same environment instead of exiting and being started again, and every worker waiting
+    ends when the pool closes. Thread-safe; a context manager."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[tuple[str, str], ...], list[WarmWorker]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, env: dict[str, str]) -> WarmWorker:
+        """A waiting worker started with ``env``, or a new one."""
+        with self._lock:
+            waiting = self._idle.get(_env_key(env))
+            return waiting.pop() if waiting else WarmWorker(env)
+
+    def give_back(self, workers: list[WarmWorker]) -> None:
+        """``workers``, whose runs have ended, wait for the next call."""
+        with self._lock:
+            for worker in workers:
+                self._idle.setdefault(_env_key(worker.env), []).append(worker)
+
+    def close(self) -> None:
+        """End every waiting worker."""
+        with self._lock:
+            waiting = [worker for workers in self._idle.values() for worker in workers]
+            self._idle.clear()
+        close_all(waiting)
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _env_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(env.items()))
 
 
 def _reap(proc: subprocess.Popen[str] | None) -> None:

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
-from bench.counts import COUNTS, collected_tests, render, stale
+from bench.counts import COUNTS, ROOT, collected_tests, render, stale
 from pfl.methods import methods
 
 
+def collects_what_make_test_does(config: pytest.Config) -> bool:
+    """This session collected the whole tests folder with pyproject's own selection and nothing left out."""
+    whole = [Path(arg).resolve() for arg in config.args] == [ROOT / "tests"]
+    return whole and config.option.markexpr == "not slow" and not config.option.keyword and not config.option.deselect
+
+
 @pytest.fixture(scope="module")
-def test_ids() -> list[str]:
+def test_ids(request: pytest.FixtureRequest) -> list[str]:
+    if collects_what_make_test_does(request.config):  # `make test` itself: what it collected (saves a collection)
+        return [item.nodeid for item in request.session.items]
     return collected_tests()
 
 

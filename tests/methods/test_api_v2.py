@@ -215,6 +215,7 @@ class Shrink(Method):
     """FedAvg whose server shrinks the average towards zero by a factor."""
 
     name = "shrink"
+    averages_uploads = False  # it scales the mean: a robust aggregator may not stand in for it
 
     def __init__(self, factor: float = 0.9):
         self.factor = factor
@@ -232,18 +233,23 @@ def _pfl(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pfl", *args], cwd=cwd, env=env, capture_output=True, text=True)
 
 
-def test_a_user_method_outside_pfl_runs_resumes_and_sweeps(tmp_path):
+def test_a_user_method_outside_pfl_runs_resumes_and_sweeps(tmp_path, monkeypatch, request):
+    from pfl.cli import main
+
     (tmp_path / "mymethods.py").write_text(textwrap.dedent(USER_METHOD))
     common = ["--config", str(ROOT / "conf/default.yaml"), "--data.num_clients", "4", "--model.hidden", "[16]"]
     common += ["--tracking.wandb", "false", "--trainer.progress", "false", "--tracking.root", "runs"]
     user = ["--method", "mymethods.Shrink", "--method.factor", "0.95"]
-    full = _pfl(tmp_path, "fit", *common, *user, "--trainer.rounds", "4", "--tracking.name", "full")
-    assert full.returncode == 0, full.stderr
-    part = _pfl(tmp_path, "fit", *common, *user, "--trainer.rounds", "2", "--tracking.name", "part")
-    assert part.returncode == 0, part.stderr
+    # The fits run in this process, in the user's folder as `python -m pfl` would (its module importable
+    # from there); the sweep below is the command line itself, its runs in a worker process.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    request.addfinalizer(lambda: sys.modules.pop("mymethods", None))
+    assert main(["fit", *common, *user, "--trainer.rounds", "4", "--tracking.name", "full"]) == 0
+    assert main(["fit", *common, *user, "--trainer.rounds", "2", "--tracking.name", "part"]) == 0
     assert "name: mymethods.Shrink" in (tmp_path / "runs/part/config.yaml").read_text()
-    resumed = _pfl(tmp_path, "fit", "--resume", "runs/part", "--trainer.rounds", "4")
-    assert resumed.returncode == 0, resumed.stderr
+    sys.modules.pop("mymethods")  # the resume imports the method from its folder again, as a new process does
+    assert main(["fit", "--resume", "runs/part", "--trainer.rounds", "4"]) == 0
     a, b = (json.loads((tmp_path / f"runs/{n}/summary.json").read_text()) for n in ("full", "part"))
     assert a["hparams"] == b["hparams"] == {"factor": 0.95} and a["rounds"] == b["rounds"] == 4
     timing = ("throughput.", "time.")

@@ -49,10 +49,12 @@ class FakeRunner:
         self.calls: list[tuple[str, list[str], int]] = []
         self.argv: dict[str, list[str]] = {}
         self.fresh: list[bool] = []  # each call's fresh-processes setting
+        self.pools: list = []  # each call's pool of warm workers
 
-    def __call__(self, jobs, workers, what="sweep", on_finish=None, fresh=False):
+    def __call__(self, jobs, workers, what="sweep", on_finish=None, fresh=False, pool=None):
         self.calls.append((what, list(jobs), workers))
         self.fresh.append(fresh)
+        self.pools.append(pool)
         failed = []
         for name, argv in jobs.items():
             self.argv[name] = argv
@@ -341,7 +343,7 @@ def test_a_diverged_run_is_a_finding_and_a_crash_fails_the_suite_after_the_repor
 
 
 def test_a_run_that_never_reported_its_end_is_a_failure_of_the_suite(fake, tmp_path, monkeypatch):
-    def stops_at_once(jobs, workers, what, on_finish, fresh=False):
+    def stops_at_once(jobs, workers, what, on_finish, fresh=False, pool=None):
         raise ConfigError(what, "the workers stopped")
 
     monkeypatch.setattr(rep, "run_parallel", stops_at_once)
@@ -402,6 +404,42 @@ def test_the_grid_runs_first_and_the_claims_runs_use_the_lr_it_chose(fake, tmp_p
     assert "| ditto | ditto | 0.3 | 2 | **0.6500 ± 0.0707** |" in report and "| local | local | 0.05 | 2 |" in report
     assert "| tiny | held | 7 (3 lr grid) | 14.0 | 17.5 |" in report
     assert report.rstrip().endswith("(7 (3 lr grid) runs, 14.0 CPU-minutes, 17.5 run-minutes)")
+
+
+def test_every_phase_of_a_suite_runs_in_one_pool_of_warm_workers_that_ends_with_it(fake, tmp_path, monkeypatch):
+    closed = []
+
+    class Pool(rep.WorkerPool):
+        def close(self) -> None:
+            closed.append(self)
+            super().close()
+
+    monkeypatch.setattr(rep, "WorkerPool", Pool)
+    grid = LrGrid((0.01, 0.3), labels=("ditto",), rounds=5)
+    monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(base=[*BASE, "--data.val_frac", "0.2"], lr_grid=grid)])
+    rep.run_claims(tmp_path / "a")
+    [pool] = set(fake.pools)  # the lr grid, its edge step and the claim's runs
+    assert len(fake.pools) == 3 and isinstance(pool, Pool) and closed == [pool]
+    given = rep.WorkerPool()
+    rep.run_claims(tmp_path / "b", pool=given)
+    assert fake.pools[3:] == [given] * 3 and closed == [pool]  # a pool given is its owner's to close
+    fake.codes = {"tiny/local/s1": 1}
+    with pytest.raises(ConfigError, match="tiny/local/s1"):
+        rep.run_claims(tmp_path / "c")
+    assert len(closed) == 2  # closed also when the suite ends in an error
+
+
+@pytest.mark.parametrize(
+    ("kw", "problem"),
+    [
+        ({"only": ["tiny", "tinny"]}, r"--only: 'tinny' is not a claim of the suite \(did you mean tiny\?\)"),
+        ({"workers": 0}, r"--workers: 0 is not a number of worker processes \(give 1 or more\)"),
+    ],
+)
+def test_an_unknown_claim_or_no_worker_is_refused_before_anything_runs(fake, tmp_path, kw, problem):
+    with pytest.raises(ConfigError, match=f"^{problem}$"):
+        rep.run_claims(tmp_path / "out", **kw)
+    assert fake.calls == [] and not (tmp_path / "out").exists()
 
 
 def test_a_chosen_lr_that_diverges_on_a_seed_is_left_out_and_the_labels_seeds_run_at_the_next(
@@ -734,7 +772,7 @@ def quick_suite(fake, out: Path, monkeypatch, walls: dict[str, float], timing: d
     monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(base=base, lr_grid=grid)])
     original = FakeRunner.__call__
 
-    def timed(jobs, workers, what="sweep", on_finish=None, fresh=False):
+    def timed(jobs, workers, what="sweep", on_finish=None, fresh=False, pool=None):
         def record(name, code, _, cpu):
             if name in timing:  # the runner has written the run's folder by now
                 path = out / name / "summary.json"

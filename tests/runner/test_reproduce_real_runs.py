@@ -14,9 +14,30 @@ import pytest
 import pfl.runner.reproduce as rep
 from pfl.errors import ConfigError
 from pfl.runner.claims import Claim, LrGrid, beats
+from pfl.runner.warm_workers import WorkerPool
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--data.num_clients", "4", "--trainer.rounds", "3", "--model.hidden", "[16]", "--tracking.wandb", "false"]
+
+
+@pytest.fixture(scope="module")
+def pool():
+    """The module's warm workers: each suite below runs in them, as one suite's phases do (a worker starts
+    once for the module, not once per phase)."""
+    with WorkerPool() as shared:
+        yield shared
+
+
+@pytest.fixture
+def run_claims(pool, monkeypatch):
+    """``rep.run_claims`` in the module's warm workers. A worker is lent only to a call with the environment
+    it was started with, and pytest names the current test in it: that name is left out of the runs'."""
+
+    def run(*args, **kw) -> Path:
+        monkeypatch.delenv("PYTEST_CURRENT_TEST", raising=False)
+        return rep.run_claims(*args, pool=pool, **kw)
+
+    return run
 
 
 def tiny_claim(**kw) -> Claim:
@@ -25,12 +46,12 @@ def tiny_claim(**kw) -> Claim:
     return Claim(**{**args, "contrasts": beats("ditto", ["local"], "pm.l_acc.mean"), **kw})
 
 
-def test_report_has_seed_table_paired_diffs_verdict_plot_and_time(tmp_path, monkeypatch, capsys):
+def test_report_has_seed_table_paired_diffs_verdict_plot_and_time(tmp_path, monkeypatch, capsys, run_claims):
     monkeypatch.chdir(ROOT)
     claim = tiny_claim(seeds=(0, 1), diagnose=lambda s: [f"{len(s)} seeds measured"])
     absent = Claim("absent", "test", "needs a missing method", TINY, {"x": ["--method.name", "nope"]}, claim.contrasts)
     monkeypatch.setattr(rep, "all_claims", lambda: [claim, absent])
-    report = rep.run_claims(tmp_path).read_text()
+    report = run_claims(tmp_path).read_text()
     for label in ("local", "ditto"):  # label x seed, one folder each
         for seed in (0, 1):
             summary = json.loads((tmp_path / "tiny" / label / f"s{seed}" / "summary.json").read_text())
@@ -57,7 +78,7 @@ def test_report_has_seed_table_paired_diffs_verdict_plot_and_time(tmp_path, monk
     # progress: a line per finished run with the runs done / total, the elapsed time and the ETA
     assert re.search(r"\[4/4\] tiny/\w+/s\d: ok in \d+ s \(elapsed \d\d:\d\d, ETA 00:00\)", capsys.readouterr().out)
     mtime = (tmp_path / "tiny" / "ditto" / "s1" / "summary.json").stat().st_mtime
-    again = rep.run_claims(tmp_path, reuse=True).read_text()  # finished runs are kept, not re-run
+    again = run_claims(tmp_path, reuse=True).read_text()  # finished runs are kept, not re-run
     assert (tmp_path / "tiny" / "ditto" / "s1" / "summary.json").stat().st_mtime == mtime
     assert "(4 runs, " in again and re.search(r"\| ditto \| ditto \| 2 \|", again)
     assert "it ran 0 run(s) and reused 4." in again and "without a recorded" not in again
@@ -66,29 +87,29 @@ def test_report_has_seed_table_paired_diffs_verdict_plot_and_time(tmp_path, monk
     total = sum(cpu.values()) / 60
     assert f"Recorded time of the report's 4 runs: {total:.1f} CPU-minutes, about {total:.1f} min" in again
     (tmp_path / "cpu_seconds.json").write_text(json.dumps({"tiny/local/s0": 60.0}))  # the others' lost
-    lost = rep.run_claims(tmp_path, reuse=True, workers=2).read_text()
+    lost = run_claims(tmp_path, reuse=True, workers=2).read_text()
     assert "4 runs: 1.0 CPU-minutes, about 0.5 min of wall time with 2 worker(s)" in lost
     assert "3 reused run(s) have no recorded CPU time" in lost and "| 4 | 1.0 (3 runs unrecorded) |" in lost
     assert "(4 runs, 1.0 CPU-minutes, " in lost and "; 3 without a recorded CPU time)" in lost
 
 
-def test_quick_runs_the_first_seed_shortened_and_marks_verdicts_indicative(tmp_path, monkeypatch):
+def test_quick_runs_the_first_seed_shortened_and_marks_verdicts_indicative(tmp_path, monkeypatch, run_claims):
     monkeypatch.chdir(ROOT)
     claim = tiny_claim(seeds=(4, 5), base=[*TINY, "--trainer.rounds", "20"])
     monkeypatch.setattr(rep, "all_claims", lambda: [claim])
-    report = rep.run_claims(tmp_path, quick=True, keep_checkpoints=True).read_text()
+    report = run_claims(tmp_path, quick=True, keep_checkpoints=True).read_text()
     assert sorted(p.name for p in (tmp_path / "tiny" / "ditto").iterdir()) == ["s4"]
     assert (tmp_path / "tiny" / "ditto" / "s4" / "checkpoint.pt").is_file()  # kept, for Run.model()
     assert json.loads((tmp_path / "tiny" / "ditto" / "s4" / "summary.json").read_text())["rounds"] == 2
     assert "QUICK" in report and re.search(r"\*\*Verdict: (held|not held|tie) \(indicative, 1 seed\)\*\*", report)
 
 
-def test_the_lr_grid_picks_the_best_validation_lr_and_the_runs_use_it(tmp_path, monkeypatch):
+def test_the_lr_grid_picks_the_best_validation_lr_and_the_runs_use_it(tmp_path, monkeypatch, run_claims):
     monkeypatch.chdir(ROOT)
     grid = LrGrid((1e-5, 0.5), labels=("ditto",), rounds=3)
     claim = tiny_claim(seeds=(0,), base=[*TINY, "--data.val_frac", "0.2"], lr_grid=grid)
     monkeypatch.setattr(rep, "all_claims", lambda: [claim])
-    report = rep.run_claims(tmp_path).read_text()
+    report = run_claims(tmp_path).read_text()
     scores = {
         lr: json.loads((tmp_path / "tiny" / "_lr" / "ditto" / f"lr{lr:g}" / "summary.json").read_text())["metrics"]
         for lr in grid.values
@@ -107,13 +128,13 @@ def test_the_lr_grid_picks_the_best_validation_lr_and_the_runs_use_it(tmp_path, 
     )
 
 
-def test_a_diverged_run_is_named_and_the_rest_of_the_claim_still_reported(tmp_path, monkeypatch, capsys):
+def test_a_diverged_run_is_named_and_the_rest_of_the_claim_still_reported(tmp_path, monkeypatch, capsys, run_claims):
     monkeypatch.chdir(ROOT)
     runs = {"local": ["--method.name", "local"], "blowup": ["--method.name", "fedavg", "--client.lr", "1e30"]}
     claim = Claim("tiny", "test", "local beats a diverging run", TINY, runs, beats("local", ["blowup"], "pm.l_acc"))
     claim.seeds = (0,)
     monkeypatch.setattr(rep, "all_claims", lambda: [claim])
-    report = rep.run_claims(tmp_path).read_text()  # a divergence is a finding: the suite itself succeeds
+    report = run_claims(tmp_path).read_text()  # a divergence is a finding: the suite itself succeeds
     assert "Failed (left out of the table and the check): tiny/blowup/s0." in report
     assert "| local |" in report and "| blowup |" not in report
     assert "| local - blowup (pm.l_acc) | - |" in report and "**Verdict: tie (indicative, 1 seed)**" in report
@@ -126,7 +147,7 @@ def test_a_run_that_fails_other_than_by_diverging_fails_the_suite_after_the_repo
     claim = tiny_claim(seeds=(0,))
     monkeypatch.setattr(rep, "all_claims", lambda: [claim])
 
-    def one_crashes(jobs, workers, what, on_finish, fresh=False):
+    def one_crashes(jobs, workers, what, on_finish, fresh=False, pool=None):
         name = next(iter(jobs))
         on_finish(name, 1, 1.0, 1.0)
         raise ConfigError(what, f"1 of {len(jobs)} runs failed: {name}: boom")
@@ -137,24 +158,24 @@ def test_a_run_that_fails_other_than_by_diverging_fails_the_suite_after_the_repo
     assert "Failed (left out of the table and the check): " in (tmp_path / "REPORT.md").read_text()
 
 
-def test_a_stopped_suite_keeps_its_finished_runs_times_and_adds_up_its_invocations(tmp_path, monkeypatch):
+def test_a_stopped_suite_keeps_its_finished_runs_times_and_adds_up_its_invocations(tmp_path, monkeypatch, run_claims):
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(seeds=(0, 1))])
     real = rep.run_parallel
 
-    def stopped_after_one(jobs, workers, what, on_finish, fresh=False):
-        real(dict(list(jobs.items())[:1]), workers, what=what, on_finish=on_finish)
+    def stopped_after_one(jobs, workers, what, on_finish, fresh=False, pool=None):
+        real(dict(list(jobs.items())[:1]), workers, what=what, on_finish=on_finish, pool=pool)
         raise KeyboardInterrupt  # the process is stopped with the suite unfinished
 
     monkeypatch.setattr(rep, "run_parallel", stopped_after_one)
     with pytest.raises(KeyboardInterrupt):
-        rep.run_claims(tmp_path)
+        run_claims(tmp_path)
     assert len(json.loads((tmp_path / "seconds.json").read_text())) == 1
     assert len(json.loads((tmp_path / "cpu_seconds.json").read_text())) == 1
     [first] = json.loads((tmp_path / "invocations.json").read_text())
     assert first["runs"] == 1 and first["workers"] == 1 and first["wall_s"] > 0
     monkeypatch.setattr(rep, "run_parallel", real)
-    report = rep.run_claims(tmp_path, reuse=True).read_text()
+    report = run_claims(tmp_path, reuse=True).read_text()
     assert "it ran 3 run(s) and reused 1." in report and "without a recorded" not in report
     ledger = json.loads((tmp_path / "invocations.json").read_text())
     assert [i["runs"] for i in ledger] == [1, 3] and ledger[0] == first
@@ -165,7 +186,7 @@ def test_a_stopped_suite_keeps_its_finished_runs_times_and_adds_up_its_invocatio
     )
     assert line and abs(float(line[1]) + float(line[2]) - float(line[3])) <= 0.1 + 1e-9  # each rounded to 0.1
     assert float(line[3]) == round(sum(i["wall_s"] for i in ledger) / 60, 1)
-    again = rep.run_claims(tmp_path, reuse=True).read_text()  # nothing ran: no new line in the ledger
+    again = run_claims(tmp_path, reuse=True).read_text()  # nothing ran: no new line in the ledger
     assert len(json.loads((tmp_path / "invocations.json").read_text())) == 2 and "made by 2 invocations" in again
 
 
@@ -190,12 +211,12 @@ def test_every_claim_names_only_configurations_that_parse(monkeypatch, tmp_path)
     assert len(configs.parsers) > 1 and len(configs.parsed) > len(all_claims())
 
 
-def test_runs_that_differ_only_outside_the_summary_get_a_row_each(tmp_path, monkeypatch):
+def test_runs_that_differ_only_outside_the_summary_get_a_row_each(tmp_path, monkeypatch, run_claims):
     monkeypatch.chdir(ROOT)
     runs = {"plain": ["--method.name", "fedavg"], "decay": ["--method.name", "fedavg", "--client.weight_decay", "0.01"]}
     claim = Claim("tiny", "test", "two fedavg runs", TINY, runs, beats("plain", ["decay"], "pm.l_acc"), seeds=(0,))
     monkeypatch.setattr(rep, "all_claims", lambda: [claim])
-    report = rep.run_claims(tmp_path).read_text()
+    report = run_claims(tmp_path).read_text()
     assert "| plain |" in report and "| decay |" in report and "+1" not in report
 
 

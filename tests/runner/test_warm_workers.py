@@ -17,7 +17,17 @@ import pytest
 
 import pfl.cli
 import pfl.runner.sweep as sweep
-from pfl.runner.warm_workers import WarmWorker, close_all, release_memory, run_child, run_one, serve
+import pfl.runner.warm_workers as warm_workers
+from pfl.errors import ConfigError
+from pfl.runner.warm_workers import (
+    WarmWorker,
+    WorkerPool,
+    close_all,
+    release_memory,
+    run_child,
+    run_one,
+    serve,
+)
 from tests.helpers.cli_runs import TINY, child_env
 
 
@@ -168,6 +178,82 @@ def test_a_pools_workers_are_closed_together_when_its_runs_end(monkeypatch):
     sweep.run_parallel({"x": ["methods"], "y": ["methods"]}, workers=2)
     [workers] = closed
     assert workers and all(isinstance(w, Worker) for w in workers)
+
+
+class _Worker:
+    """A warm worker without a process: counts its runs; a run given ``--bad`` exits with 2, as pfl's would."""
+
+    made: list[_Worker] = []
+
+    def __init__(self, env, fresh=False):
+        self.env, self.fresh, self.runs = env, fresh, 0
+        _Worker.made.append(self)
+
+    def run(self, argv):
+        self.runs += 1
+        return (2 if "--bad" in argv else 0), "error: --bad", 0.1
+
+
+@pytest.fixture
+def fake_workers(monkeypatch) -> list[list]:
+    """Warm workers without processes; what ``close_all`` is called with, call by call."""
+    closed: list[list] = []
+    _Worker.made = []
+    for module in (sweep, warm_workers):
+        monkeypatch.setattr(module, "WarmWorker", _Worker)
+        monkeypatch.setattr(module, "close_all", lambda workers: closed.append(list(workers)))
+    return closed
+
+
+def test_a_pools_workers_serve_its_next_calls_and_end_when_it_closes(fake_workers):
+    pool = WorkerPool()
+    sweep.run_parallel({"a": ["methods"], "b": ["methods"]}, pool=pool)
+    sweep.run_parallel({"c": ["methods"]}, what="next", pool=pool)
+    [worker] = _Worker.made
+    assert worker.runs == 3 and fake_workers == []  # one process served both calls, none ended
+    with pool:
+        pass  # the pool closes on leaving
+    assert fake_workers == [[worker]]
+    sweep.run_parallel({"d": ["methods"]})  # without a pool: the call's workers end with it
+    assert len(_Worker.made) == 2 and fake_workers[1] == [_Worker.made[1]]
+
+
+def test_a_pool_lends_a_worker_only_to_a_call_with_its_environment(fake_workers):
+    pool = WorkerPool()
+    first = pool.take({"OMP_NUM_THREADS": "2"})
+    pool.give_back([first])
+    assert pool.take({"OMP_NUM_THREADS": "1"}) is not first  # another share of the cores: another process
+    assert pool.take({"OMP_NUM_THREADS": "2"}) is first
+    assert pool.take({"OMP_NUM_THREADS": "2"}) is not first  # lent once: no longer waiting
+    pool.close()
+    assert fake_workers == [[]]
+
+
+def test_a_call_that_stops_early_ends_its_workers_and_one_whose_runs_failed_keeps_them(fake_workers):
+    pool = WorkerPool()
+
+    def stop(name, code, wall, cpu):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_parallel({"a": ["methods"]}, on_finish=stop, pool=pool)
+    assert fake_workers == [[_Worker.made[0]]]  # it may be in the middle of a run: ended, not kept
+    with pytest.raises(ConfigError, match="1 of 1 runs failed"):
+        sweep.run_parallel({"b": ["fit", "--bad"]}, pool=pool)
+    failed = _Worker.made[1]  # a new one: the stopped call's worker was not kept
+    sweep.run_parallel({"c": ["methods"]}, pool=pool)
+    assert len(_Worker.made) == 2 and failed.runs == 2  # a run that failed leaves its worker sound: kept
+    pool.close()
+    assert fake_workers[-1] == [failed]
+
+
+def test_a_process_per_run_keeps_nothing_in_the_pool(fake_workers):
+    pool = WorkerPool()
+    sweep.run_parallel({"a": ["methods"]}, fresh=True, pool=pool)
+    [fresh] = _Worker.made
+    assert fresh.fresh and fake_workers == [[fresh]]
+    pool.close()
+    assert fake_workers[-1] == []
 
 
 def test_after_a_run_its_cycles_are_collected_and_a_gpus_cached_blocks_given_back(monkeypatch):
