@@ -62,9 +62,15 @@ def _fit_with_log(root: Path, name: str, *extra: str) -> tuple[dict, str]:
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory) -> tuple[dict, Path]:
-    """The 1-process run that the several-process runs must reproduce (made once per module)."""
+    """The 1-process run that the several-process runs must reproduce (made once per module, in this
+    process: a command line's run is the same run)."""
+    from pfl.runner.experiment import run_argv
+
     root = tmp_path_factory.mktemp("one")
-    return _fit(root, "run"), root / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(ROOT)
+        run_argv([*ARGS, "--tracking.root", str(root), "--tracking.name", "run"])
+    return json.loads((root / "run" / "summary.json").read_text()), root / "run"
 
 
 def test_two_gloo_processes_equal_one_process(tmp_path, one_process):
