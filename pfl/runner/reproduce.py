@@ -47,6 +47,7 @@ from pfl.runner.warm_workers import WorkerPool
 from pfl.safe_files import write_atomic
 from pfl.suggest import choice_fix
 
+ACCELERATORS = ("auto", "cpu", "cuda")  # what every run's trainer.accelerator may be set to
 QUICK_SHARE = 10  # QUICK runs 1/10 of each run's rounds, on the first seed only
 LR_DIR = "_lr"
 UNSTABLE = "unstable.json"  # in <claim>/_lr/: label -> the chosen lrs at which one of its claim runs diverged
@@ -324,6 +325,8 @@ def run_claims(
     for key in only or []:
         require(key in keys, "--only", f"{key!r} is not a claim of the suite", choice_fix(key, keys))
     require(workers >= 1, "--workers", f"{workers} is not a number of worker processes", "give 1 or more")
+    require(accelerator in ACCELERATORS, "--accelerator", f"{accelerator!r} is not one the suite runs on",
+            "give auto (a GPU when there is one), cpu or cuda")  # fmt: skip
     if pool is None:
         with WorkerPool() as own:
             return run_claims(out, only, quick, workers, reuse, accelerator, fresh, keep_checkpoints, own)
@@ -860,7 +863,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--accelerator",
         default="auto",
-        choices=("auto", "cpu", "cuda"),
+        choices=ACCELERATORS,
         help="every run's trainer.accelerator (default auto: the GPU when there is one; cpu: the cores only)",
     )
     parser.add_argument(

@@ -434,9 +434,13 @@ def test_every_phase_of_a_suite_runs_in_one_pool_of_warm_workers_that_ends_with_
     [
         ({"only": ["tiny", "tinny"]}, r"--only: 'tinny' is not a claim of the suite \(did you mean tiny\?\)"),
         ({"workers": 0}, r"--workers: 0 is not a number of worker processes \(give 1 or more\)"),
+        (
+            {"accelerator": "gpu"},
+            r"--accelerator: 'gpu' is not one the suite runs on \(give auto \(a GPU when there is one\), cpu or cuda\)",
+        ),
     ],
 )
-def test_an_unknown_claim_or_no_worker_is_refused_before_anything_runs(fake, tmp_path, kw, problem):
+def test_an_unknown_claim_accelerator_or_no_worker_is_refused_before_anything_runs(fake, tmp_path, kw, problem):
     with pytest.raises(ConfigError, match=f"^{problem}$"):
         rep.run_claims(tmp_path / "out", **kw)
     assert fake.calls == [] and not (tmp_path / "out").exists()
