@@ -14,7 +14,8 @@ from pfl.methods import methods
 def collects_what_make_test_does(config: pytest.Config) -> bool:
     """This session collected the whole tests folder with pyproject's own selection and nothing left out."""
     whole = [Path(arg).resolve() for arg in config.args] == [ROOT / "tests"]
-    return whole and config.option.markexpr == "not slow" and not config.option.keyword and not config.option.deselect
+    left_out = ("keyword", "deselect", "ignore", "ignore_glob", "lf")  # options that collect or keep fewer
+    return whole and config.option.markexpr == "not slow" and not any(config.getoption(o, None) for o in left_out)
 
 
 @pytest.fixture(scope="module")
