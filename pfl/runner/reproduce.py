@@ -47,7 +47,9 @@ from pfl.runner.warm_workers import WorkerPool
 from pfl.safe_files import write_atomic
 from pfl.suggest import choice_fix
 
-ACCELERATORS = ("auto", "cpu", "cuda")  # what every run's trainer.accelerator may be set to
+# What the suite sets every run's trainer.accelerator to: the part of pfl.config.ACCELERATORS whose device
+# its time records can name (suite_estimate.device_label: the GPU, or the CPU).
+SUITE_ACCELERATORS = ("auto", "cpu", "cuda")
 QUICK_SHARE = 10  # QUICK runs 1/10 of each run's rounds, on the first seed only
 LR_DIR = "_lr"
 UNSTABLE = "unstable.json"  # in <claim>/_lr/: label -> the chosen lrs at which one of its claim runs diverged
@@ -321,18 +323,35 @@ def run_claims(
     (``pfl.runner.warm_workers``). ``keep_checkpoints``: each run leaves its final checkpoint (``checkpoint_flags``).
     The warm workers serve every phase (lr grid, its edge steps, the claims' runs) and end with the suite, or
     wait in ``pool`` when one is given (several suites in one session)."""
-    keys = [c.key for c in all_claims()]
+    every = all_claims()
+    keys = [c.key for c in every]
     for key in only or []:
         require(key in keys, "--only", f"{key!r} is not a claim of the suite", choice_fix(key, keys))
     require(workers >= 1, "--workers", f"{workers} is not a number of worker processes", "give 1 or more")
-    require(accelerator in ACCELERATORS, "--accelerator", f"{accelerator!r} is not one the suite runs on",
+    require(accelerator in SUITE_ACCELERATORS, "--accelerator", f"{accelerator!r} is not one the suite runs on",
             "give auto (a GPU when there is one), cpu or cuda")  # fmt: skip
-    if pool is None:
-        with WorkerPool() as own:
-            return run_claims(out, only, quick, workers, reuse, accelerator, fresh, keep_checkpoints, own)
+    claims = [c for c in every if not only or c.key in only]
+    settings = (quick, workers, reuse, accelerator, fresh, keep_checkpoints)
+    if pool is not None:
+        return _run_claims(out, claims, *settings, pool)
+    with WorkerPool() as own:
+        return _run_claims(out, claims, *settings, own)
+
+
+def _run_claims(
+    out: Path,
+    claims: list[Claim],
+    quick: bool,
+    workers: int,
+    reuse: bool,
+    accelerator: str,
+    fresh: bool,
+    keep_checkpoints: bool,
+    pool: WorkerPool,
+) -> Path:
+    """``run_claims`` for the checked ``claims``, its runs in ``pool``'s warm workers."""
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    claims = [c for c in all_claims() if not only or c.key in only]
     ready = [c for c in claims if not c.methods() - set(methods())]
     failures: list[str] = []
     diverged: list[str] = []
@@ -863,7 +882,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--accelerator",
         default="auto",
-        choices=ACCELERATORS,
+        choices=SUITE_ACCELERATORS,
         help="every run's trainer.accelerator (default auto: the GPU when there is one; cpu: the cores only)",
     )
     parser.add_argument(
