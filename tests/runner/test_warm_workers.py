@@ -163,23 +163,6 @@ def test_one_worker_closes_as_one_of_a_pool_would():
     assert events == ["log a", "stdin a", "wait a 30 s", "kill a", "wait a", "stdout a"]
 
 
-def test_a_pools_workers_are_closed_together_when_its_runs_end(monkeypatch):
-    closed: list[list] = []
-
-    class Worker:
-        def __init__(self, env, fresh=False):
-            pass
-
-        def run(self, argv):
-            return 0, "", 0.1
-
-    monkeypatch.setattr(sweep, "WarmWorker", Worker)
-    monkeypatch.setattr(sweep, "close_all", closed.append)
-    sweep.run_parallel({"x": ["methods"], "y": ["methods"]}, workers=2)
-    [workers] = closed
-    assert workers and all(isinstance(w, Worker) for w in workers)
-
-
 class _Worker:
     """A warm worker without a process: counts its runs; a run given ``--bad`` exits with 2, as pfl's would."""
 
@@ -203,6 +186,12 @@ def fake_workers(monkeypatch) -> list[list]:
         monkeypatch.setattr(module, "WarmWorker", _Worker)
         monkeypatch.setattr(module, "close_all", lambda workers: closed.append(list(workers)))
     return closed
+
+
+def test_a_pools_workers_are_closed_together_when_its_runs_end(fake_workers):
+    sweep.run_parallel({"x": ["methods"], "y": ["methods"]}, workers=2)
+    [workers] = fake_workers
+    assert workers and all(isinstance(w, _Worker) for w in workers)
 
 
 def test_a_pools_workers_serve_its_next_calls_and_end_when_it_closes(fake_workers):
