@@ -156,14 +156,16 @@ def claim_jobs(
 ) -> list[Job]:
     """The claim's runs, seed by seed (every label of the first seed, then of the next: a suite stopped
     part-way has whole seeds, each a complete paired comparison); QUICK: the first seed, 1/10 of the
-    rounds. ``lrs`` are the learning rates the grid chose (label -> lr). Every configuration is parsed
-    here, before anything runs (``configs``: the suite's parses, kept; ``check`` false: not parsed, for
-    a caller that only plans)."""
+    rounds. ``lrs`` are the learning rates the grid chose (label -> lr). Every label's configuration is
+    parsed here, before anything runs, on the first seed: a later seed's arguments differ only in
+    ``--seed`` and the run's folder, both made here (``configs``: the suite's parses, kept; ``check``
+    false: not parsed, for a caller that only plans)."""
     configs = configs or Configs()
     seeds = claim.seeds[:1] if quick else claim.seeds
     require(bool(seeds), f"{claim.key}.seeds", "a claim needs at least one seed")
     jobs = []
     for seed in seeds:
+        check = check and seed == seeds[0]
         for label, args in claim.runs.items():
             chosen = [claim.lr_grid.arg, str(lrs[label])] if lrs and label in lrs and claim.lr_grid else []
             setting = (claim.lr_grid.arg.removeprefix("--"), float(chosen[1])) if chosen else None

@@ -161,9 +161,12 @@ def test_the_suite_builds_each_methods_parser_once_and_parses_each_run_once(fake
     # estimate reads each label's rounds from that same first-seed argv, already parsed: 4 parses, not 10
     assert len(parsed) == len(set(parsed)) == 4
     built.clear()
+    parsed.clear()
     configs = rep.Configs()
     (job, *_) = rep.claim_jobs(tiny_claim(seeds=(0, 1, 2)), tmp_path, quick=False, configs=configs)
     assert built == ["local", "ditto"]  # 6 runs, a parser per method
+    # the later seeds' arguments differ only in --seed and the folder: the first seed's are parsed
+    assert len(parsed) == 2 and {flag(list(argv), "--seed") for argv in parsed} == {"0"}
     kept = configs.config(job.argv[1:])
     assert configs.config(job.argv[1:]) is kept  # parsed once
     fresh = args.parse_fit_args(job.argv[1:])[0]
