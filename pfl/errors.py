@@ -25,6 +25,14 @@ def require(condition: bool, field: str, problem: str, fix: str = "") -> None:
         raise ConfigError(field, problem, fix)
 
 
+def yaml_problem(err: Exception) -> str:
+    """A YAML parser's (multi-line) error as one line's end: `` at line L, column C: <problem>``."""
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(err, "problem", None) or (str(err).splitlines() or [type(err).__name__])[0]
+    return f"{where}: {problem}"
+
+
 class TrainingDiverged(RuntimeError):
     """A local update (or the server step after it) produced a non-finite loss or model: the run
     stops in that round, before anything of it is checkpointed or reported."""

@@ -105,3 +105,13 @@ def test_a_resume_that_changes_the_method_says_so(tmp_path, capsys):
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
     cfg, *_ = parse_fit_args(["--resume", str(run), "--method.name", "fedavg", "--trainer.rounds", "2"])
     assert cfg.method.name == "fedavg"  # naming the recorded method is no change
+
+
+def test_a_yaml_error_is_told_in_one_line_with_or_without_where_it_is():
+    from pfl.errors import yaml_problem
+
+    with pytest.raises(yaml.YAMLError) as marked:
+        yaml.safe_load("a: [1\nb: 2\n")
+    assert yaml_problem(marked.value) == " at line 2, column 2: expected ',' or ']', but got ':'"
+    assert yaml_problem(yaml.YAMLError("first\nsecond")) == ": first"  # no mark: the message's first line
+    assert yaml_problem(yaml.YAMLError()) == ": YAMLError"

@@ -11,7 +11,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from pfl.errors import ConfigError
+from pfl.errors import ConfigError, yaml_problem
 from pfl.runner.class_paths import expand_arg, rewrite_arg, rewrite_config
 from pfl.runner.config_files import resolve_config
 
@@ -101,10 +101,7 @@ def load_yaml(path: Path) -> DictConfig:
     try:
         conf = OmegaConf.load(path)
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError("--config", f"{path} is not valid YAML{where}: {problem}", "fix the file's syntax") from None
+        raise ConfigError("--config", f"{path} is not valid YAML{yaml_problem(err)}", "fix the file's syntax") from None
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError("--config", f"cannot read {path}: {err}") from None
     except OmegaConfBaseException as err:

@@ -42,7 +42,7 @@ from pfl.runner.claims import (
     verdict_text,
 )
 from pfl.runner.suite_estimate import Planned, device_label, estimate, evaluations, split_of
-from pfl.runner.sweep import run_parallel
+from pfl.runner.sweep import require_workers, run_parallel
 from pfl.runner.warm_workers import WorkerPool
 from pfl.safe_files import write_atomic
 from pfl.suggest import choice_fix
@@ -329,7 +329,7 @@ def run_claims(
     keys = [c.key for c in every]
     for key in only or []:
         require(key in keys, "--only", f"{key!r} is not a claim of the suite", choice_fix(key, keys))
-    require(workers >= 1, "--workers", f"{workers} is not a number of worker processes", "give 1 or more")
+    require_workers(workers)
     require(accelerator in SUITE_ACCELERATORS, "--accelerator", f"{accelerator!r} is not one the suite runs on",
             "give auto (a GPU when there is one), cpu or cuda")  # fmt: skip
     claims = [c for c in every if not only or c.key in only]

@@ -36,7 +36,7 @@ import numpy as np
 import yaml
 from tqdm.auto import tqdm
 
-from pfl.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, ConfigError, require
+from pfl.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, ConfigError, require, yaml_problem
 from pfl.metrics.report import report
 from pfl.runner.args import parse_fit_args
 from pfl.runner.config_files import shipped_config
@@ -63,10 +63,15 @@ class SweepRun:
 def load_sweep(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     require(path.exists(), "sweep", f"file not found: {path}", "pass a W&B sweep YAML such as sweeps/fedprox_mu.yaml")
+    require(path.is_file(), "sweep", f"{path} is not a file", "pass a W&B sweep YAML such as sweeps/fedprox_mu.yaml")
     try:
-        spec = yaml.safe_load(path.read_text())
+        spec = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
-        raise ConfigError("sweep", f"{path} is not valid YAML: {err}", "quote ${...} macros in flow lists") from None
+        raise ConfigError(
+            "sweep", f"{path} is not valid YAML{yaml_problem(err)}", "quote ${...} macros in flow lists"
+        ) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError("sweep", f"cannot read {path}: {err}", "pass a W&B sweep YAML (UTF-8 text)") from None
     require(isinstance(spec, dict), "sweep", f"{path} is not a YAML mapping")
     validate_spec(spec)
     return spec
@@ -87,9 +92,10 @@ def validate_spec(spec: dict[str, Any]) -> None:
         elif "value" not in p:
             dist = p.get("distribution", "uniform" if "min" in p else None)
             require(dist in DISTRIBUTIONS, field, f"distribution {dist!r} is not supported", f"use {DISTRIBUTIONS}")
-            if dist != "categorical":
-                need = ("mu", "sigma") if dist == "normal" else ("min", "max")
-                require(all(k in p for k in need), field, f"{dist} needs {' and '.join(need)}")
+            require(dist != "categorical", field, "categorical needs values", "give values: [...]")
+            need = ("mu", "sigma") if dist == "normal" else ("min", "max")
+            require(all(k in p for k in need), field, f"{dist} needs {' and '.join(need)}")
+            _check_bounds(field, dist, p)
             require(spec["method"] != "grid", field, "grid search needs discrete values", "give values: [...]")
     command = spec.get("command")
     require(
@@ -113,16 +119,39 @@ def validate_spec(spec: dict[str, Any]) -> None:
         require(metric.get("goal", "maximize") in ("maximize", "minimize"), "sweep.metric.goal", "maximize|minimize")
 
 
+def _check_bounds(field: str, dist: str, p: dict[str, Any]) -> None:
+    """A distribution's bounds are numbers it can draw from: finite (integers for int_uniform),
+    min <= max, min > 0 on a log scale, sigma >= 0."""
+    integer = dist == "int_uniform"
+    for key in ("mu", "sigma") if dist == "normal" else ("min", "max"):
+        value = p[key]
+        number = isinstance(value, int if integer else (int, float)) and not isinstance(value, bool)
+        require(
+            number and math.isfinite(value),
+            f"{field}.{key}",
+            f"must be a finite {'integer' if integer else 'number'} (got {value!r})",
+            "YAML reads 1e-3 as text: write 1.0e-3 or 0.001" if isinstance(value, str) else "",
+        )
+    if dist == "normal":
+        require(p["sigma"] >= 0, f"{field}.sigma", f"must be >= 0 (got {p['sigma']})")
+        return
+    require(p["min"] <= p["max"], field, f"min {p['min']} is above max {p['max']}")
+    if dist == "log_uniform_values":
+        require(p["min"] > 0, f"{field}.min", f"must be > 0 on a log scale (got {p['min']})")
+
+
 def expand(spec: dict[str, Any], count: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
     """Parameter sets of the sweep: the full grid (cut to ``count``) or ``count`` random draws.
     Bayes has no model without a server, so it is expanded as random search."""
+    if count is not None:
+        require(count >= 1, "--count", f"{count} is not a number of runs", "give 1 or more, or none for the whole grid")
     params = spec["parameters"]
     if spec["method"] == "grid":
         keys = list(params)
         choices = [params[k]["values"] if "values" in params[k] else [params[k]["value"]] for k in keys]
         grid = [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*choices)]
-        return grid[:count] if count else grid
-    require(count is not None and count >= 1, "--count", f"{spec['method']} search needs --count N")
+        return grid[:count]
+    require(count is not None, "--count", f"{spec['method']} search needs --count N")
     rng = np.random.default_rng(seed)
     return [{k: _draw(p, rng) for k, p in params.items()} for _ in range(count)]
 
@@ -257,6 +286,11 @@ def plan(
         parse_fit_args(argv[1:])  # raises ConfigError on any bad key or value, before anything runs
         runs.append(SweepRun(i, params, argv, name))
     return runs, root
+
+
+def require_workers(workers: int) -> None:
+    """Refuse a number of worker processes below 1 (``--workers``), before anything runs."""
+    require(workers >= 1, "--workers", f"{workers} is not a number of worker processes", "give 1 or more")
 
 
 def run_parallel(
@@ -413,6 +447,7 @@ def run_sweep(
 ) -> list[Path]:
     """Run every expanded run in ``workers`` processes (``fresh``: a new one per run), then save the
     table of their results beside them (``RESULTS``); returns their run directories."""
+    require_workers(workers)
     runs, root = plan(path, count, root, overrides)
     root.mkdir(parents=True, exist_ok=True)
     labels = [r.name + " " + ", ".join(f"{k}={v}" for k, v in r.params.items()) for r in runs]

@@ -5,10 +5,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pfl.errors import ConfigError
-from pfl.runner.sweep import command_argv, expand, plan, run_names
+from pfl.runner.sweep import (
+    _draw,
+    command_argv,
+    config_paths,
+    expand,
+    load_sweep,
+    plan,
+    run_names,
+    run_status,
+    tracking_args,
+    validate_spec,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEPS = sorted((ROOT / "sweeps").glob("*.yaml"))
@@ -136,3 +148,165 @@ command: ["${env}", "${interpreter}", -m, pfl, fit, --config, conf/default.yaml,
     assert (root / "results.md").read_text().splitlines() == out.splitlines()[-6:]  # the table printed
     csv = (root / "results.csv").read_text().splitlines()
     assert csv[0].startswith("run,method,method.mu,client.lr,n,") and len(csv) == 5
+
+
+# -- the sweep file's checks, each refusal naming its field -------------------------------------------------
+COMMAND = ["${interpreter}", "-m", "pfl", "fit", "${args}"]
+
+
+def spec_of(**kw) -> dict:
+    return {"method": "grid", "parameters": {"seed": {"values": [0, 1]}}, "command": COMMAND, **kw}
+
+
+def random(**law) -> dict:
+    """A random search over one parameter ``a`` drawn from ``law``."""
+    return spec_of(method="random", parameters={"a": law})
+
+
+def test_a_valid_spec_passes_and_each_refusal_names_its_field():
+    validate_spec(spec_of())
+    validate_spec(spec_of(method="random", parameters={"client.lr": {"min": 0.1, "max": 0.2}}, project="p"))
+    validate_spec(spec_of(parameters={"seed": {"value": 3}}, metric={"name": "m"}))
+    validate_spec(spec_of(command=["python", "train.py", "${args}"], program="pfl"))  # a program instead of -m pfl
+    for dist, extra in (
+        ("normal", {"mu": 0, "sigma": 0}),
+        ("categorical", {"values": ["a"]}),
+        ("int_uniform", {"min": 1, "max": 1}),
+        ("log_uniform_values", {"min": 1e-3, "max": 1}),
+        ("uniform", {"min": -1, "max": 0.5}),
+    ):
+        validate_spec(spec_of(method="bayes", parameters={"k": {"distribution": dist, **extra}}))
+    refusals = [
+        (spec_of(method="hyperband"), r"sweep\.method: got 'hyperband'.*one of"),
+        (spec_of(parameters={}), r"sweep\.parameters: missing or empty"),
+        (spec_of(parameters=None), r"sweep\.parameters: missing or empty"),
+        (spec_of(parameters={"seed": 3}), r"sweep\.parameters\.seed: must be a mapping"),
+        (spec_of(parameters={"a": {"parameters": {}}}), r"sweep\.parameters\.a: nested parameter groups"),
+        (spec_of(parameters={"seed": {"values": []}}), r"sweep\.parameters\.seed: values must be a non-empty list"),
+        (spec_of(parameters={"seed": {"values": 3}}), r"sweep\.parameters\.seed: values must be a non-empty list"),
+        (spec_of(parameters={"seed": {}}), r"sweep\.parameters\.seed: distribution None is not supported"),
+        (spec_of(parameters={"a": {"distribution": "beta"}}), r"sweep\.parameters\.a: distribution 'beta'"),
+        (spec_of(method="random", parameters={"a": {"min": 1}}), r"sweep\.parameters\.a: uniform needs min and max"),
+        (
+            spec_of(method="random", parameters={"a": {"distribution": "normal", "mu": 0}}),
+            r"sweep\.parameters\.a: normal needs mu and sigma",
+        ),
+        (spec_of(parameters={"a": {"min": 0, "max": 1}}), r"sweep\.parameters\.a: grid search needs discrete values"),
+        (random(distribution="categorical"), r"sweep\.parameters\.a: categorical needs values \(give values"),
+        (random(min="1e-3", max=1.0), r"parameters\.a\.min: must be a finite number \(got '1e-3'\) \(YAML reads"),
+        (random(min=0, max=float("inf")), r"sweep\.parameters\.a\.max: must be a finite number \(got inf\)$"),
+        (random(min=True, max=2), r"sweep\.parameters\.a\.min: must be a finite number \(got True\)"),
+        (random(min=2, max=1), r"sweep\.parameters\.a: min 2 is above max 1"),
+        (random(distribution="int_uniform", min=1, max=2.5), r"a\.max: must be a finite integer \(got 2\.5"),
+        (random(distribution="log_uniform_values", min=0, max=1), r"parameters\.a\.min: must be > 0 on a log scale"),
+        (random(distribution="normal", mu=0, sigma=-1), r"sweep\.parameters\.a\.sigma: must be >= 0 \(got -1\)"),
+        (random(distribution="normal", mu=None, sigma=1), r"sweep\.parameters\.a\.mu: must be a finite number"),
+        (spec_of(command=["python", "-m", "pfl", "fit"]), r"sweep\.command: must be a list containing \$\{args\}"),
+        (spec_of(command="python -m pfl fit ${args}"), r"sweep\.command: must be a list"),
+        (spec_of(command=[*COMMAND, "${args_json_file}"]), r"sweep\.command: \$\{args_json_file\} is not read"),
+        (spec_of(project=3), r"sweep\.project: must be a W&B project name"),
+        (spec_of(command=["python", "train.py", "${args}"]), r"sweep\.command: must run pfl"),
+        (spec_of(metric={"goal": "maximize"}), r"sweep\.metric: needs a name"),
+        (spec_of(metric="acc"), r"sweep\.metric: needs a name"),
+        (spec_of(metric={"name": "m", "goal": "max"}), r"sweep\.metric\.goal: maximize\|minimize"),
+    ]
+    for spec, message in refusals:
+        with pytest.raises(ConfigError, match=message):
+            validate_spec(spec)
+
+
+def test_a_sweep_file_that_is_missing_not_yaml_or_not_a_mapping_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"sweep: file not found: .*nope\.yaml"):
+        load_sweep(tmp_path / "nope.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("command: [${args}\n")
+    with pytest.raises(ConfigError) as refused:
+        load_sweep(broken)
+    assert str(refused.value) == (
+        f"sweep: {broken} is not valid YAML at line 1, column 12: expected ',' or ']', but got '{{' "
+        "(quote ${...} macros in flow lists)"
+    )  # one line, at the macro left unquoted
+    with pytest.raises(ConfigError, match=r"sweep: .* is not a file"):
+        load_sweep(tmp_path)
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"method: grid\n\xff\xfe\n")
+    with pytest.raises(ConfigError, match=r"sweep: cannot read .*binary\.yaml: .*utf-8.*\(pass a W&B sweep YAML"):
+        load_sweep(binary)
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match=r"sweep: .*list\.yaml is not a YAML mapping"):
+        load_sweep(listing)
+
+
+def test_grid_is_cut_to_count_and_random_and_bayes_draw_count_sets_from_the_seed():
+    grid = spec_of(parameters={"a": {"values": [1, 2, 3]}, "b": {"values": ["x", "y"]}})
+    assert expand(grid) == [{"a": a, "b": b} for a in (1, 2, 3) for b in ("x", "y")]
+    assert expand(grid, count=4) == expand(grid)[:4]
+    drawn = spec_of(method="random", parameters={"a": {"values": [1, 2, 3]}, "b": {"value": 7}})
+    assert expand(drawn, count=5, seed=1) == expand(drawn, count=5, seed=1) != expand(drawn, count=5, seed=2)
+    assert len(expand(drawn, count=5)) == 5 and {d["b"] for d in expand(drawn, count=5)} == {7}
+    bayes = {**drawn, "method": "bayes"}
+    assert expand(bayes, count=5, seed=1) == expand(drawn, count=5, seed=1)  # no server: random search
+    with pytest.raises(ConfigError, match="--count: bayes search needs --count N"):
+        expand(bayes)
+    for count in (0, -2):  # neither the whole grid nor all but its last two runs
+        with pytest.raises(ConfigError, match=rf"--count: {count} is not a number of runs \(give 1 or more"):
+            expand(grid, count=count)
+
+
+def test_a_sweep_without_a_worker_is_refused_before_its_folder_is_made(tmp_path):
+    from pfl.runner.sweep import run_sweep
+
+    for workers in (0, -1):
+        with pytest.raises(ConfigError, match=rf"--workers: {workers} is not a number of worker processes"):
+            run_sweep(ROOT / "sweeps" / "fedprox_mu.yaml", 1, workers, tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_each_distribution_draws_within_its_law():
+    rng = np.random.default_rng(0)
+    draws = {
+        "uniform": [_draw({"min": 2.0, "max": 3.0}, rng) for _ in range(400)],
+        "log": [_draw({"distribution": "log_uniform_values", "min": 1e-4, "max": 1.0}, rng) for _ in range(400)],
+        "int": [_draw({"distribution": "int_uniform", "min": 1, "max": 3}, rng) for _ in range(400)],
+        "normal": [_draw({"distribution": "normal", "mu": 5.0, "sigma": 0.1}, rng) for _ in range(400)],
+        "values": [_draw({"values": ["a", "b", "c"]}, rng) for _ in range(400)],
+    }
+    assert all(2.0 <= x <= 3.0 and isinstance(x, float) for x in draws["uniform"])
+    assert abs(np.mean(draws["uniform"]) - 2.5) < 0.05
+    logs = np.log10(draws["log"])  # uniform in the exponent: about half below 1e-2
+    assert all(-4 <= v <= 0 for v in logs) and abs(np.mean(logs) + 2) < 0.15
+    assert set(draws["int"]) == {1, 2, 3} and all(type(x) is int for x in draws["int"])  # both ends drawn
+    assert abs(np.mean(draws["normal"]) - 5.0) < 0.03 and 0.07 < np.std(draws["normal"]) < 0.13
+    assert set(draws["values"]) == {"a", "b", "c"} and _draw({"value": 9}, rng) == 9
+
+
+def test_the_command_fills_both_arg_macros_drops_the_launchers_and_writes_booleans_in_lower_case():
+    spec = spec_of(command=["${env}", "${program}", "fit", "${args_no_hyphens}", "--x", "${args}"])
+    assert command_argv(spec, {"a.b": True, "c": 0.5}) == ["fit", "a.b=true", "c=0.5", "--x", "--a.b=true", "--c=0.5"]
+    assert command_argv(spec_of(command=["pfl", "fit", "${args}"]), {"k": False}) == ["pfl", "fit", "--k=false"]
+
+
+def test_runs_are_grouped_under_the_sweep_unless_the_command_sets_the_tracking_itself(tmp_path):
+    root = tmp_path / "mysweep"
+    assert tracking_args({"project": "p"}, ["fit"], root) == [
+        "--tracking.project", "p", "--tracking.group", "mysweep", "--tracking.job_type", "sweep",
+    ]  # fmt: skip
+    given = ["fit", "--tracking.project=q", "--tracking.group", "g", "--tracking.job_type=x"]
+    assert tracking_args({"project": "p"}, given, root) == []
+    assert tracking_args({}, ["fit"], root) == ["--tracking.group", "mysweep", "--tracking.job_type", "sweep"]
+
+
+def test_config_paths_leave_absolute_and_unknown_paths_as_given(tmp_path):
+    absolute = str(tmp_path / "elsewhere.yaml")
+    argv = ["fit", "--config", absolute, "--config=nowhere.yaml", "--config", "default", "--seed", "default"]
+    out = config_paths(argv, tmp_path)
+    assert out[:4] == ["fit", "--config", absolute, "--config=nowhere.yaml"]
+    assert out[5] == str(ROOT / "conf" / "default.yaml") and out[6:] == ["--seed", "default"]  # only --config's value
+    assert config_paths(["--config", "x.yaml"], tmp_path) == ["--config", "x.yaml"]  # the first is not a value
+
+
+def test_a_runs_status_names_what_its_exit_code_means():
+    assert run_status(0) == "ok"
+    assert run_status(2) == "FAILED (exit 2: bad input)" and run_status(3) == "FAILED (exit 3: training diverged)"
+    assert run_status(-9) == "FAILED (exit -9: killed)" and run_status(1) == "FAILED (exit 1: error)"
