@@ -41,6 +41,7 @@ from pfl.runner.claims import (
     client_rows,
     verdict_text,
 )
+from pfl.runner.rundir import check_creatable
 from pfl.runner.suite_estimate import Planned, device_label, estimate, evaluations, split_of
 from pfl.runner.sweep import require_workers, run_parallel
 from pfl.runner.warm_workers import WorkerPool
@@ -330,6 +331,7 @@ def run_claims(
     for key in only or []:
         require(key in keys, "--only", f"{key!r} is not a claim of the suite", choice_fix(key, keys))
     require_workers(workers)
+    check_creatable(out, "--out")
     require(accelerator in SUITE_ACCELERATORS, "--accelerator", f"{accelerator!r} is not one the suite runs on",
             "give auto (a GPU when there is one), cpu or cuda")  # fmt: skip
     claims = [c for c in every if not only or c.key in only]

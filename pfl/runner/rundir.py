@@ -73,7 +73,8 @@ def check_writable(run_dir: Path) -> None:
 
 def check_creatable(path: Path, field: str = "tracking.root") -> None:
     """``path`` exists as a writable folder, or can be created: every existing component is a folder
-    and the deepest existing one is writable."""
+    and the deepest existing one is writable (``field``: the option that named it)."""
+    option = field if field.startswith("-") else f"--{field}"
     probe = path
     while not probe.exists():
         if probe.is_symlink():
@@ -86,13 +87,13 @@ def check_creatable(path: Path, field: str = "tracking.root") -> None:
         raise ConfigError(
             field,
             f"{path} cannot be created: {probe} is a file, not a folder",
-            "choose another --tracking.root, or move that file away",
+            f"choose another {option}, or move that file away",
         )
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(
             field,
             f"{path} cannot be written: {probe} is not writable by this user",
-            "choose a writable --tracking.root",
+            f"choose a writable {option}",
         )
 
 

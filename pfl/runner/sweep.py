@@ -40,6 +40,7 @@ from pfl.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, ConfigError, require, yaml
 from pfl.metrics.report import report
 from pfl.runner.args import parse_fit_args
 from pfl.runner.config_files import shipped_config
+from pfl.runner.rundir import check_creatable
 from pfl.runner.warm_workers import WarmWorker, WorkerPool, close_all
 
 SEARCH_METHODS = ("grid", "random", "bayes")
@@ -449,6 +450,7 @@ def run_sweep(
     table of their results beside them (``RESULTS``); returns their run directories."""
     require_workers(workers)
     runs, root = plan(path, count, root, overrides)
+    check_creatable(root, "--root")
     root.mkdir(parents=True, exist_ok=True)
     labels = [r.name + " " + ", ".join(f"{k}={v}" for k, v in r.params.items()) for r in runs]
     run_parallel({label: r.argv for label, r in zip(labels, runs, strict=True)}, workers, fresh=fresh)

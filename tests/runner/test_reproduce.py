@@ -449,6 +449,14 @@ def test_an_unknown_claim_accelerator_or_no_worker_is_refused_before_anything_ru
     assert fake.calls == [] and not (tmp_path / "out").exists()
 
 
+def test_an_out_folder_under_a_file_is_refused_before_anything_runs(fake, tmp_path):
+    (tmp_path / "file").write_text("kept")
+    for out in (tmp_path / "file", tmp_path / "file" / "suite"):
+        with pytest.raises(ConfigError, match=rf"^--out: {out} cannot be created: .*file is a file.*another --out"):
+            rep.run_claims(out)
+    assert fake.calls == [] and (tmp_path / "file").read_text() == "kept"
+
+
 def test_a_chosen_lr_that_diverges_on_a_seed_is_left_out_and_the_labels_seeds_run_at_the_next(
     fake, tmp_path, monkeypatch
 ):

@@ -254,13 +254,17 @@ def test_grid_is_cut_to_count_and_random_and_bayes_draw_count_sets_from_the_seed
             expand(grid, count=count)
 
 
-def test_a_sweep_without_a_worker_is_refused_before_its_folder_is_made(tmp_path):
+def test_a_sweep_without_a_worker_or_with_a_file_for_its_folder_is_refused_before_any_run(tmp_path):
     from pfl.runner.sweep import run_sweep
 
     for workers in (0, -1):
         with pytest.raises(ConfigError, match=rf"--workers: {workers} is not a number of worker processes"):
             run_sweep(ROOT / "sweeps" / "fedprox_mu.yaml", 1, workers, tmp_path / "runs")
     assert not (tmp_path / "runs").exists()
+    (tmp_path / "file").write_text("kept")
+    with pytest.raises(ConfigError, match=r"^--root: .*file cannot be created: .*is a file.*choose another --root"):
+        run_sweep(ROOT / "sweeps" / "fedprox_mu.yaml", 1, 1, tmp_path / "file")
+    assert (tmp_path / "file").read_text() == "kept"
 
 
 def test_each_distribution_draws_within_its_law():

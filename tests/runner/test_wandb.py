@@ -312,8 +312,10 @@ def test_unsupported_macro_and_every_sweep_file_has_a_project(tmp_path, monkeypa
     from pfl.errors import ConfigError
 
     bad = tmp_path / "bad.yaml"
-    bad.write_text("method: grid\nparameters:\n  seed: {values: [0]}\ncommand: [python, -m, pfl, fit, ${args_json}]\n")
-    with pytest.raises(ConfigError, match="args_json"):
+    bad.write_text(  # the macros quoted: unquoted, a flow list reads ${ as YAML and the file is refused as such
+        'method: grid\nparameters:\n  seed: {values: [0]}\ncommand: [python, -m, pfl, fit, "${args}", "${args_json}"]\n'
+    )
+    with pytest.raises(ConfigError, match=r"^sweep\.command: \$\{args_json\} is not read by pfl fit"):
         load_sweep(bad)
     for path in sorted((ROOT / "sweeps").glob("*.yaml")):
         spec = load_sweep(path)
