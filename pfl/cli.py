@@ -10,13 +10,12 @@ reader of stdout went away (``pfl methods | head``; nothing on stderr).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from pfl.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, ConfigError, TrainingDiverged
+from pfl.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, CommandParser, ConfigError, TrainingDiverged
 from pfl.methods.registry import registered_descriptions
 from pfl.suggest import choice_fix
 
@@ -47,7 +46,7 @@ def fit(argv: list[str]) -> dict[str, Any]:
 
 
 def list_methods(argv: list[str] | None = None) -> None:
-    argparse.ArgumentParser(
+    CommandParser(
         prog="python -m pfl methods",
         description="List every registered method with its one-line description "
         "(python -m pfl fit --method NAME --help: its options).",
@@ -61,7 +60,7 @@ def list_methods(argv: list[str] | None = None) -> None:
 def sweep(argv: list[str]) -> None:
     from pfl.runner.sweep import run_sweep
 
-    parser = argparse.ArgumentParser(prog="python -m pfl sweep", description="Run a W&B sweep file locally.")
+    parser = CommandParser(prog="python -m pfl sweep", description="Run a W&B sweep file locally.")
     parser.add_argument("file", help="sweep YAML, e.g. sweeps/fedprox_mu.yaml")
     parser.add_argument("--count", type=int, default=None, help="runs to draw (random) or keep (grid)")
     parser.add_argument("--workers", type=int, default=1, help="runs in parallel")

@@ -2,6 +2,9 @@
 ``ConfigError`` (bad input, raised before any training starts; exit 2) and ``TrainingDiverged``
 (a client's training produced NaN/inf; exit 3)."""
 
+import argparse
+from typing import Any, NoReturn
+
 EXIT_BAD_INPUT = 2  # a ConfigError: nothing was trained
 EXIT_DIVERGED = 3  # a TrainingDiverged: the run stopped in the round that produced NaN/inf
 
@@ -23,6 +26,20 @@ class ConfigError(ValueError):
 def require(condition: bool, field: str, problem: str, fix: str = "") -> None:
     if not condition:
         raise ConfigError(field, problem, fix)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A command's argparse parser whose refusal (an unknown or missing argument, a value of the wrong
+    type) is a one-line ConfigError naming the command, its usage as the fix, instead of argparse's
+    usage block; ``usage_line``: that fix, when the command words its usage itself."""
+
+    def __init__(self, *args: Any, usage_line: str = "", **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.usage_line = usage_line
+
+    def error(self, message: str) -> NoReturn:
+        usage = self.usage_line or " ".join(self.format_usage().split())
+        raise ConfigError(self.prog.rsplit(" ", 1)[-1], message, usage)
 
 
 def yaml_problem(err: Exception) -> str:

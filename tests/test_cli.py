@@ -77,6 +77,27 @@ def test_each_commands_help_shows_its_own_usage(command, flag, capsys):
 
 
 @pytest.mark.parametrize(
+    "argv",
+    [
+        ["methods", "extra"],
+        ["sweep"],
+        ["sweep", "sweeps/fedprox_mu.yaml", "--workers", "x"],
+        ["reproduce", "--workers", "x"],
+        ["reproduce", "--accelerator", "tpu"],
+        ["report", "--format", "xml", "runs/x"],
+        ["data", "--nope"],
+    ],
+    ids=" ".join,
+)
+def test_a_commands_bad_argument_is_one_line_naming_the_command_and_its_usage(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {argv[0]}"), err
+    if argv[0] != "data":  # argparse's refusals carry the usage line as their fix
+        assert f"(usage: python -m pfl {argv[0]} " in err, err
+
+
+@pytest.mark.parametrize(
     ("args", "field", "hint"),
     [
         (["--method", "fedfoo"], "method.name", "did you mean fedfomo?"),

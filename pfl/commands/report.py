@@ -9,7 +9,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from pfl.errors import ConfigError
+from pfl.errors import CommandParser, ConfigError
 from pfl.metrics.compare_plots import check_output, clients_figure, curve_figure, plot_groups
 from pfl.metrics.plots import save_figure
 from pfl.metrics.report import FORMATS, report
@@ -22,14 +22,10 @@ USAGE = (
 )
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # bad input is a ConfigError like everywhere else in the CLI
-        raise ConfigError("report", message, USAGE)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = CommandParser(
         prog="python -m pfl report",
+        usage_line=USAGE,
         description="Table of runs: runs that differ only in their seed are one row, mean ± std over seeds; "
         "a column per setting that differs between rows; the best value of each column marked.",
     )

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from pfl.config import RunConfig
-from pfl.errors import EXIT_DIVERGED, ConfigError, require
+from pfl.errors import EXIT_DIVERGED, CommandParser, ConfigError, require
 from pfl.methods import methods
 from pfl.metrics.compare_plots import clients_figure, curve_figure, plot_groups
 from pfl.metrics.plots import save_figure
@@ -869,9 +869,8 @@ def seed_plot(
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m pfl reproduce", description="Run the paper-reproduction suite.")
+    parser = CommandParser(prog="python -m pfl reproduce", description="Run the paper-reproduction suite.")
     parser.add_argument("--out", type=Path, default=Path("reproduce"))
     parser.add_argument(
         "--only", nargs="*", default=None, help=f"claims to run: {', '.join(c.key for c in all_claims())}"
