@@ -183,7 +183,7 @@ def command_argv(spec: dict[str, Any], params: dict[str, Any]) -> list[str]:
         if token in args:
             out += args[token]
         elif token not in DROPPED_MACROS:
-            out.append(token)
+            out.append(_format(token))  # YAML reads an unquoted 4 or false as a number or a boolean
     if out[:2] == ["-m", "pfl"]:
         out = out[2:]
     return out

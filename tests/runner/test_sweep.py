@@ -289,6 +289,9 @@ def test_the_command_fills_both_arg_macros_drops_the_launchers_and_writes_boolea
     spec = spec_of(command=["${env}", "${program}", "fit", "${args_no_hyphens}", "--x", "${args}"])
     assert command_argv(spec, {"a.b": True, "c": 0.5}) == ["fit", "a.b=true", "c=0.5", "--x", "--a.b=true", "--c=0.5"]
     assert command_argv(spec_of(command=["pfl", "fit", "${args}"]), {"k": False}) == ["pfl", "fit", "--k=false"]
+    unquoted = ["-m", "pfl", "fit", "--data.num_clients", 4, "--trainer.progress", False, "${args}"]  # as YAML reads
+    expected = ["fit", "--data.num_clients", "4", "--trainer.progress", "false"]
+    assert command_argv(spec_of(command=unquoted), {}) == expected
 
 
 def test_runs_are_grouped_under_the_sweep_unless_the_command_sets_the_tracking_itself(tmp_path):
