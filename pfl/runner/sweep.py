@@ -58,7 +58,7 @@ class SweepRun:
     index: int
     params: dict[str, Any]
     argv: list[str]  # arguments after `python -m pfl`
-    name: str = ""  # the run folder's name, from the swept values
+    name: str  # the run folder's name, from the swept values
 
 
 def load_sweep(path: str | Path) -> dict[str, Any]:

@@ -244,6 +244,7 @@ def test_grid_is_cut_to_count_and_random_and_bayes_draw_count_sets_from_the_seed
     assert expand(grid, count=4) == expand(grid)[:4]
     drawn = spec_of(method="random", parameters={"a": {"values": [1, 2, 3]}, "b": {"value": 7}})
     assert expand(drawn, count=5, seed=1) == expand(drawn, count=5, seed=1) != expand(drawn, count=5, seed=2)
+    assert expand(drawn, count=5) == expand(drawn, count=5, seed=0)  # a sweep file draws the same runs every time
     assert len(expand(drawn, count=5)) == 5 and {d["b"] for d in expand(drawn, count=5)} == {7}
     bayes = {**drawn, "method": "bayes"}
     assert expand(bayes, count=5, seed=1) == expand(drawn, count=5, seed=1)  # no server: random search
