@@ -311,7 +311,9 @@ def test_config_paths_leave_absolute_and_unknown_paths_as_given(tmp_path):
     out = config_paths(argv, tmp_path)
     assert out[:4] == ["fit", "--config", absolute, "--config=nowhere.yaml"]
     assert out[5] == str(ROOT / "conf" / "default.yaml") and out[6:] == ["--seed", "default"]  # only --config's value
-    assert config_paths(["--config", "x.yaml"], tmp_path) == ["--config", "x.yaml"]  # the first is not a value
+    shipped = str(ROOT / "conf" / "default.yaml")
+    assert config_paths(["--config", "default"], tmp_path) == ["--config", shipped]  # a value from the first
+    assert config_paths(["default", "--config"], tmp_path) == ["default", "--config"]  # the first is no value
 
 
 def test_a_runs_status_names_what_its_exit_code_means():
