@@ -82,6 +82,13 @@ def test_bad_key_fails_before_any_run(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_sweeps_runs_go_under_runs_sweeps_by_default(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _, root = plan(ROOT / "sweeps" / "fedprox_mu.yaml", count=1)
+    assert root.parent == Path("runs") / "sweeps" and root.name.startswith("fedprox_mu-20")  # the file, the time
+    assert not root.exists()  # planned, not made
+
+
 def test_run_names_come_from_the_swept_values():
     grid = [{"method.mu": mu, "client.lr": lr, "seed": 0} for mu in (0.1, 1.0) for lr in (0.01, 1 / 3)]
     assert run_names(grid) == ["mu0.1-lr0.01", "mu0.1-lr0.3333", "mu1-lr0.01", "mu1-lr0.3333"]  # seed: one value

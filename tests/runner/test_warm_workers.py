@@ -194,6 +194,13 @@ def test_a_pools_workers_are_closed_together_when_its_runs_end(fake_workers):
     assert workers and all(isinstance(w, _Worker) for w in workers)
 
 
+def test_the_cores_are_split_between_the_workers_one_by_default(fake_workers, monkeypatch):
+    monkeypatch.setattr(sweep.os, "cpu_count", lambda: 4)
+    sweep.run_parallel({"x": ["methods"]})
+    sweep.run_parallel({"y": ["methods"]}, workers=3)
+    assert [w.env["OMP_NUM_THREADS"] for w in _Worker.made] == ["4", "1"]  # 4 // 3 cores each
+
+
 def test_a_pools_workers_serve_its_next_calls_and_end_when_it_closes(fake_workers):
     pool = WorkerPool()
     sweep.run_parallel({"a": ["methods"], "b": ["methods"]}, pool=pool)
