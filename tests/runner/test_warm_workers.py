@@ -198,7 +198,9 @@ def test_the_cores_are_split_between_the_workers_one_by_default(fake_workers, mo
     monkeypatch.setattr(sweep.os, "cpu_count", lambda: 4)
     sweep.run_parallel({"x": ["methods"]})
     sweep.run_parallel({"y": ["methods"]}, workers=3)
-    assert [w.env["OMP_NUM_THREADS"] for w in _Worker.made] == ["4", "1"]  # 4 // 3 cores each
+    monkeypatch.setattr(sweep.os, "cpu_count", lambda: None)  # not known: one core
+    sweep.run_parallel({"z": ["methods"]})
+    assert [w.env["OMP_NUM_THREADS"] for w in _Worker.made] == ["4", "1", "1"]  # 4 // 3 cores each
 
 
 def test_a_pools_workers_serve_its_next_calls_and_end_when_it_closes(fake_workers):
