@@ -194,6 +194,14 @@ def test_a_pools_workers_are_closed_together_when_its_runs_end(fake_workers):
     assert workers and all(isinstance(w, _Worker) for w in workers)
 
 
+def test_each_finished_run_is_reported_with_its_code_wall_seconds_and_cpu_seconds(fake_workers):
+    ended = []
+    with pytest.raises(ConfigError, match=r"^sweep: 1 of 2 runs failed: b: error: --bad$"):
+        sweep.run_parallel({"a": ["methods"], "b": ["fit", "--bad"]}, on_finish=lambda *got: ended.append(got))
+    assert sorted((name, code, cpu) for name, code, _, cpu in ended) == [("a", 0, 0.1), ("b", 2, 0.1)]
+    assert all(0 <= wall < 60 for _, _, wall, _ in ended)  # the run's own seconds, from its start
+
+
 def test_the_cores_are_split_between_the_workers_one_by_default(fake_workers, monkeypatch):
     monkeypatch.setattr(sweep.os, "cpu_count", lambda: 4)
     sweep.run_parallel({"x": ["methods"]})
