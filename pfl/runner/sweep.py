@@ -369,7 +369,7 @@ class RunProgress:
     per finished run (wall time / runs done) gets wrong: after the first of two simultaneous runs it
     would predict three more run-lengths for three runs, not one and a half."""
 
-    def __init__(self, total: int, what: str, workers: int = 1):
+    def __init__(self, total: int, what: str, workers: int):
         self.total, self.workers, self.done = total, max(workers, 1), 0
         self.durations: list[float] = []
         self.running: dict[str, float] = {}  # name -> start time

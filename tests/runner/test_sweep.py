@@ -327,3 +327,14 @@ def test_a_runs_status_names_what_its_exit_code_means():
     assert run_status(0) == "ok"
     assert run_status(2) == "FAILED (exit 2: bad input)" and run_status(3) == "FAILED (exit 3: training diverged)"
     assert run_status(-9) == "FAILED (exit -9: killed)" and run_status(1) == "FAILED (exit 1: error)"
+
+
+def test_the_eta_counts_the_queued_runs_on_the_workers_there_are():
+    from pfl.runner.sweep import RunProgress
+
+    for workers, eta in ((1, 20.0), (2, 10.0)):  # after a 10 s run, 2 runs queued: one after the other, or side by side
+        progress = RunProgress(3, "sweep", workers)
+        start = progress.started("a")
+        progress.finished("a", "ok", 10.0)
+        assert progress.eta_seconds(start) == eta
+        progress.close()
