@@ -94,8 +94,6 @@ def validate_spec(spec: dict[str, Any]) -> None:
             dist = p.get("distribution", "uniform" if "min" in p else None)
             require(dist in DISTRIBUTIONS, field, f"distribution {dist!r} is not supported", f"use {DISTRIBUTIONS}")
             require(dist != "categorical", field, "categorical needs values", "give values: [...]")
-            need = ("mu", "sigma") if dist == "normal" else ("min", "max")
-            require(all(k in p for k in need), field, f"{dist} needs {' and '.join(need)}")
             _check_bounds(field, dist, p)
             require(spec["method"] != "grid", field, "grid search needs discrete values", "give values: [...]")
     command = spec.get("command")
@@ -121,10 +119,12 @@ def validate_spec(spec: dict[str, Any]) -> None:
 
 
 def _check_bounds(field: str, dist: str, p: dict[str, Any]) -> None:
-    """A distribution's bounds are numbers it can draw from: finite (integers for int_uniform),
-    min <= max, min > 0 on a log scale, sigma >= 0."""
+    """A distribution's bounds are given and are numbers it can draw from: finite (integers for
+    int_uniform), min <= max, min > 0 on a log scale, sigma >= 0."""
+    need = ("mu", "sigma") if dist == "normal" else ("min", "max")
+    require(all(k in p for k in need), field, f"{dist} needs {' and '.join(need)}")
     integer = dist == "int_uniform"
-    for key in ("mu", "sigma") if dist == "normal" else ("min", "max"):
+    for key in need:
         value = p[key]
         number = isinstance(value, int if integer else (int, float)) and not isinstance(value, bool)
         require(
