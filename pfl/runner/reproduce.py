@@ -869,7 +869,6 @@ def seed_plot(
 
 
 def main(argv: list[str] | None = None) -> None:
-
     parser = CommandParser(prog="python -m pfl reproduce", description="Run the paper-reproduction suite.")
     parser.add_argument("--out", type=Path, default=Path("reproduce"))
     parser.add_argument(
