@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+from pfl.config import RunConfig
 from pfl.data import FederatedData, build_data
 from pfl.data.npz import export_npz
 from pfl.data.stats import federation_stats, format_stats
@@ -140,7 +141,7 @@ def export(argv: list[str]) -> Path:
     if not argv or argv[0].startswith("-"):
         raise ConfigError("DIR", "export needs an output directory", f"usage: {EXPORT_USAGE}")
     out_dir, rest = _target(Path(argv[0]), overwrite), argv[1:]
-    cfg, *_ = parse_fit_args(rest)
+    cfg = _settings(rest, "export")
     data = build_data(cfg.data, cfg.seed)
     extra = {"seed": cfg.seed, "data": asdict(cfg.data)}
     write_whole(out_dir, lambda folder: _export_marked(data, folder, extra))
@@ -154,6 +155,15 @@ def _export_marked(data: FederatedData, folder: Path, extra: dict) -> None:
     (folder / MARKER).write_text(json.dumps({"written_by": "python -m pfl data export", "format": "npz"}) + "\n")
 
 
+def _settings(argv: list[str], command: str) -> RunConfig:
+    """The fit parser's reading of the data options; its refusal names the data command it came from."""
+    try:
+        cfg, *_ = parse_fit_args(argv)
+    except ConfigError as err:
+        raise ConfigError(f"data {command}: {err.field}", err.problem, err.fix) from None
+    return cfg
+
+
 def _flag(argv: list[str], flag: str) -> tuple[bool, list[str]]:
     """Remove a switch (no value) from argv."""
     return flag in argv, [a for a in argv if a != flag]
@@ -163,7 +173,7 @@ def stats(argv: list[str]) -> dict:
     """A table per client and a summary line (``--json``: the whole description as one JSON line)."""
     as_json, argv = _flag(argv, "--json")
     plot, rest = _take(argv, "--plot")
-    cfg, *_ = parse_fit_args(rest)
+    cfg = _settings(rest, "stats")
     data = build_data(cfg.data, cfg.seed)
     report = federation_stats(data)
     if plot:

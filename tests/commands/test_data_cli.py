@@ -167,6 +167,14 @@ def test_stats_prints_sizes_histograms_and_writes_heatmap(tmp_path, capsys):
     assert main(["data", "stats", "--data.partition", "nope"]) == 2
 
 
+@pytest.mark.parametrize("command", ["stats", "export"])
+def test_an_unknown_option_is_refused_naming_the_data_command(command, tmp_path, capsys):
+    args = ["data", command, *([str(tmp_path / "out")] if command == "export" else []), "--nope", "1"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: data {command}: nope: unrecognized option") and "\n" not in err
+
+
 def test_stats_table_has_a_row_per_client_matching_the_json(capsys):
     args = ["data", "stats", "--data.partition", "dirichlet", "--data.alpha", "0.3", *OVERRIDES]
     assert main([*args, "--json"]) == 0
