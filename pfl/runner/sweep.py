@@ -401,7 +401,7 @@ class RunProgress:
         queued = self.total - self.done - len(self.running)
         for _ in range(max(queued, 0)):
             heapq.heappush(free, heapq.heappop(free) + d)
-        return max(free, default=0.0)
+        return max(free)  # never empty: an entry per worker at least (workers >= 1)
 
     def eta(self, now: float) -> str:
         seconds = self.eta_seconds(now)

@@ -275,6 +275,23 @@ def test_a_sweep_without_a_worker_or_with_a_file_for_its_folder_is_refused_befor
     assert (tmp_path / "file").read_text() == "kept"
 
 
+def test_a_python_sweep_runs_its_plan_in_one_warm_worker_by_default(tmp_path, monkeypatch):
+    import pfl.runner.sweep as sweep
+
+    seen = {}
+
+    def run_parallel(argvs: dict, workers: int, fresh: bool) -> None:
+        seen.update(argvs=argvs, workers=workers, fresh=fresh)
+
+    monkeypatch.setattr(sweep, "run_parallel", run_parallel)
+    monkeypatch.setattr(sweep, "save_results", lambda root, dirs: seen.update(root=root, dirs=dirs))
+    root = tmp_path / "sweeps" / "mu"  # its folders are made
+    for _ in range(2):  # and a folder that exists is used as it is
+        dirs = sweep.run_sweep(ROOT / "sweeps" / "fedprox_mu.yaml", 2, root=root)
+        assert (seen["workers"], seen["fresh"]) == (1, False)
+        assert seen["root"] == root and seen["dirs"] == dirs and len(dirs) == len(seen["argvs"]) == 2
+
+
 def test_each_distribution_draws_within_its_law():
     rng = np.random.default_rng(0)
     draws = {
@@ -329,6 +346,21 @@ def test_a_runs_status_names_what_its_exit_code_means():
     assert run_status(-9) == "FAILED (exit -9: killed)" and run_status(1) == "FAILED (exit 1: error)"
 
 
+@pytest.mark.parametrize("tty", [True, False])
+def test_a_bar_is_drawn_on_a_terminal_only_and_never_for_nothing_to_run(tty, monkeypatch):
+    from pfl.runner.sweep import RunProgress
+    from tests.data.test_ecosystem_data import Terminal
+
+    drawn = {}
+    for total in (0, 1):
+        terminal = Terminal(tty=tty)
+        monkeypatch.setattr("sys.stderr", terminal)
+        RunProgress(total, "sweep", 1).close()
+        drawn[total] = terminal.text
+    assert drawn[0] == ""  # an empty suite (every run reused) draws no 0/0 bar
+    assert ("0/1" in drawn[1]) == tty and (drawn[1] == "") != tty
+
+
 def test_the_eta_counts_the_queued_runs_on_the_workers_there_are():
     from pfl.runner.sweep import RunProgress
 
@@ -338,3 +370,46 @@ def test_the_eta_counts_the_queued_runs_on_the_workers_there_are():
         progress.finished("a", "ok", 10.0)
         assert progress.eta_seconds(start) == eta
         progress.close()
+
+
+def test_the_elapsed_time_counts_from_the_progress_start(monkeypatch, capsys):
+    from pfl.runner.sweep import RunProgress
+
+    now = [100.0]  # the clock does not start at 0
+    monkeypatch.setattr("pfl.runner.sweep.time.perf_counter", lambda: now[0])
+    progress = RunProgress(1, "sweep", 1)
+    progress.started("a")
+    now[0] = 165.0
+    progress.finished("a", "ok", 65.0)
+    progress.close()
+    assert capsys.readouterr().out.splitlines() == ["[1/1] a: ok in 65 s (elapsed 01:05, ETA 00:00)"]
+
+
+def test_the_bar_never_shows_a_new_eta_beside_the_old_count(monkeypatch):
+    from pfl.runner.sweep import RunProgress
+    from tests.data.test_ecosystem_data import Terminal
+
+    now = [0.0]
+    monkeypatch.setattr("pfl.runner.sweep.time.perf_counter", lambda: now[0])
+    monkeypatch.setattr("tqdm.std.time", lambda: now[0])
+    terminal = Terminal(tty=True)
+    monkeypatch.setattr("sys.stderr", terminal)
+    progress = RunProgress(2, "sweep", 1)
+    progress.started("a")
+    now[0] = 10.0
+    progress.finished("a", "ok", 10.0)
+    progress.close()
+    frames = [f.strip() for f in terminal.text.split("\r") if f.strip()]
+    assert frames[-1].endswith("1/2 [00:10, ETA 00:10]"), frames
+    assert all("ETA ?" in f for f in frames if "0/2" in f), frames  # the ETA moves with the count
+
+
+def test_a_busy_worker_takes_the_queued_runs_after_its_running_one():
+    from pfl.runner.sweep import RunProgress
+
+    progress = RunProgress(3, "sweep", 1)
+    progress.started("a")
+    progress.finished("a", "ok", 10.0)
+    b = progress.started("b")  # the one worker is busy until b + 10; c can only start then
+    assert progress.eta_seconds(b) == 20.0
+    progress.close()
