@@ -277,14 +277,14 @@ def plan(
     root = root or Path("runs") / "sweeps" / f"{Path(path).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     folder = Path(path).resolve().parent
     drawn = expand(spec, count)
-    runs = []
+    runs, parsers = [], {}  # each method's parser built once (building one costs as much as a parse)
     for i, (params, name) in enumerate(zip(drawn, run_names(drawn), strict=True)):
         argv = config_paths(command_argv(spec, params), folder)
         require(argv[:1] == ["fit"], "sweep.command", "must call `pfl fit`")
         argv += set_args(overrides or [], params)
         argv += tracking_args(spec, argv, root)
         argv += ["--tracking.root", str(root), "--tracking.name", name, "--trainer.progress", "false"]
-        parse_fit_args(argv[1:])  # raises ConfigError on any bad key or value, before anything runs
+        parse_fit_args(argv[1:], parsers)  # raises ConfigError on any bad key or value, before anything runs
         runs.append(SweepRun(i, params, argv, name))
     return runs, root
 
@@ -449,6 +449,8 @@ def run_sweep(
     """Run every expanded run in ``workers`` processes (``fresh``: a new one per run), then save the
     table of their results beside them (``RESULTS``); returns their run directories."""
     require_workers(workers)
+    if root is not None:  # refused before the runs are parsed (the default folder is named by plan)
+        check_creatable(root, "--root")
     runs, root = plan(path, count, root, overrides)
     check_creatable(root, "--root")
     root.mkdir(parents=True, exist_ok=True)

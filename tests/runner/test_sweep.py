@@ -292,6 +292,27 @@ def test_a_python_sweep_runs_its_plan_in_one_warm_worker_by_default(tmp_path, mo
         assert seen["root"] == root and seen["dirs"] == dirs and len(dirs) == len(seen["argvs"]) == 2
 
 
+def test_a_sweeps_runs_are_parsed_with_one_parser_per_method(monkeypatch):
+    import pfl.runner.args as args
+    import pfl.runner.sweep as sweep
+
+    built = []
+    build = args.build_fit_parser
+    monkeypatch.setattr(args, "build_fit_parser", lambda name: built.append(name) or build(name))
+    runs, _ = sweep.plan(ROOT / "sweeps" / "fedprox_mu.yaml")
+    assert len(runs) == 4 and built == ["fedprox"]
+
+
+def test_a_given_root_under_a_file_is_refused_before_the_runs_are_parsed(tmp_path, monkeypatch):
+    import pfl.runner.sweep as sweep
+
+    monkeypatch.setattr(sweep, "plan", lambda *a: pytest.fail("the runs were parsed first"))
+    (tmp_path / "file").write_text("kept")
+    with pytest.raises(ConfigError, match=r"^--root: "):
+        sweep.run_sweep(ROOT / "sweeps" / "fedprox_mu.yaml", root=tmp_path / "file" / "sweep")
+    assert (tmp_path / "file").read_text() == "kept"
+
+
 def test_each_distribution_draws_within_its_law():
     rng = np.random.default_rng(0)
     draws = {
