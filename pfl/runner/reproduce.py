@@ -371,8 +371,11 @@ def _run_claims(
 
     # Every run's configuration is checked before the first one starts (the chosen lrs are grid values).
     configs = Configs()
+    print(f"checking the runs' configurations of {len(ready)} claim(s) before any run starts", flush=True)
+    checking = time.perf_counter()
     grids = {c.key: [] if quick else grid_jobs(c, out, configs=configs) for c in ready}
     jobs = {c.key: claim_jobs(c, out, quick, configs=configs) for c in ready}
+    print(f"{len(configs.parsed)} configurations checked in {time.perf_counter() - checking:.0f} s", flush=True)
     started = time.time()
     ran = launch([j for c in ready for j in grids[c.key]], "lr grid")
     grid_done = {key: _finished_jobs(grid, started, ran) for key, grid in grids.items()}

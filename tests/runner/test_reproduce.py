@@ -239,7 +239,12 @@ def test_the_report_has_the_header_table_the_section_and_the_paired_contrast(fak
     report = rep.run_claims(tmp_path / "new" / "out", workers=3).read_text()  # the folder is made
     tmp_path = tmp_path / "new" / "out"
     assert fake.calls == [("reproduce", ["tiny/local/s0", "tiny/ditto/s0", "tiny/local/s1", "tiny/ditto/s1"], 3)]
-    assert "reproduce: 4 runs to do, 0 reused, 3 worker(s)" in capsys.readouterr().out
+    out = capsys.readouterr().out.splitlines()
+    assert "reproduce: 4 runs to do, 0 reused, 3 worker(s)" in out
+    # the claim that can run (its method exists) is checked first, with a line before and after
+    assert out[0] == "checking the runs' configurations of 1 claim(s) before any run starts"
+    checked = re.fullmatch(r"2 configurations checked in (\d+) s", out[1])
+    assert checked and int(checked[1]) < 60, out[1]  # the seconds the two parses took
     assert report.startswith("# Reproduction report\n\nGenerated ")
     assert f"on {device_label()}, embedded data; full: every claim over its seeds.\n" in report
     assert "QUICK" not in report
