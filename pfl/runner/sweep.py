@@ -268,13 +268,18 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in ".+-_" else "_" for c in name).lstrip("-")
 
 
+def default_root(path: str | Path) -> Path:
+    """A sweep's folder when ``--root`` is not given: ``runs/sweeps/<file>-<time>``."""
+    return Path("runs") / "sweeps" / f"{Path(path).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
 def plan(
     path: str | Path, count: int | None = None, root: Path | None = None, overrides: list[str] | None = None
 ) -> tuple[list[SweepRun], Path]:
     """The sweep's runs (each parsed by the ``fit`` parser: a bad key or value fails here, before anything
     runs) and their folder ``root`` (default ``runs/sweeps/<file>-<time>``)."""
     spec = load_sweep(path)
-    root = root or Path("runs") / "sweeps" / f"{Path(path).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    root = root or default_root(path)
     folder = Path(path).resolve().parent
     drawn = expand(spec, count)
     runs, parsers = [], {}  # each method's parser built once (building one costs as much as a parse)
@@ -449,10 +454,9 @@ def run_sweep(
     """Run every expanded run in ``workers`` processes (``fresh``: a new one per run), then save the
     table of their results beside them (``RESULTS``); returns their run directories."""
     require_workers(workers)
-    if root is not None:  # refused before the runs are parsed (the default folder is named by plan)
-        check_creatable(root, "--root")
+    root = root or default_root(path)
+    check_creatable(root, "--root")  # before the runs are parsed
     runs, root = plan(path, count, root, overrides)
-    check_creatable(root, "--root")
     root.mkdir(parents=True, exist_ok=True)
     labels = [r.name + " " + ", ".join(f"{k}={v}" for k, v in r.params.items()) for r in runs]
     run_parallel({label: r.argv for label, r in zip(labels, runs, strict=True)}, workers, fresh=fresh)
