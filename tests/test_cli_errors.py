@@ -89,6 +89,13 @@ def test_a_config_file_of_plain_text_is_one_line_that_does_not_repeat_it(tmp_pat
     assert err == f"error: --config: {path} holds plain text, not a mapping of groups (e.g. trainer: {{rounds: 5}})"
 
 
+def test_a_config_file_omegaconf_cannot_hold_is_one_line_naming_it(tmp_path, capsys):
+    path = tmp_path / "set.yaml"
+    path.write_text("trainer:\n  rounds: !!set {3}\n")  # YAML, but a set is no config value
+    err = one_line_error(capsys, ["--config", str(path)], tmp_path)
+    assert err == f"error: --config: {path} cannot be read as a config: Value 'set' is not a supported primitive type"
+
+
 def test_a_resume_that_changes_the_method_says_so(tmp_path, capsys):
     """It used to say that ditto "does not accept option finetune_epochs", an option never given."""
     run = tmp_path / "runs" / "r"

@@ -12,7 +12,8 @@ from tests.conftest import tiny_config
 from tests.helpers.device_tags import is_on_device, loop_on_device, training_device
 
 FAST_AGENTS = {"warmup": 1, "ddpg_batch_size": 2}  # PAGE's and Dap-FL's agents act and learn in round 2
-OPTIONS = {"page": FAST_AGENTS, "dapfl": FAST_AGENTS}
+# FedALA's first aggregation passes over the data until its losses settle (up to 100 passes): 3 here.
+OPTIONS = {"page": FAST_AGENTS, "dapfl": FAST_AGENTS, "fedala": {"max_start_epochs": 3, "num_pre_loss": 2}}
 # Options whose code paths the defaults leave out: personalized directions, the server agent acting on
 # last round's accuracies and replaying its weights, a client acting on this round's model, the
 # authors' action map and warm-up.

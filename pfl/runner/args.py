@@ -52,9 +52,23 @@ GROUPS: dict[str, type] = {
 }
 
 
+class FitParser(ArgumentParser):
+    """jsonargparse's parser with its defaults worked out once (a fit parser reads no default config files).
+    Every parse starts from them, and working them out again (each option's default copied and checked) was
+    a fifth of a parse. They are worked out anew when an option is added or a default set."""
+
+    def get_defaults(self, skip_validation: bool = False, **kwargs: Any) -> Namespace:
+        defaults = [action.default for action in self._actions]
+        ids = tuple(map(id, defaults))
+        kept = self.__dict__.get("_kept_defaults")
+        if kept is None or kept[0] != ids:  # kept[1] holds the defaults: a replaced one's id is not reused
+            kept = self.__dict__["_kept_defaults"] = (ids, defaults, super().get_defaults(skip_validation, **kwargs))
+        return kept[2].clone()
+
+
 def build_fit_parser(method_name: str) -> ArgumentParser:
     cls = method_class(method_name)
-    parser = ArgumentParser(
+    parser = FitParser(
         prog="python -m pfl fit",
         description=f"Run a federated experiment. Method: {method_name} - {cls.description}",
         parser_mode="omegaconf",

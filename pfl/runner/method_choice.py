@@ -5,6 +5,8 @@ of them (``pfl.runner.class_paths``)."""
 
 from __future__ import annotations
 
+import functools
+import io
 from pathlib import Path
 
 import yaml
@@ -76,7 +78,21 @@ def method_in_file(path: Path) -> tuple[str | None, str | None]:
         raise ConfigError(
             "--config", f"file not found: {path}", "give the path of an existing YAML file, e.g. conf/default.yaml"
         )
-    conf = load_yaml(path)
+    text = read_text(path)
+    if "${" in text:  # what it names may depend on the environment (${oc.env:...}): read every time
+        return _method_in_text(path, text)
+    return _method_in_plain_text(str(path), text)
+
+
+@functools.lru_cache(maxsize=256)
+def _method_in_plain_text(path: str, text: str) -> tuple[str | None, str | None]:
+    """``_method_in_text`` of a file without interpolations, kept: a suite or sweep parses the same
+    few files hundreds of times, and loading one is a tenth of a parse."""
+    return _method_in_text(Path(path), text)
+
+
+def _method_in_text(path: Path, text: str) -> tuple[str | None, str | None]:
+    conf = load_yaml(path, text)
     try:
         rewritten = rewrite_config(conf)
         method = conf.get("method")
@@ -93,22 +109,28 @@ def method_in_file(path: Path) -> tuple[str | None, str | None]:
 EXAMPLE = "trainer: {rounds: 5}"  # a config file's smallest useful content, on one line
 
 
-def load_yaml(path: Path) -> DictConfig:
-    """A config file as a mapping; one that is not (unreadable, bad YAML syntax, a list, empty) is a
-    one-line ConfigError."""
+def read_text(path: Path) -> str:
+    """A config file's text; one that is not a readable text file is a one-line ConfigError."""
     if not path.is_file():
         raise ConfigError("--config", f"{path} is not a file", "give the path of a YAML file, e.g. conf/default.yaml")
     try:
-        conf = OmegaConf.load(path)
-    except yaml.YAMLError as err:
-        raise ConfigError("--config", f"{path} is not valid YAML{yaml_problem(err)}", "fix the file's syntax") from None
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError("--config", f"cannot read {path}: {err}") from None
+
+
+def load_yaml(path: Path, text: str) -> DictConfig:
+    """Config file ``path`` (its ``text``) as a mapping; one that is not (bad YAML syntax, a list, empty) is
+    a one-line ConfigError."""
+    try:
+        conf = OmegaConf.load(io.StringIO(text))
+    except yaml.YAMLError as err:
+        raise ConfigError("--config", f"{path} is not valid YAML{yaml_problem(err)}", "fix the file's syntax") from None
     except OmegaConfBaseException as err:
         raise ConfigError("--config", f"{path} cannot be read as a config: {str(err).splitlines()[0]}") from None
     if not isinstance(conf, DictConfig):
         raise ConfigError("--config", f"{path} holds a YAML list, not a mapping of groups", f"e.g. {EXAMPLE}")
-    if not isinstance(yaml.safe_load(path.read_text()), dict | None):  # OmegaConf makes `text` into {text: None}
+    if not isinstance(yaml.safe_load(text), dict | None):  # OmegaConf makes `text` into {text: None}
         raise ConfigError("--config", f"{path} holds plain text, not a mapping of groups", f"e.g. {EXAMPLE}")
     if len(conf) == 0:  # parsed on, it would be refused as "Unexpected config:" without the file's name
         raise ConfigError(
