@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pfl.data import DataConfig, ShakespeareConfig, SyntheticConfig, build_data
-from pfl.data.bundled import LEAF_LETTERS, encode_text, load_mnist5k, play_roles, shakespeare_roles
+from pfl.data.bundled import LEAF_LETTERS, encode_text, load_digits, load_mnist5k, play_roles, shakespeare_roles
 from pfl.data.partition import lognormal_weights, pathological_partition, sized_partition
 from pfl.data.rotation import rotate_images
 from pfl.data.stats import federation_stats, label_histograms
@@ -150,6 +150,27 @@ def test_mnist5k_bundled_subset():
     assert data.input_shape == (1, 28, 28) and len(data.y) == 5000
     assert np.bincount(data.y.numpy()).tolist() == [500] * 10
     assert data.x.min() >= 0 and data.x.max() <= 1
+
+
+def test_digits_read_without_sklearn_datasets_are_sklearns_own(monkeypatch):
+    import sklearn.datasets
+
+    from pfl.data import bundled
+
+    bunch = sklearn.datasets.load_digits()
+
+    def slow():
+        raise AssertionError("read through sklearn.datasets")
+
+    monkeypatch.setattr(sklearn.datasets, "load_digits", slow)
+    x, y, classes = load_digits()
+    assert classes == 10 and x.shape == (1797, 1, 8, 8) and x.dtype == np.float32 and y.dtype == np.int64
+    assert np.array_equal(x, (bunch.images / 16.0).astype(np.float32)[:, None]) and np.array_equal(y, bunch.target)
+    # scikit-learn's file not where it keeps it: its own reader
+    monkeypatch.setattr(bundled.importlib.util, "find_spec", lambda name: None)
+    assert bundled.digits_file() is None
+    monkeypatch.setattr(sklearn.datasets, "load_digits", lambda: bunch)
+    assert np.array_equal(load_digits()[1], bunch.target)
 
 
 def test_mnist5k_read_fast_is_mlxtends_own_reading(monkeypatch):
