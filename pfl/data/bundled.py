@@ -49,8 +49,8 @@ def read_digits() -> Arrays:
         bunch = sk_digits()
         images, target = bunch.images, bunch.target
     else:
-        table = np.loadtxt(path, delimiter=",", dtype=np.float64)
-        images, target = table[:, :-1].reshape(-1, 8, 8), table[:, -1]
+        flat, target = pixels_and_labels(path)
+        images = flat.reshape(-1, 8, 8)
     return (images / 16.0).astype(np.float32)[:, None], target.astype(np.int64), 10
 
 
@@ -75,9 +75,15 @@ def read_mnist5k() -> Arrays:
     if path is None:
         x, y = mnist.mnist_data()
     else:
-        table = np.loadtxt(path, delimiter=",", dtype=np.float64)
-        x, y = table[:, :-1], table[:, -1]
+        x, y = pixels_and_labels(path)
     return (x.reshape(-1, 1, 28, 28) / 255.0).astype(np.float32), y.astype(np.int64), 10
+
+
+def pixels_and_labels(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """A bundled CSV (gzipped or not) of one image per row, its pixels then its label, read with numpy's C
+    parser as float64 (the values the packages' own readers give)."""
+    table = np.loadtxt(path, delimiter=",", dtype=np.float64)
+    return table[:, :-1], table[:, -1]
 
 
 load_digits = read_once(read_digits)

@@ -81,14 +81,7 @@ def method_in_file(path: Path) -> tuple[str | None, str | None]:
     text = read_text(path)
     if "${" in text:  # what it names may depend on the environment (${oc.env:...}): read every time
         return _method_in_text(path, text)
-    return _method_in_plain_text(str(path), text)
-
-
-@functools.lru_cache(maxsize=256)
-def _method_in_plain_text(path: str, text: str) -> tuple[str | None, str | None]:
-    """``_method_in_text`` of a file without interpolations, kept: a suite or sweep parses the same
-    few files hundreds of times, and loading one is a tenth of a parse."""
-    return _method_in_text(Path(path), text)
+    return _method_in_plain_text(path, text)
 
 
 def _method_in_text(path: Path, text: str) -> tuple[str | None, str | None]:
@@ -105,6 +98,10 @@ def _method_in_text(path: Path, text: str) -> tuple[str | None, str | None]:
         raise interpolation_error(err, "method") from None
     return None, text
 
+
+# A file without interpolations names the same method whenever its text is the same: kept, since a suite or
+# sweep parses the same few files hundreds of times, and loading one is a tenth of a parse.
+_method_in_plain_text = functools.lru_cache(maxsize=256)(_method_in_text)
 
 EXAMPLE = "trainer: {rounds: 5}"  # a config file's smallest useful content, on one line
 
