@@ -140,6 +140,113 @@ def test_a_step_that_cannot_be_captured_runs_uncaptured_and_says_why(fake_cuda):
     assert len(calls) == before + 1 and captured.replays == 0  # called directly, never captured again
 
 
+class NamedStream:
+    def __init__(self, name):
+        self.name = name
+
+    def wait_stream(self, other):
+        pass
+
+
+class StreamModel:
+    """CUDA's current stream as torch.cuda sets it: ``stream(s)`` makes ``s`` current and puts the previous
+    one back on exit; ``graph(g)`` enters the capture stream and, as torch.cuda.graph does, raises from its
+    exit without putting the caller's stream back when the step it captured failed (the capture is invalidated)."""
+
+    def __init__(self):
+        self.current = NamedStream("caller")
+        self.capturing = False
+
+    def stream(self, s):
+        model = self
+
+        class Context:
+            def __enter__(self):
+                self.before, model.current = model.current, s
+
+            def __exit__(self, *exc):
+                model.current = self.before
+
+        return Context()
+
+    def graph(self, g):
+        model = self
+
+        class Capture:
+            def __enter__(self):
+                self.ctx = model.stream(NamedStream("capture"))
+                self.ctx.__enter__()
+                model.capturing = True
+
+            def __exit__(self, kind, *rest):
+                model.capturing = False
+                if kind is not None:  # capture_end on an invalidated capture raises before the stream's exit
+                    raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+                self.ctx.__exit__(kind, *rest)
+
+        return Capture()
+
+
+def test_after_a_failed_capture_the_uncaptured_step_and_all_later_work_run_on_the_callers_stream(monkeypatch):
+    """A step that syncs the host fails mid-capture, and torch.cuda.graph's exit then raises before it
+    restores the caller's stream: left current, the capture stream would run the fallback and every later
+    kernel of the round's thread, unordered with the clients' threads' work on the caller's stream."""
+    model = StreamModel()
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", model.graph)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: NamedStream("side"))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: model.current)
+    monkeypatch.setattr(torch.cuda, "stream", model.stream)
+    streams = []
+
+    def syncing(*args):
+        streams.append(model.current.name)
+        if model.capturing:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        return step(*args)
+
+    captured = cg.CapturedStep(syncing)
+    with pytest.warns(UserWarning, match="could not be captured"):
+        out = captured(torch.ones(2), torch.ones(2))
+    torch.testing.assert_close(out, step(torch.ones(2), torch.ones(2)))
+    assert model.current.name == "caller" and streams[-1] == "caller"  # the fallback ran on the caller's stream
+    assert "operation not permitted when stream is capturing" in captured.fallback  # the step's error, named
+
+
+def test_a_failed_captures_reason_names_the_error_it_was_raised_over():
+    def raised(body):
+        try:
+            body()
+        except Exception as err:
+            return err
+
+    def over():
+        try:
+            raise RuntimeError("operation not permitted when stream is capturing\ndetail")
+        except RuntimeError:
+            raise RuntimeError("operation failed due to a previous error during capture") from None
+
+    assert cg.failure_reason(ValueError("bad\nmore")) == "ValueError: bad"
+    assert cg.failure_reason(KeyError()) == "KeyError: "
+    assert cg.failure_reason(raised(over)) == "RuntimeError: operation failed due to a previous error during capture"
+
+    def during():
+        try:
+            raise RuntimeError("operation not permitted when stream is capturing\ndetail")
+        except RuntimeError:
+            raise RuntimeError("operation failed due to a previous error during capture")  # noqa: B904
+
+    assert cg.failure_reason(raised(during)) == (
+        "RuntimeError: operation failed due to a previous error during capture "
+        "(over RuntimeError: operation not permitted when stream is capturing)"
+    )
+
+    def caused():
+        raise TypeError("outer") from OSError("inner")
+
+    assert cg.failure_reason(raised(caused)) == "TypeError: outer (over OSError: inner)"
+
+
 def test_off_cuda_the_stacked_step_is_neither_captured_nor_padded():
     loop = make_loop(tiny_config("fedavg"))
     trainer = StackedTrainer(loop.worker, graphs=True)
