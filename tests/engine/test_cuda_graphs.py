@@ -9,6 +9,7 @@ import contextlib
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import pfl.engine.cuda_graphs as cg
 from pfl.config import TrainerConfig, validate
@@ -396,3 +397,57 @@ def test_gradient_calls_on_a_model_with_integer_buffers_stay_uncaptured(monkeypa
     w.module.net.register_buffer("calls", torch.zeros((), dtype=torch.long))
     trainer = StackedTrainer(w, graphs=True)
     assert trainer._batch_gradient is None and isinstance(trainer.step, cg.CapturedStep)
+
+
+# What a captured step may not do on CUDA: read a value back to the host (.item(), bool(), float()) or
+# size a result by its values (nonzero, masked_select, unique): capture refuses the synchronization.
+HOST_SYNCS = {
+    "aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "aten::equal", "aten::nonzero",
+    "aten::masked_select", "aten::unique_dim", "aten::_unique2", "aten::unique_consecutive",
+    "aten::repeat_interleave",
+}  # fmt: skip
+
+
+class NoHostSync(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._schema.name in HOST_SYNCS:
+            raise RuntimeError(f"{func._schema.name} synchronizes the host inside a captured step")
+        return func(*args, **(kwargs or {}))
+
+
+def capture_without_host_syncs(self, inputs):
+    """``CapturedStep._capture`` on the CPU: the step run once as capture would run it (a host sync raises,
+    as CUDA does), then replayed by re-running it on the static inputs."""
+    static = [t.clone() for t in inputs]
+    with NoHostSync():
+        outputs = self.fn(*static)
+    graph = FakeGraph()
+    graph.call = (self.fn, static, outputs)
+    return static, tuple(outputs), graph
+
+
+KEYED = {"name": "tests.engine.test_lockstep_real_runs:dropout_mlp"}
+
+
+@pytest.mark.parametrize(
+    "name, model",
+    [("fedavg", KEYED), ("pgfed", KEYED)]
+    + [(n, None) for n in ("plgu_lf", "fedrep", "apfl", "fedrod", "splitgp", "pfedme", "perfedavg", "fedala")],
+)
+def test_every_step_a_run_captures_runs_without_host_syncs(name, model, monkeypatch):
+    """The padded fit steps (keyed dropout, SAM's), PGFed's full pass, the custom losses' steps and a
+    method's own gradient calls, as a round captures them: none reads a value back to the host, which
+    would fail the capture on CUDA and leave the step uncaptured."""
+    groups = {"trainer": {"rounds": 1, "vectorize": True}}
+    if model is not None:
+        groups["model"] = model
+    loop = make_loop(tiny_config(name, **groups))
+    w = loop.worker
+    with monkeypatch.context() as m:  # a trainer built for CUDA (it captures), trained on the CPU
+        m.setattr(type(w), "device", property(lambda self: torch.device("cuda", 0)), raising=False)
+        trainer = loop.dispatcher.lockstep.trainer = StackedTrainer(w, graphs=True)
+    monkeypatch.setattr(cg.CapturedStep, "_capture", capture_without_host_syncs)
+    loop.run_round()
+    steps = trainer.captured_steps()
+    assert [s.fallback for s in steps] == [None] * len(steps)
+    assert sum(s.replays for s in steps) > 0
