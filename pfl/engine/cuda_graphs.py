@@ -54,7 +54,7 @@ class CapturedStep:
             try:
                 entry = self.graphs[key] = self._capture(inputs)
             except Exception as err:  # not capturable: uncaptured from now on, the reason kept for the log
-                self.fallback = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                self.fallback = failure_reason(err)
                 self.graphs.clear()
                 why = f"trainer.cuda_graphs: the step could not be captured ({self.fallback}); it runs uncaptured"
                 warnings.warn(why, stacklevel=2)
@@ -75,9 +75,23 @@ class CapturedStep:
                 self.fn(*static_inputs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # When the step fails mid-capture (a host sync), torch.cuda.graph's exit raises from capture_end
+        # before it restores the caller's stream: the outer context restores it, or the fallback and all
+        # later work of this thread would run on the capture stream, unordered with other threads' work.
+        with torch.cuda.stream(torch.cuda.current_stream()), torch.cuda.graph(graph):
             outputs = self.fn(*static_inputs)
         return static_inputs, tuple(outputs), graph
 
 
-__all__ = ["CapturedStep", "signature"]
+def _first_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+
+
+def failure_reason(err: BaseException) -> str:
+    """Why a capture failed: the error, and the one it was raised over (a failed capture's exit raises
+    "operation failed due to a previous error during capture" over the step's own error)."""
+    inner = err.__cause__ or (None if err.__suppress_context__ else err.__context__)
+    return _first_line(err) if inner is None else f"{_first_line(err)} (over {_first_line(inner)})"
+
+
+__all__ = ["CapturedStep", "failure_reason", "signature"]

@@ -9,6 +9,7 @@ import contextlib
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import pfl.engine.cuda_graphs as cg
 from pfl.config import TrainerConfig, validate
@@ -138,6 +139,113 @@ def test_a_step_that_cannot_be_captured_runs_uncaptured_and_says_why(fake_cuda):
     before = len(calls)
     captured(torch.ones(5), torch.ones(5))
     assert len(calls) == before + 1 and captured.replays == 0  # called directly, never captured again
+
+
+class NamedStream:
+    def __init__(self, name):
+        self.name = name
+
+    def wait_stream(self, other):
+        pass
+
+
+class StreamModel:
+    """CUDA's current stream as torch.cuda sets it: ``stream(s)`` makes ``s`` current and puts the previous
+    one back on exit; ``graph(g)`` enters the capture stream and, as torch.cuda.graph does, raises from its
+    exit without putting the caller's stream back when the step it captured failed (the capture is invalidated)."""
+
+    def __init__(self):
+        self.current = NamedStream("caller")
+        self.capturing = False
+
+    def stream(self, s):
+        model = self
+
+        class Context:
+            def __enter__(self):
+                self.before, model.current = model.current, s
+
+            def __exit__(self, *exc):
+                model.current = self.before
+
+        return Context()
+
+    def graph(self, g):
+        model = self
+
+        class Capture:
+            def __enter__(self):
+                self.ctx = model.stream(NamedStream("capture"))
+                self.ctx.__enter__()
+                model.capturing = True
+
+            def __exit__(self, kind, *rest):
+                model.capturing = False
+                if kind is not None:  # capture_end on an invalidated capture raises before the stream's exit
+                    raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+                self.ctx.__exit__(kind, *rest)
+
+        return Capture()
+
+
+def test_after_a_failed_capture_the_uncaptured_step_and_all_later_work_run_on_the_callers_stream(monkeypatch):
+    """A step that syncs the host fails mid-capture, and torch.cuda.graph's exit then raises before it
+    restores the caller's stream: left current, the capture stream would run the fallback and every later
+    kernel of the round's thread, unordered with the clients' threads' work on the caller's stream."""
+    model = StreamModel()
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", model.graph)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: NamedStream("side"))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: model.current)
+    monkeypatch.setattr(torch.cuda, "stream", model.stream)
+    streams = []
+
+    def syncing(*args):
+        streams.append(model.current.name)
+        if model.capturing:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        return step(*args)
+
+    captured = cg.CapturedStep(syncing)
+    with pytest.warns(UserWarning, match="could not be captured"):
+        out = captured(torch.ones(2), torch.ones(2))
+    torch.testing.assert_close(out, step(torch.ones(2), torch.ones(2)))
+    assert model.current.name == "caller" and streams[-1] == "caller"  # the fallback ran on the caller's stream
+    assert "operation not permitted when stream is capturing" in captured.fallback  # the step's error, named
+
+
+def test_a_failed_captures_reason_names_the_error_it_was_raised_over():
+    def raised(body):
+        try:
+            body()
+        except Exception as err:
+            return err
+
+    def over():
+        try:
+            raise RuntimeError("operation not permitted when stream is capturing\ndetail")
+        except RuntimeError:
+            raise RuntimeError("operation failed due to a previous error during capture") from None
+
+    assert cg.failure_reason(ValueError("bad\nmore")) == "ValueError: bad"
+    assert cg.failure_reason(KeyError()) == "KeyError: "
+    assert cg.failure_reason(raised(over)) == "RuntimeError: operation failed due to a previous error during capture"
+
+    def during():
+        try:
+            raise RuntimeError("operation not permitted when stream is capturing\ndetail")
+        except RuntimeError:
+            raise RuntimeError("operation failed due to a previous error during capture")  # noqa: B904
+
+    assert cg.failure_reason(raised(during)) == (
+        "RuntimeError: operation failed due to a previous error during capture "
+        "(over RuntimeError: operation not permitted when stream is capturing)"
+    )
+
+    def caused():
+        raise TypeError("outer") from OSError("inner")
+
+    assert cg.failure_reason(raised(caused)) == "TypeError: outer (over OSError: inner)"
 
 
 def test_off_cuda_the_stacked_step_is_neither_captured_nor_padded():
@@ -289,3 +397,57 @@ def test_gradient_calls_on_a_model_with_integer_buffers_stay_uncaptured(monkeypa
     w.module.net.register_buffer("calls", torch.zeros((), dtype=torch.long))
     trainer = StackedTrainer(w, graphs=True)
     assert trainer._batch_gradient is None and isinstance(trainer.step, cg.CapturedStep)
+
+
+# What a captured step may not do on CUDA: read a value back to the host (.item(), bool(), float()) or
+# size a result by its values (nonzero, masked_select, unique): capture refuses the synchronization.
+HOST_SYNCS = {
+    "aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "aten::equal", "aten::nonzero",
+    "aten::masked_select", "aten::unique_dim", "aten::_unique2", "aten::unique_consecutive",
+    "aten::repeat_interleave",
+}  # fmt: skip
+
+
+class NoHostSync(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._schema.name in HOST_SYNCS:
+            raise RuntimeError(f"{func._schema.name} synchronizes the host inside a captured step")
+        return func(*args, **(kwargs or {}))
+
+
+def capture_without_host_syncs(self, inputs):
+    """``CapturedStep._capture`` on the CPU: the step run once as capture would run it (a host sync raises,
+    as CUDA does), then replayed by re-running it on the static inputs."""
+    static = [t.clone() for t in inputs]
+    with NoHostSync():
+        outputs = self.fn(*static)
+    graph = FakeGraph()
+    graph.call = (self.fn, static, outputs)
+    return static, tuple(outputs), graph
+
+
+KEYED = {"name": "tests.engine.test_lockstep_real_runs:dropout_mlp"}
+
+
+@pytest.mark.parametrize(
+    "name, model",
+    [("fedavg", KEYED), ("pgfed", KEYED)]
+    + [(n, None) for n in ("plgu_lf", "fedrep", "apfl", "fedrod", "splitgp", "pfedme", "perfedavg", "fedala")],
+)
+def test_every_step_a_run_captures_runs_without_host_syncs(name, model, monkeypatch):
+    """The padded fit steps (keyed dropout, SAM's), PGFed's full pass, the custom losses' steps and a
+    method's own gradient calls, as a round captures them: none reads a value back to the host, which
+    would fail the capture on CUDA and leave the step uncaptured."""
+    groups = {"trainer": {"rounds": 1, "vectorize": True}}
+    if model is not None:
+        groups["model"] = model
+    loop = make_loop(tiny_config(name, **groups))
+    w = loop.worker
+    with monkeypatch.context() as m:  # a trainer built for CUDA (it captures), trained on the CPU
+        m.setattr(type(w), "device", property(lambda self: torch.device("cuda", 0)), raising=False)
+        trainer = loop.dispatcher.lockstep.trainer = StackedTrainer(w, graphs=True)
+    monkeypatch.setattr(cg.CapturedStep, "_capture", capture_without_host_syncs)
+    loop.run_round()
+    steps = trainer.captured_steps()
+    assert [s.fallback for s in steps] == [None] * len(steps)
+    assert sum(s.replays for s in steps) > 0
