@@ -85,7 +85,7 @@ class WarmWorker:
             text += self._log_text()
             self.close()
             return (code if code != 0 else 1), text, None
-        if answer["code"] not in CLEAN_EXITS or self.runs >= self.max_runs:
+        if answer["code"] not in CLEAN_EXITS or self.runs >= self.max_runs or answer.get("unsound"):
             self.close()
         return answer["code"], text, answer["cpu"]
 
@@ -224,17 +224,24 @@ def run_one(argv: list[str], stderr_path: str) -> dict[str, Any]:
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
-    release_memory()
-    return {"code": code, "cpu": _cpu_seconds() - start}
+    released = release_memory()
+    # the run stands; a worker whose allocator is broken is not lent another one
+    return {"code": code, "cpu": _cpu_seconds() - start, "unsound": not released}
 
 
-def release_memory() -> None:
+def release_memory() -> bool:
     """Give back what the run left: its objects (cycles included) and, where it used a GPU, the blocks
-    torch's caching allocator keeps, so that workers sharing one card hold only what their runs use."""
+    torch's caching allocator keeps, so that workers sharing one card hold only what their runs use.
+    False where the allocator refused: after a failed CUDA graph capture some torch versions keep it
+    marked as capturing, and every later ``empty_cache`` raises."""
     gc.collect()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
+        try:
+            torch.cuda.empty_cache()
+        except RuntimeError:
+            return False
+    return True
 
 
 def serve(requests: IO[str], answers: IO[str]) -> None:

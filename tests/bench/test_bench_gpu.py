@@ -97,3 +97,23 @@ def test_an_unknown_path_is_refused_by_name(capsys):
     with pytest.raises(SystemExit):
         main(["--small", "--paths", "vectorised"])
     assert "--paths: unknown path(s) vectorised" in capsys.readouterr().err
+
+
+def test_a_cuda_allocator_that_refuses_to_empty_its_cache_does_not_stop_the_table(monkeypatch):
+    import types
+
+    import torch
+
+    import bench.gpu_paths as gpu_paths
+
+    calls = []
+
+    def refuse() -> None:  # what torch does after a failed capture left the allocator marked as capturing
+        calls.append("empty_cache")
+        raise RuntimeError("captures_underway.empty() INTERNAL ASSERT FAILED")
+
+    cuda = types.SimpleNamespace(empty_cache=refuse, reset_peak_memory_stats=lambda device: calls.append("reset"))
+    fake = types.SimpleNamespace(cuda=cuda, empty=lambda *args, **kwargs: None)
+    monkeypatch.setattr(gpu_paths, "torch", fake)
+    gpu_paths.fresh_memory(torch.device("cuda"))
+    assert calls == ["empty_cache", "reset"]  # the peak is still reset for the next path

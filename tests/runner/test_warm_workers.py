@@ -284,6 +284,39 @@ def test_after_a_run_its_cycles_are_collected_and_a_gpus_cached_blocks_given_bac
     assert emptied == [True]
 
 
+def test_a_worker_whose_gpu_allocator_refuses_to_give_back_reports_its_run_and_is_replaced(tmp_path, monkeypatch):
+    def refuse():  # what torch does after a failed capture left the allocator marked as capturing
+        raise RuntimeError("captures_underway.empty() INTERNAL ASSERT FAILED")
+
+    cuda = types.SimpleNamespace(is_initialized=lambda: True, empty_cache=refuse)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    assert release_memory() is False
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(pfl.cli, "main", _ends_with(0))
+    answer = run_one(["methods"], str(tmp_path / "err"))
+    assert answer["code"] == 0 and answer["unsound"] is True  # the run stands
+    cuda.empty_cache = lambda: None
+    assert release_memory() is True and run_one(["methods"], str(tmp_path / "err"))["unsound"] is False
+
+    # the pool's side: the run's result is returned and that worker is not lent another run
+    class Proc:
+        pid, stdin = 1, None
+
+        def poll(self):
+            return None
+
+    def lent_again(unsound: bool) -> bool:
+        w, closed = WarmWorker(child_env()), []
+        monkeypatch.setattr(w, "_ready", Proc)
+        answer = {"code": 0, "cpu": 1.5, "unsound": unsound}
+        monkeypatch.setattr(WarmWorker, "_ask", staticmethod(lambda proc, request: answer))
+        monkeypatch.setattr(w, "close", lambda: closed.append(True))
+        assert w.run(["methods"]) == (0, "", 1.5)
+        return not closed
+
+    assert lent_again(False) and not lent_again(True)
+
+
 def test_a_process_per_run_reports_its_exit_code_whole_stderr_and_user_plus_system_seconds(tmp_path):
     busy = (
         "import os, sys\n"
