@@ -37,7 +37,7 @@ lint: install
 	$(VENV)/bin/ruff format --check pfl tests bench
 	$(VENV)/bin/lint-imports
 
-# Overhead vs plain PyTorch, scaling with N, per-method cost (~3 min on 2 cores); docs/performance.md
+# Overhead vs plain PyTorch, scaling with N, per-method cost and more (~11 min on 2 cores); docs/performance.md
 bench: install
 	$(PY) -m bench.run
 

@@ -108,6 +108,9 @@ def test_a_commands_bad_argument_is_one_line_naming_the_command_and_its_usage(ar
         (["--method.foo", "1"], "method.foo: unrecognized option", "--help lists every option"),
         (["--method", "fedprox", "--method.mu", "-1"], "method.mu", ">= 0"),
         (["--data.source", "imagenet"], "data.source", "did you mean tiny_imagenet?"),
+        (["--client.lr", "inf"], "client.lr", "expected a finite number, got 'inf'"),
+        (["--trainer.clients_per_round", "x"], "trainer.clients_per_round", "expected a whole number or null"),
+        (["--trainer.rounds"], "trainer.rounds: has no value", "--trainer.rounds=VALUE"),
     ],
 )
 def test_bad_input_fails_before_training(tmp_path, capsys, args, field, hint):

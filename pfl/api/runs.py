@@ -104,7 +104,7 @@ def compare(
     # The report's keys name a per-client mean by its metric (pm.l_acc): ``.mean`` off, then back on.
     keys = None if metrics is None else [_report_key(k) for k in metrics]
     header, rows, best = build_table(summaries, names, keys, configs, group=not per_run, defaults=default_config)
-    groups = group_runs(table_runs(summaries, names, configs, group=not per_run, defaults=default_config))
+    groups = group_runs(table_runs(summaries, names, configs, not per_run, default_config), group=not per_run)
     for row, group in zip(rows, groups, strict=True):
         row[0] = ", ".join(run.name for run in group.runs) + (BEST_TEST if row[0].endswith(BEST_TEST) else "")
     table = pd.read_csv(io.StringIO(render(header, rows, best, "csv")))  # the report's own numbers, exact (repr)

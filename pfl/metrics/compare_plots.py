@@ -84,7 +84,7 @@ def plot_groups(
     names = list(names) if names is not None else [d.name for d in dirs]
     runs = table_runs([load_summary(d) for d in dirs], names, [load_config(d) for d in dirs], group, defaults)
     folder = {id(run): d for run, d in zip(runs, dirs, strict=True)}  # names need not be unique
-    groups = group_runs(runs)
+    groups = group_runs(runs, group)
     swept = swept_settings(groups)
     return [
         PlotGroup(

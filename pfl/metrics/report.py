@@ -140,7 +140,11 @@ class Group:
         return label + (" [best_test]" if first.summary.get("select") == "best_test" else "")
 
 
-def group_runs(runs: list[Run]) -> list[Group]:
+def group_runs(runs: list[Run], group: bool = True) -> list[Group]:
+    """Runs with the same settings as one group; ``group=False``: one group per run (repeats of a seed
+    included, which the seed in their settings does not tell apart)."""
+    if not group:
+        return [Group([run]) for run in runs]
     groups: dict[str, Group] = {}
     for run in runs:
         key = _same(run.settings)
@@ -324,7 +328,7 @@ def build_table(
     summary, None where a run has no config.yaml) tell settings apart; settings come from the
     summaries unless every run has a config. ``group=False``: one row per run (the seed a setting).
     Without ``metrics``, the default keys no run has are dropped. ``defaults``: see ``run_settings``."""
-    groups = group_runs(table_runs(summaries, names, configs, group, defaults))
+    groups = group_runs(table_runs(summaries, names, configs, group, defaults), group)
     keys = list(metrics) if metrics else list(DEFAULT_METRICS)
     cells = [group_cells(g, keys) for g in groups]
     if metrics is None:  # the default list shows only what was measured

@@ -87,6 +87,10 @@ def build_fit_parser(method_name: str) -> ArgumentParser:
     for group, dc in GROUPS.items():
         parser.add_class_arguments(dc, group)
     registry_help(parser)
+    # `--method X` is pfl's shorthand for --method.name X (method_from_argv), never jsonargparse's file of the group
+    shorthand = next(a for a in parser._actions if a.option_strings == ["--method"])
+    shorthand.metavar = "NAME"
+    shorthand.help = "--method.name NAME, or the class whole: '{class_path: pkg.mod.Class, init_args: {...}}'"
     return parser
 
 
@@ -306,6 +310,14 @@ def _explain(message: str, parser: ArgumentParser) -> ConfigError:
         key, options, value = choice.group("key", "options", "value")
         allowed = [str(o) for o in ast.literal_eval(f"[{options}]")]
         return ConfigError(key, f"unknown value {value!r}", choice_fix(value, allowed))
+    typed = _TYPE.fullmatch(message) or _UNION.fullmatch(message)
+    if typed is not None:  # a value of the wrong type, in words rather than Python's class reprs
+        kinds = [_KINDS.get(kind, kind) for kind in re.findall(r"<class '(\w+)'>", typed.group("types"))]
+        return ConfigError(typed.group("key"), f"expected {' or '.join(kinds)}, got {typed.group('value')!r}")
+    missing = _NO_VALUE.fullmatch(message)
+    if missing is not None:  # argparse reads a value starting with '-' (other than a number) as an option
+        key = missing.group("key")
+        return ConfigError(key, "has no value", f"give one after it; a value starting with '-' goes as --{key}=VALUE")
     other = _OTHER_KEY.fullmatch(message)
     if other is not None:  # e.g. a value of the wrong type
         return ConfigError(other.group("key"), other.group("problem"))
@@ -318,6 +330,23 @@ _NOT_ACCEPTED = re.compile(r"Group '(?P<group>[^']+)' does not accept option '(?
 _LITERAL = re.compile(
     r'Parser key "(?P<key>[^"]+)": Expected a typing\.Literal\[(?P<options>.*)\]\. Got value: (?P<value>.*)'
 )
+# jsonargparse's wording for a value of the wrong type (one type, or an Optional's types) and argparse's
+# for an option given without a value
+_TYPE = re.compile(r'Parser key "(?P<key>[^"]+)": Expected a (?P<types><class \'\w+\'>)\. Got value: (?P<value>.*)')
+_UNION = re.compile(
+    r'Parser key "(?P<key>[^"]+)": Does not validate against any of the Union subtypes '
+    r"Subtypes: \[(?P<types>(?:<class '\w+'>(?:, )?)+)\] .* Given value: (?P<value>.*)"
+)
+_KINDS = {
+    "int": "a whole number",
+    "float": "a finite number",
+    "bool": "true or false",
+    "str": "text",
+    "list": "a list in brackets (e.g. [1,2])",
+    "dict": "a mapping",
+    "NoneType": "null",
+}
+_NO_VALUE = re.compile(r"argument --(?P<key>[\w.]+): expected one argument")
 _OTHER_KEY = re.compile(r'Parser key "(?P<key>[^"]+)": (?P<problem>.*)')
 _SEE_HELP = "python -m pfl fit --help lists every option"
 

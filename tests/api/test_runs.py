@@ -86,6 +86,8 @@ def test_compare_is_the_reports_table(tmp_path):
     per_run = pfl.compare(runs, metrics=["gm.acc", "pm.l_acc.mean"], per_run=True)
     assert len(per_run) == 3 and per_run["seed"].tolist() == [0, 1, 0] and "pm.l_acc" not in per_run
     assert list(per_run["run"]) == ["d0", "d1", "f0"]
+    repeat = pfl.load(write_run(tmp_path / "d0b", 0, "ditto", 0.7))  # seed 0 again: still a row of its own
+    assert list(pfl.compare([runs[0], repeat], per_run=True)["run"]) == ["d0", "d0b"]
     assert per_run["pm.l_acc.mean"].tolist() == pytest.approx([0.6, 0.8, 0.5])
     assert per_run["pm.l_acc.mean_client_std"].notna().all()  # asked as .mean: still the report's metric
     assert [c for c in per_run.columns if c in ("gm.acc", "pm.l_acc.mean")] == ["gm.acc", "pm.l_acc.mean"]  # as asked

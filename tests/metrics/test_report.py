@@ -94,6 +94,16 @@ def test_swept_settings_become_columns_and_split_groups(tmp_path):
     assert per_run[0] == "| run | method | method.mu | data.alpha | seed | n | gm.acc |" and len(per_run) == 7
 
 
+def test_per_run_keeps_a_repeat_of_the_same_seed_apart(tmp_path):
+    cfg = config("fedavg", 0, tmp_path, "a")
+    runs = [write_run(tmp_path, n, "fedavg", {"gm.acc": acc}, config=cfg) for n, acc in (("a", 0.5), ("b", 0.7))]
+    assert report(runs, ["gm.acc"]).splitlines()[2] == "| a +1 | fedavg | 2 | 0.6000 ± 0.1414 |"
+    assert report(runs, ["gm.acc"], group=False).splitlines()[2:] == [
+        "| a | fedavg | 1 | 0.5000 |",
+        "| b | fedavg | 1 | **0.7000** |",
+    ]
+
+
 def test_runs_without_config_are_grouped_by_their_summary(tmp_path):
     runs = [write_run(tmp_path, f"r{s}", "fedavg", {"gm.acc": 0.5 + 0.1 * s}) for s in range(2)]
     runs.append(write_run(tmp_path, "r2", "local", {"gm.acc": 0.4}))

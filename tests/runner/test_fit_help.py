@@ -54,6 +54,13 @@ def test_a_users_method_class_gets_the_parsers_help(parsers):
     assert fit_help(["--method", path]) == build_fit_parser(path).format_help()
 
 
+def test_the_method_shorthand_is_described_as_what_it_reads(parsers, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    text = parsers["ditto"].format_help()
+    assert "[--method NAME]" in text and "--method CONFIG" not in text  # a name, not the group's YAML file
+    assert "--method NAME  " in text and "--method.name NAME, or the class whole" in text
+
+
 def test_a_stale_missing_or_broken_index_is_not_used(parsers, tmp_path, monkeypatch):
     index = json.loads(INDEX.read_text(encoding="utf-8"))
     index["fingerprint"]["sources"] = "0" * 64
