@@ -88,9 +88,11 @@ def build_fit_parser(method_name: str) -> ArgumentParser:
         parser.add_class_arguments(dc, group)
     registry_help(parser)
     # `--method X` is pfl's shorthand for --method.name X (method_from_argv), never jsonargparse's file of the group
-    shorthand = next(a for a in parser._actions if a.option_strings == ["--method"])
-    shorthand.metavar = "NAME"
-    shorthand.help = "--method.name NAME, or the class whole: '{class_path: pkg.mod.Class, init_args: {...}}'"
+    # (a method without options has no such group)
+    shorthand = next((a for a in parser._actions if a.option_strings == ["--method"]), None)
+    if shorthand is not None:
+        shorthand.metavar = "NAME"
+        shorthand.help = "--method.name NAME, or the class whole: '{class_path: pkg.mod.Class, init_args: {...}}'"
     return parser
 
 

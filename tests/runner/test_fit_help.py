@@ -59,6 +59,8 @@ def test_the_method_shorthand_is_described_as_what_it_reads(parsers, monkeypatch
     text = parsers["ditto"].format_help()
     assert "[--method NAME]" in text and "--method CONFIG" not in text  # a name, not the group's YAML file
     assert "--method NAME  " in text and "--method.name NAME, or the class whole" in text
+    # a user's method without options has no --method group: its parser is built all the same
+    assert "--method.name" in build_fit_parser("tests.helpers.crashing.RaisingMethod").format_help()
 
 
 def test_a_stale_missing_or_broken_index_is_not_used(parsers, tmp_path, monkeypatch):
