@@ -3,9 +3,10 @@ or an instance as the config's Lightning form, ``{"class_path": "module.Class", 
 
 A run folder's config.yaml names the class by its import path (so ``--resume``, sweeps and ``Run.model()``
 find it again), so the class must be importable under that path: defined at the top level of a module, a
-script or a notebook (``__main__``), not inside a function. An instance stands for its class and its
-constructor arguments, read back from its attributes of the same names (a Method stores them so; a model
-must too): its weights are not used, the run initializes the model from its seed.
+script or a notebook (``__main__``: found again only by that process), not inside a function. An instance
+stands for its class and its constructor arguments, read back from its attributes of the same names (a
+Method stores them so; a model must too): its weights are not used, the run initializes the model from its
+seed.
 """
 
 from __future__ import annotations

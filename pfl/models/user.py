@@ -16,6 +16,7 @@ from torch import nn
 
 from pfl.errors import ConfigError
 from pfl.models.config import ModelConfig
+from pfl.registry import import_fix
 
 
 def is_import_path(name: str) -> bool:
@@ -50,7 +51,7 @@ def import_model(name: str, cfg: ModelConfig, input_shape: tuple[int, ...], num_
             raise ConfigError(
                 "model.name",
                 f"module {module_name!r} has no {attr!r} (model {name!r})",
-                "check the name after the module path",
+                import_fix(module_name, "check the name after the module path"),
             )
         obj = getattr(obj, part)
     if inspect.isclass(obj) and issubclass(obj, nn.Module):
