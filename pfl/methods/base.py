@@ -43,7 +43,8 @@ State: TypeAlias = dict[str, Any]
 
 
 class MethodFlagWarning(UserWarning):
-    """A capability flag a subclass did not state was set for it by a rule (``Method.__init_subclass__``)."""
+    """A capability flag a subclass did not state was set for it by a rule (``Method.__init_subclass__``), or
+    one it kept does not fit what it did (``has_personal_model``: ``Dispatcher.check_personal_models``)."""
 
 
 @dataclass
