@@ -30,7 +30,7 @@ def class_form(field: str, value: Any) -> Any:
         if isinstance(value, type) and issubclass(value, Method):
             return {"class_path": import_path(field, value)}
         if isinstance(value, Method):
-            return {"class_path": import_path(field, type(value)), "init_args": value.hparams()}
+            return {"class_path": import_path(field, type(value)), "init_args": _method_args(value)}
     if field == "model" and _is_module(value):
         cls = value if isinstance(value, type) else type(value)
         if cls.__module__.split(".")[0] == "torch":
@@ -70,6 +70,21 @@ def _imported(module: str, qualname: str) -> Any:
     except (ImportError, AttributeError):
         return None
     return found
+
+
+def _method_args(method: Method) -> dict[str, Any]:
+    """``method.hparams()``; an argument it does not store under its name is a ConfigError, since the run,
+    built from the class and these arguments, would take that argument's default instead."""
+    unstored = method.unstored_options()
+    if unstored:
+        name = unstored[0]
+        raise ConfigError(
+            "method",
+            f"the {type(method).__qualname__} instance does not store its argument {name!r} as an attribute",
+            f'pass the class and its arguments: method={{"class_path": ..., "init_args": {{"{name}": ...}}}}, '
+            f"or set self.{name} in its __init__",
+        )
+    return method.hparams()
 
 
 def _model_args(net: nn.Module) -> dict[str, Any]:
