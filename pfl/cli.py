@@ -94,7 +94,18 @@ COMMANDS = ("fit", "methods", "sweep", "reproduce", "data", "report")
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell tool's status is when its reader goes away
 
 
+def working_directory_on_path() -> None:
+    """Put the working directory first on ``sys.path``, as ``python -m pfl`` has it, unless it is there:
+    the installed ``pfl`` script starts with its own folder there instead, and would not import a user's
+    ``--method mymodule.MyMethod`` (a model, a data source, ...) from the folder it is run in."""
+    cwd = os.getcwd()
+    if not any(os.path.abspath(p or os.curdir) == cwd for p in sys.path):
+        sys.path.insert(0, cwd)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # a command line (the pfl script, python -m pfl), not a call from Python
+        working_directory_on_path()
     try:
         code = run_command(list(sys.argv[1:] if argv is None else argv))
         sys.stdout.flush()  # here, where a reader that went away can still be handled

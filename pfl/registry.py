@@ -35,6 +35,18 @@ def origin(obj: Any) -> str:
     return f"{module}.{name}" if module and name else repr(obj)
 
 
+def import_fix(module: str, fix: str) -> str:
+    """The fix for an import path under ``module`` that did not import: ``fix``, or for ``__main__`` (a
+    script run as a program, a notebook), what its failure here means."""
+    if module != "__main__":
+        return fix
+    return (
+        "__main__ is the script or notebook that started the run: what it defines is found only in that "
+        "process, not by a resume, a sweep run or Run.model() in another one; define it in a module and give "
+        "package.module.name"
+    )
+
+
 class Registry(Generic[T]):
     """Entries of one kind by name, set by the field ``field`` and registered with ``@decorator(name)``.
     ``implementation(entry)`` gives the object that defines an entry
@@ -131,7 +143,7 @@ class Registry(Generic[T]):
             raise ConfigError(
                 self.field,
                 f"cannot import {path!r} ({err})",
-                "give package.module.name importable from the working directory or PYTHONPATH",
+                import_fix(module_name, "give package.module.name importable from the working directory or PYTHONPATH"),
             ) from None
         for entry in self._entries.values():
             if self.implementation(entry) is target:
@@ -145,4 +157,4 @@ class Registry(Generic[T]):
         )
 
 
-__all__ = ["Registry", "origin"]
+__all__ = ["Registry", "import_fix", "origin"]

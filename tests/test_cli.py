@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,6 +120,24 @@ def test_bad_input_fails_before_training(tmp_path, capsys, args, field, hint):
     err = capsys.readouterr().err
     assert field in err and hint in err, err
     assert not (tmp_path / "r").exists()  # nothing was started
+
+
+def test_the_pfl_script_imports_a_users_method_from_the_working_directory(tmp_path, monkeypatch, capsys):
+    # The installed script's sys.path starts with its own folder, not the working directory as python -m's.
+    (tmp_path / "users_prox.py").write_text(
+        "from pfl.methods.fedprox import FedProx\n\n\nclass UsersProx(FedProx):\n"
+        "    def __init__(self, users_mu: float = 0.5, **kwargs):\n"
+        "        super().__init__(mu=users_mu, **kwargs)\n        self.users_mu = users_mu\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    kept = [p for p in sys.path if os.path.abspath(p or os.curdir) != str(tmp_path)]
+    monkeypatch.setattr(sys, "path", kept)
+    monkeypatch.setattr(sys, "argv", ["pfl", "fit", "--method", "users_prox.UsersProx", "--help"])
+    assert main() == 0
+    assert "--method.users_mu" in capsys.readouterr().out
+    assert sys.path[0] == str(tmp_path)
+    main()  # once there, it is not added again
+    assert sys.path.count(str(tmp_path)) == 1
 
 
 def test_a_reader_that_goes_away_ends_the_listing_quietly():

@@ -129,3 +129,26 @@ def test_a_fixed_choice_is_refused_naming_the_field_the_kind_and_the_closest_opt
     assert "disk" in err.value.fix
     with pytest.raises(ConfigError, match=r"^data\.partition: unknown value 'x'"):
         require_choice("x", ("iid",), "data.partition")
+
+
+def test_a_path_into_main_that_does_not_import_says_what_main_is():
+    # config.yaml names a class or function of a script or notebook as __main__.X, which another process
+    # (a resume, a sweep run, Run.model() later) cannot import: the fix says so, for every kind of entry.
+    from pfl.data.sources import SOURCES
+    from pfl.methods import method_class
+    from pfl.models import ModelConfig, build_model
+
+    calls = {
+        "method.name": lambda: method_class("__main__.MyMethod"),
+        "model.name": lambda: build_model(ModelConfig(name="__main__.MyNet"), (1, 8, 8), 10),
+        "data.source": lambda: SOURCES.get("__main__.my_source"),
+    }
+    for field, call in calls.items():
+        with pytest.raises(ConfigError) as err:
+            call()
+        assert str(err.value).startswith(f"{field}: ")
+        assert "__main__ is the script or notebook that started the run" in str(err.value)
+        assert "define it in a module" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        method_class("no_such_module_here.MyMethod")
+    assert "__main__" not in str(err.value)  # any other module keeps the usual fix

@@ -3,9 +3,10 @@ or an instance as the config's Lightning form, ``{"class_path": "module.Class", 
 
 A run folder's config.yaml names the class by its import path (so ``--resume``, sweeps and ``Run.model()``
 find it again), so the class must be importable under that path: defined at the top level of a module, a
-script or a notebook (``__main__``), not inside a function. An instance stands for its class and its
-constructor arguments, read back from its attributes of the same names (a Method stores them so; a model
-must too): its weights are not used, the run initializes the model from its seed.
+script or a notebook (``__main__``: found again only by that process), not inside a function. An instance
+stands for its class and its constructor arguments, read back from its attributes of the same names (a
+Method stores them so; a model must too): its weights are not used, the run initializes the model from its
+seed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def class_form(field: str, value: Any) -> Any:
         if isinstance(value, type) and issubclass(value, Method):
             return {"class_path": import_path(field, value)}
         if isinstance(value, Method):
-            return {"class_path": import_path(field, type(value)), "init_args": value.hparams()}
+            return {"class_path": import_path(field, type(value)), "init_args": _method_args(value)}
     if field == "model" and _is_module(value):
         cls = value if isinstance(value, type) else type(value)
         if cls.__module__.split(".")[0] == "torch":
@@ -69,6 +70,21 @@ def _imported(module: str, qualname: str) -> Any:
     except (ImportError, AttributeError):
         return None
     return found
+
+
+def _method_args(method: Method) -> dict[str, Any]:
+    """``method.hparams()``; an argument it does not store under its name is a ConfigError, since the run,
+    built from the class and these arguments, would take that argument's default instead."""
+    unstored = method.unstored_options()
+    if unstored:
+        name = unstored[0]
+        raise ConfigError(
+            "method",
+            f"the {type(method).__qualname__} instance does not store its argument {name!r} as an attribute",
+            f'pass the class and its arguments: method={{"class_path": ..., "init_args": {{"{name}": ...}}}}, '
+            f"or set self.{name} in its __init__",
+        )
+    return method.hparams()
 
 
 def _model_args(net: nn.Module) -> dict[str, Any]:

@@ -127,18 +127,28 @@ class Lockstep:
         self.model_ok = not model_problems(worker, precision_name(worker))
         self.stacked_fits = self.sequential_fits = self.stacked_gradients = 0  # counts, for tests and logs
         self.stacked_batch_gradients = self.sequential_gradients = 0  # a method's own gradient calls
+        self.alone: str | None = None  # why the first fit that ran one client at a time did
         self._pending: dict[int, FitRequest | GradientRequest | BatchGradientRequest] = {}
         self._abandoned = False
 
     def stacks(self, spec: FitSpec) -> bool:
         """Whether a fit with these options is trained stacked (else on the worker, at once)."""
-        ok = self.model_ok and spec_problem(spec) is None
-        ok = ok and (spec.stacked_loss is None or self.trainer.stacks_method_passes)
-        if ok:
+        why = None if self.model_ok else "a model that stacks no fit"
+        why = why or spec_problem(spec)
+        if why is None and spec.stacked_loss is not None and not self.trainer.stacks_method_passes:
+            why = "a stacked loss (stacked_loss) on a model with running statistics or keyed dropout"
+        if why is None:
             self.stacked_fits += 1
         else:
             self.sequential_fits += 1
-        return ok
+            self.alone = self.alone or why
+        return why is None
+
+    def stacked_nothing(self) -> str | None:
+        """Why no fit (nor gradient call) has been trained together so far, when none has and some fit
+        ran alone (None otherwise): the first lone fit's reason."""
+        stacked = self.stacked_fits + self.stacked_gradients + self.stacked_batch_gradients
+        return None if stacked else self.alone
 
     def run(self, updates: Sequence[Callable[[LockstepTrainer], T]]) -> list[T]:
         """``updates[i](client_worker_i)`` for every i, in lockstep; their results in order. The first

@@ -8,6 +8,7 @@ fits' statistics. Which one a run uses is decided once, when the run is assemble
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from pfl.engine.trainer import ClientTrainer, FitStats
 from pfl.federation import divergence
 from pfl.federation.distributed import Cohort
 from pfl.federation.store import ClientStore
-from pfl.methods.base import ClientContext, Method, Upload
+from pfl.methods.base import ClientContext, Method, MethodFlagWarning, Upload
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Dispatcher(ABC):
 
     def __init__(self, worker: ClientTrainer, clients: ClientStore, init_state: Tensor):
         self.worker, self.clients, self.init_state = worker, clients, init_state
+        self.first_round_checked = False  # check_personal_models runs on this process's first round
 
     @abstractmethod
     def train(self, method: Method, round_idx: int, cids: Sequence[int], payloads: dict[int, Any]) -> LocalUpdates:
@@ -62,7 +64,32 @@ class Dispatcher(ABC):
         named (``pfl.federation.divergence``)."""
         updates = self.train(method, round_idx, sampled, payloads)
         divergence.check_round(round_idx + 1, sampled, updates.uploads, self.clients, updates.losses(), updates.sums)
+        self.check_personal_models(method, round_idx, sampled)
         return updates.uploads, updates.fits
+
+    def check_personal_models(self, method: Method, round_idx: int, cids: Sequence[int]) -> None:
+        """Once, after the first round: warn when a method that says it has personal models and scores the
+        base ``personal_state`` stored none for a client it trained, whose P-model (pm.*) is then its
+        initial model. A user's global-model method that leaves ``has_personal_model`` at its default
+        True would otherwise report the untrained model's accuracy as its personalized one."""
+        if self.first_round_checked:
+            return
+        self.first_round_checked = True
+        if not method.has_personal_model or type(method).personal_state is not Method.personal_state:
+            return
+        missing = [cid for cid in cids if "personal" not in self.clients.peek(cid, {})]
+        if missing:
+            code = type(method).local_update.__code__  # the warning points at the method's own code
+            warnings.warn_explicit(
+                f"{method.name} has has_personal_model = True and the default personal_state, but its "
+                f"local_update stored no client.state['personal'] for client {missing[0]} in round "
+                f"{round_idx + 1}, so that client's P-model (pm.*) is its initial model: set the class "
+                "attribute has_personal_model = False if its P-model is the global model, else store the "
+                "personal model in client.state['personal'] or override personal_state",
+                MethodFlagWarning,
+                code.co_filename,
+                code.co_firstlineno,
+            )
 
 
 class SequentialDispatcher(Dispatcher):
@@ -140,6 +167,7 @@ class MultiProcessDispatcher(Dispatcher):
         self.clients.update(states)
         divergence.check_round(round_idx + 1, sampled, uploads, self.clients, {})  # the same on every rank
         divergence.check_losses(round_idx + 1, [f.loss for f in fits])
+        self.check_personal_models(method, round_idx, sampled)
         return uploads, fits
 
 

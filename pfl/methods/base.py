@@ -43,7 +43,8 @@ State: TypeAlias = dict[str, Any]
 
 
 class MethodFlagWarning(UserWarning):
-    """A capability flag a subclass did not state was set for it by a rule (``Method.__init_subclass__``)."""
+    """A capability flag a subclass did not state was set for it by a rule (``Method.__init_subclass__``), or
+    one it kept does not fit what it did (``has_personal_model``: ``Dispatcher.check_personal_models``)."""
 
 
 @dataclass
@@ -489,21 +490,30 @@ class Method:
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def hparams(self) -> dict[str, Any]:
-        """The options a config can set, read back from the attributes: the class's ``__init__``
-        arguments and, where it passes ``**kwargs`` on, its parents' in method resolution order, as
-        jsonargparse follows them, less the ``fixed_options`` the class passes its parent itself."""
+        """The options a config can set (``option_names``), read back from the attributes of the same names."""
+        return {n: getattr(self, n) for n in self.option_names() if hasattr(self, n)}
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        """The options a config can set: the class's ``__init__`` arguments and, where it passes
+        ``**kwargs`` on, its parents' in method resolution order, as jsonargparse follows them, less the
+        ``fixed_options`` the class passes its parent itself."""
         names: list[str] = []
-        for cls in type(self).__mro__:
-            if "__init__" not in vars(cls) or cls is object:
+        for klass in cls.__mro__:
+            if "__init__" not in vars(klass) or klass is object:
                 continue
-            params = inspect.signature(cls.__init__).parameters.values()
+            params = inspect.signature(klass.__init__).parameters.values()
             names += [
                 p.name for p in params if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
             ]
             if not any(p.kind is p.VAR_KEYWORD for p in params):
                 break
-        options = [n for n in dict.fromkeys(names) if n not in self.fixed_options]
-        return {n: getattr(self, n) for n in options if hasattr(self, n)}
+        return [n for n in dict.fromkeys(names) if n not in cls.fixed_options]
+
+    def unstored_options(self) -> list[str]:
+        """The ``option_names`` this instance keeps under no attribute of the same name (``hparams``
+        cannot report them, so the instance does not say what it was built with)."""
+        return [n for n in self.option_names() if not hasattr(self, n)]
 
 
 class ClientOptimizerMethod(Method):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from pfl.errors import ConfigError
+from pfl.registry import import_fix
 from pfl.suggest import did_you_mean
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ def method_class(name: str) -> type[Method]:
         raise ConfigError(
             "method.name",
             f"cannot import {name!r} ({err})",
-            "give package.module.Class importable from the working directory or PYTHONPATH",
+            import_fix(module_name, "give package.module.Class importable from the working directory or PYTHONPATH"),
         ) from None
     if not (isinstance(cls, type) and issubclass(cls, Method)):
         raise ConfigError("method.name", f"{name!r} is not a subclass of pfl.methods.Method")

@@ -15,7 +15,8 @@ import inspect
 from torch import nn
 
 from pfl.errors import ConfigError
-from pfl.models.config import ModelConfig
+from pfl.models.config import DEFAULTS, OPTIONAL_FIELDS, ModelConfig
+from pfl.registry import import_fix
 
 
 def is_import_path(name: str) -> bool:
@@ -50,11 +51,12 @@ def import_model(name: str, cfg: ModelConfig, input_shape: tuple[int, ...], num_
             raise ConfigError(
                 "model.name",
                 f"module {module_name!r} has no {attr!r} (model {name!r})",
-                "check the name after the module path",
+                import_fix(module_name, "check the name after the module path"),
             )
         obj = getattr(obj, part)
     if inspect.isclass(obj) and issubclass(obj, nn.Module):
         args: tuple = (input_shape, num_classes)
+        _check_unread_fields(cfg, name)
     elif callable(obj):
         args = (cfg, input_shape, num_classes)
     else:
@@ -70,6 +72,23 @@ def import_model(name: str, cfg: ModelConfig, input_shape: tuple[int, ...], num_
             "model.name", f"{name!r} returned a {type(net).__name__}, not an nn.Module", "return the network"
         )
     return net
+
+
+def _check_unread_fields(cfg: ModelConfig, name: str) -> None:
+    """A class gets ``(input_shape, num_classes, **init_args)``, never ``cfg``: an optional ``model.*``
+    field set for it (``model.dropout: 0.3``) would be ignored, so it is refused as a registered model
+    that does not read it is (``check_options``)."""
+    for field in OPTIONAL_FIELDS:
+        value = getattr(cfg, field)
+        if value != DEFAULTS[field]:
+            raise ConfigError(
+                f"model.{field}",
+                f"{name} is a class, built as {name}(input_shape, num_classes, **model.init_args), which does not "
+                f"read model.{field} (got {value!r})",
+                f"pass your model's own argument in model.init_args (--model.init_args.{field} ...), or leave "
+                f"model.{field} at {DEFAULTS[field]!r}; a builder function (cfg, input_shape, num_classes) reads "
+                "the model.* fields",
+            )
 
 
 def _check_init_args(obj: object, name: str, args: tuple, init_args: dict) -> None:

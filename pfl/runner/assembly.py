@@ -23,6 +23,7 @@ from pfl.methods.base import ServerContext
 from pfl.metrics.session import EvalSession
 from pfl.models import build_checked_model
 from pfl.runner.compile_report import CompileReport
+from pfl.runner.lockstep_report import LockstepReport
 from pfl.runner.plan import RunPlan
 from pfl.runner.training_path import announce, choose_path, graphs_clause, use_graphs
 from pfl.seeding import seed_everything
@@ -95,6 +96,8 @@ def build_loop(
     graphs = graphs_clause(t.cuda_graphs, t.compile, path.vectorize, worker.device.type)
     if announce_path and cohort.is_zero and (path.said or graphs):
         announce(path.line + graphs)
+    if announce_path and cohort.is_zero and path.vectorize:  # a fit's terms show only as it runs
+        callbacks = [*callbacks, LockstepReport()]
     dispatcher = make_dispatcher(
         worker, clients, init_state, cohort=cohort, sizes=data.sizes("train"),
         vectorize=path.vectorize, trained=trained, compile=t.compile, graphs=use_graphs(t.cuda_graphs, t.compile),

@@ -93,6 +93,21 @@ class Unstored(nn.Sequential):
         super().__init__(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
 
 
+class UnstoredPull(Pull):
+    """Keeps its argument under another name: an instance cannot say what it was built with."""
+
+    def __init__(self, strength: float = 0.0):
+        super().__init__()
+        self._strength = strength
+
+
+def test_a_method_instance_that_does_not_store_an_argument_is_refused_not_run_with_its_default():
+    with pytest.raises(ConfigError, match="method: the UnstoredPull instance does not store its argument 'strength'"):
+        to_argv(None, {"method": UnstoredPull(strength=0.5)})
+    assert to_argv(None, {"method": UnstoredPull}) == ["--method.class_path", f"{HERE}.UnstoredPull"]  # the class
+    assert Ditto.option_names()[:2] == ["lam", "personal_epochs"] and "lam" in Ditto(lam=0.3).hparams()
+
+
 def test_a_method_without_a_name_is_named_after_its_class():
     assert (Pull.name, PullAgain.name, Buggy.name) == ("pull", "pullagain", "buggy")
     assert MyDitto.name == "ditto" and Method.name == ""

@@ -21,7 +21,8 @@ from pfl.federation.dispatch import (
     make_dispatcher,
 )
 from pfl.federation.distributed import Cohort
-from pfl.methods import methods
+from pfl.methods import ClientContext, State, Upload, methods
+from pfl.methods.base import Method, MethodFlagWarning
 from pfl.methods.fedavg import FedAvg
 from tests.conftest import make_loop, tiny_config
 
@@ -121,3 +122,38 @@ def test_client_learning_rate_decays_per_round():
         loop.run_round()
     assert {r: lr for r, lr in seen} == {0: 0.2, 1: 0.1, 2: 0.05}
     assert not math.isnan(loop.evaluate()["pm.l_acc.mean"])
+
+
+class GlobalOnly(Method):
+    """A user's global-model method (the base's init_server, payload and aggregate: FedAvg's) that leaves
+    has_personal_model at the base class's default, True."""
+
+    name = "global_only"
+    averages_uploads = False
+
+    def local_update(self, client: ClientContext, payload: State) -> Upload:
+        return Upload(client.fit(payload["global"]), client.num_samples)
+
+
+class KeepsPersonal(GlobalOnly):
+    def local_update(self, client: ClientContext, payload: State) -> Upload:
+        upload = super().local_update(client, payload)
+        client.state["personal"] = upload.state.clone()
+        return upload
+
+
+def test_a_method_that_has_personal_models_but_stores_none_is_warned_once(recwarn):
+    loop = make_loop(tiny_config(f"{__name__}.GlobalOnly", trainer={"rounds": 2}))
+    loop.fit()
+    warned = [w for w in recwarn if issubclass(w.category, MethodFlagWarning)]
+    assert len(warned) == 1  # once, after the first round
+    text = str(warned[0].message)
+    assert "global_only has has_personal_model = True" in text and "client.state['personal']" in text
+    assert "its initial model: set the class attribute has_personal_model = False" in text
+    assert warned[0].filename == __file__  # the method's own local_update
+    first = loop.history[-1]  # what the warning is about: P-models scored as the untrained initial model
+    assert first["pm.l_acc.mean"] < first["gm.l_acc.mean"]
+    recwarn.clear()
+    for ok in (f"{__name__}.KeepsPersonal", "fedavg", "ditto"):
+        make_loop(tiny_config(ok, trainer={"rounds": 1})).fit()
+    assert not [w for w in recwarn if issubclass(w.category, MethodFlagWarning)]

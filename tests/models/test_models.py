@@ -307,6 +307,17 @@ def test_user_model_errors(user_package, attr):
     assert err.value.field == "model.name" and (user_package + attr) in str(err.value)
 
 
+def test_a_model_field_a_users_class_would_ignore_is_refused_naming_it(user_package):
+    # A class is built from (input_shape, num_classes, **init_args) and never sees model.dropout: set, it
+    # would be ignored without a word, so it is refused as for a registered model that does not read it.
+    for field, value in (("dropout", 0.3), ("norm", "group"), ("depth", 16)):
+        with pytest.raises(ConfigError) as err:
+            build(user_package + ".Net", {field: value}, (3, 4, 4))
+        assert err.value.field == f"model.{field}"
+        assert "does not read" in str(err.value) and f"--model.init_args.{field}" in str(err.value)
+    assert isinstance(build(user_package + ":builder", {"dropout": 0.3}, (3, 4, 4)), nn.Sequential)  # reads cfg
+
+
 def test_user_model_missing_module():
     with pytest.raises(ConfigError) as err:
         build("no_such_pkg_xyz.nets:builder", {}, IMAGE)

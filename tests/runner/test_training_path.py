@@ -5,11 +5,15 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from torch import Tensor
 
 import pfl.runner.assembly as assembly
 from pfl.config import validate
+from pfl.engine.terms import Proximal, Term
 from pfl.errors import ConfigError
 from pfl.federation.dispatch import SequentialDispatcher, VectorizedDispatcher
+from pfl.methods.base import ClientContext, State
+from pfl.methods.fedprox import FedProx
 from pfl.runner.training_path import choose_path
 from tests.conftest import make_loop, tiny_config
 
@@ -130,3 +134,39 @@ def test_a_path_once_chosen_cannot_be_changed():
     path = choose_path(True, [], "cuda", "fedavg")
     with pytest.raises(dataclasses.FrozenInstanceError):
         path.vectorize = False  # type: ignore[misc]
+
+
+class HandPull(Proximal):
+    """Proximal's gradient, in a subclass: no stacked form of its own, so its fits run one at a time."""
+
+    def on_grad(self, params: Tensor, grads: Tensor) -> None:
+        grads.add_(params - self.anchor, alpha=self.mu)
+
+
+class HandProx(FedProx):
+    """A user's FedProx whose term has no stacked form; it declares no one_at_a_time."""
+
+    name = "handprox"
+
+    def local_terms(self, client: ClientContext, payload: State) -> list[Term]:
+        return [HandPull(client.params(payload["global"]), self.mu)]
+
+
+def _stack_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if "no fit was trained together" in line]
+
+
+def test_a_vectorized_run_whose_fits_stack_none_says_so_naming_the_first_reason(capsys):
+    # vectorize_problems sees only what the class declares; the term shows when a fit runs.
+    assert HandProx().vectorize_problems() == []
+    trainer = {"rounds": 2, "eval_every": 1, "vectorize": True}
+    loop = make_loop(tiny_config(f"{__name__}.HandProx", trainer=trainer))
+    loop.fit()
+    assert _stack_lines(capsys.readouterr().err) == [
+        "pfl: no fit was trained together: handprox's fits ran one client at a time (the first with the term "
+        "HandPull, which has no stacked form), so trainer.vectorize gains nothing (set trainer.vectorize false; "
+        "a method whose fits never stack says why in its one_at_a_time, which auto and true read before the run)"
+    ]  # once, not per evaluation
+    make_loop(tiny_config("fedprox", trainer=trainer)).fit()  # its Proximal stacks: nothing to say
+    make_loop(tiny_config(f"{__name__}.HandProx", trainer={**trainer, "vectorize": False})).fit()
+    assert _stack_lines(capsys.readouterr().err) == []
