@@ -65,6 +65,14 @@ def sweep(argv: list[str]) -> None:
     parser.add_argument("--count", type=int, default=None, help="runs to draw (random) or keep (grid)")
     parser.add_argument("--workers", type=int, default=1, help="runs in parallel")
     parser.add_argument("--root", type=Path, default=None, help="directory for the runs")
+    parser.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="ROOT",
+        help="continue the interrupted sweep in ROOT: finished runs are kept, interrupted ones continue from "
+        "their last checkpoint, the others start",
+    )
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an option of every run")
     parser.add_argument(
         "--fresh-processes",
@@ -74,7 +82,7 @@ def sweep(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     from pfl.metrics.report import report
 
-    dirs = run_sweep(args.file, args.count, args.workers, args.root, args.set, args.fresh_processes)
+    dirs = run_sweep(args.file, args.count, args.workers, args.root, args.set, args.fresh_processes, args.resume)
     print(report(dirs), end="")
 
 

@@ -59,6 +59,7 @@ class SweepRun:
     params: dict[str, Any]
     argv: list[str]  # arguments after `python -m pfl`
     name: str  # the run folder's name, from the swept values
+    overwrite: bool = False  # tracking.overwrite: the run replaces its folder (moved to _replaced/)
 
 
 def load_sweep(path: str | Path) -> dict[str, Any]:
@@ -289,8 +290,8 @@ def plan(
         argv += set_args(overrides or [], params)
         argv += tracking_args(spec, argv, root)
         argv += ["--tracking.root", str(root), "--tracking.name", name, "--trainer.progress", "false"]
-        parse_fit_args(argv[1:], parsers)  # raises ConfigError on any bad key or value, before anything runs
-        runs.append(SweepRun(i, params, argv, name))
+        cfg = parse_fit_args(argv[1:], parsers)[0]  # raises ConfigError on any bad key or value, before anything runs
+        runs.append(SweepRun(i, params, argv, name, cfg.tracking.overwrite))
     return runs, root
 
 
@@ -450,19 +451,50 @@ def run_sweep(
     root: Path | None = None,
     overrides: list[str] | None = None,
     fresh: bool = False,
+    resume: Path | None = None,
 ) -> list[Path]:
     """Run every expanded run in ``workers`` processes (``fresh``: a new one per run), then save the
-    table of their results beside them (``RESULTS``); returns their run directories."""
+    table of their results beside them (``RESULTS``); returns their run directories. ``resume``: the
+    folder of an earlier, interrupted call of the same sweep, continued (``continued``)."""
     require_workers(workers)
+    if resume is not None:
+        require(root is None, "--root", "is given with --resume, which names the sweep's folder itself", "drop --root")
+        require(resume.is_dir(), "--resume", f"{resume} is not a folder", "give the folder of the sweep to continue")
+        root = resume
     root = root or default_root(path)
     check_creatable(root, "--root")  # before the runs are parsed
     runs, root = plan(path, count, root, overrides)
+    started = [r.name for r in runs if (root / r.name / "config.yaml").is_file()]
+    if resume is None:
+        kept = [r.name for r in runs if r.name in started and not r.overwrite]
+        shown = ", ".join(kept[:3]) + (", ..." if len(kept) > 3 else "")
+        require(
+            not kept,
+            "--root",
+            f"{root} already holds runs named as this sweep's ({shown})",
+            f"continue that sweep with --resume {root}, or choose another --root",
+        )
+    else:
+        print(
+            f"resuming the sweep in {root}: {len(started)} of {len(runs)} runs started there (finished ones are "
+            "checked and kept, the others continue from their last checkpoint), the others start",
+            flush=True,
+        )
     root.mkdir(parents=True, exist_ok=True)
     labels = [r.name + " " + ", ".join(f"{k}={v}" for k, v in r.params.items()) for r in runs]
-    run_parallel({label: r.argv for label, r in zip(labels, runs, strict=True)}, workers, fresh=fresh)
+    argvs = [continued(r.argv, root / r.name) if resume and r.name in started else r.argv for r in runs]
+    run_parallel(dict(zip(labels, argvs, strict=True)), workers, fresh=fresh)
     dirs = [root / r.name for r in runs]
     save_results(root, dirs)
     return dirs
+
+
+def continued(argv: list[str], folder: Path) -> list[str]:
+    """A planned run's ``fit`` arguments as a resume of its ``folder``: the resume compares the planned
+    settings with the recorded ones and refuses any it may not change (another sweep's run is not mixed
+    in), says a finished run is finished without touching it, and continues an interrupted one from its
+    last checkpoint (from the start where it wrote none)."""
+    return [argv[0], "--resume", str(folder), *argv[1:]]
 
 
 def save_results(root: Path, dirs: list[Path]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -155,6 +156,85 @@ command: ["${env}", "${interpreter}", -m, pfl, fit, --config, conf/default.yaml,
     assert (root / "results.md").read_text().splitlines() == out.splitlines()[-6:]  # the table printed
     csv = (root / "results.csv").read_text().splitlines()
     assert csv[0].startswith("run,method,method.mu,client.lr,n,") and len(csv) == 5
+
+
+def _numbers(run: Path) -> dict:
+    metrics = json.loads((run / "summary.json").read_text())["metrics"]
+    return {k: v for k, v in metrics.items() if not k.startswith(("time.", "throughput."))}
+
+
+def test_an_interrupted_sweep_is_resumed_and_gives_a_fresh_sweeps_numbers(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    sweep = tmp_path / "mu.yaml"
+    sweep.write_text(
+        """
+method: grid
+metric: {name: pm.l_acc.mean, goal: maximize}
+parameters:
+  method.mu: {values: [0.0, 0.5]}
+command: ["${interpreter}", -m, pfl, fit, --config, conf/default.yaml, --method.name, fedprox,
+          --data.num_clients, "4", --model.hidden, "[16]", --tracking.wandb, "false", "${args}"]
+"""
+    )
+    from pfl.cli import main
+
+    root, fresh = tmp_path / "runs", tmp_path / "fresh"
+    assert main(["sweep", str(sweep), "--root", str(root), "--set", "trainer.rounds=1"]) == 0
+    shutil.rmtree(root / "mu0.5")  # stopped after its first run: mu0 has 1 round and a checkpoint
+    capsys.readouterr()
+    # a second call into the folder is refused before any run, nothing changed
+    before = (root / "mu0" / "summary.json").read_bytes()
+    assert main(["sweep", str(sweep), "--root", str(root), "--set", "trainer.rounds=2"]) == 2
+    err = capsys.readouterr().err
+    assert "--root: " in err and "already holds runs named as this sweep's (mu0)" in err
+    assert f"continue that sweep with --resume {root}" in err
+    assert (root / "mu0" / "summary.json").read_bytes() == before and not (root / "mu0.5").exists()
+
+    # resumed with more rounds: mu0 continues from its checkpoint, mu0.5 starts
+    assert main(["sweep", str(sweep), "--resume", str(root), "--set", "trainer.rounds=2"]) == 0
+    out = capsys.readouterr().out
+    assert f"resuming the sweep in {root}: 1 of 2 runs started there" in out
+    assert main(["sweep", str(sweep), "--root", str(fresh), "--set", "trainer.rounds=2"]) == 0
+    for name in ("mu0", "mu0.5"):
+        assert json.loads((root / name / "summary.json").read_text())["rounds"] == 2
+        assert _numbers(root / name) == _numbers(fresh / name)  # a resume continues the same run exactly
+    assert len((root / "results.csv").read_text().splitlines()) == 3
+
+    # resumed again: a finished run is kept as it is, and a run recorded with other settings is not mixed
+    # in (its resume is refused, naming the setting)
+    from pfl.runner.sweep import run_sweep
+
+    kept = {name: (root / name / "summary.json").read_bytes() for name in ("mu0", "mu0.5")}
+    config = root / "mu0.5" / "config.yaml"
+    config.write_text(config.read_text().replace("mu: 0.5", "mu: 0.25"))
+    with pytest.raises(ConfigError, match=r"1 of 2 runs failed: mu0\.5 .*may not change method\.mu \(0\.25 -> 0\.5\)"):
+        run_sweep(sweep, resume=root, overrides=["trainer.rounds=2"])
+    assert kept == {name: (root / name / "summary.json").read_bytes() for name in kept}
+
+
+def test_a_resume_names_the_sweeps_folder_alone_and_a_rerun_that_overwrites_is_not_refused(tmp_path, monkeypatch):
+    import pfl.runner.sweep as sweep
+
+    ran = []
+    monkeypatch.setattr(sweep, "run_parallel", lambda argvs, workers, fresh: ran.append(list(argvs.values())))
+    monkeypatch.setattr(sweep, "save_results", lambda root, dirs: None)
+    path = ROOT / "sweeps" / "fedprox_mu.yaml"
+    with pytest.raises(ConfigError, match=r"^--root: is given with --resume, which names the sweep's folder itself"):
+        sweep.run_sweep(path, 2, root=tmp_path, resume=tmp_path)
+    with pytest.raises(ConfigError, match=r"^--resume: .*nothing is not a folder .*give the folder of the sweep"):
+        sweep.run_sweep(path, 2, resume=tmp_path / "nothing")
+    assert ran == [] and not (tmp_path / "nothing").exists()
+    runs, _ = sweep.plan(path, 2, tmp_path)
+    (tmp_path / runs[0].name).mkdir()
+    (tmp_path / runs[0].name / "config.yaml").write_text("{}")  # a run of that name was started there
+    (tmp_path / runs[1].name).mkdir()  # an empty folder: a new run uses it
+    with pytest.raises(ConfigError, match="already holds runs named as this sweep's"):
+        sweep.run_sweep(path, 2, root=tmp_path)
+    sweep.run_sweep(path, 2, root=tmp_path, overrides=["tracking.overwrite=true"])  # replaces it, as fit does
+    assert [argv[:2] for argv in ran[0]] == [["fit", "--config"]] * 2
+    sweep.run_sweep(path, 2, resume=tmp_path)
+    assert ran[1][0][:3] == ["fit", "--resume", str(tmp_path / runs[0].name)] and ran[1][0][3:] == runs[0].argv[1:]
+    assert ran[1][1] == runs[1].argv  # nothing recorded there: it starts
 
 
 # -- the sweep file's checks, each refusal naming its field -------------------------------------------------
