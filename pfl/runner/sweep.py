@@ -59,7 +59,7 @@ class SweepRun:
     params: dict[str, Any]
     argv: list[str]  # arguments after `python -m pfl`
     name: str  # the run folder's name, from the swept values
-    overwrite: bool = False  # tracking.overwrite: the run replaces its folder (moved to _replaced/)
+    overwrite: bool  # tracking.overwrite: the run replaces its folder (moved to _replaced/)
 
 
 def load_sweep(path: str | Path) -> dict[str, Any]:
@@ -290,7 +290,7 @@ def plan(
         argv += set_args(overrides or [], params)
         argv += tracking_args(spec, argv, root)
         argv += ["--tracking.root", str(root), "--tracking.name", name, "--trainer.progress", "false"]
-        cfg = parse_fit_args(argv[1:], parsers)[0]  # raises ConfigError on any bad key or value, before anything runs
+        cfg, *_ = parse_fit_args(argv[1:], parsers)  # raises ConfigError on any bad key or value, before anything runs
         runs.append(SweepRun(i, params, argv, name, cfg.tracking.overwrite))
     return runs, root
 

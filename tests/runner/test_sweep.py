@@ -212,6 +212,21 @@ command: ["${interpreter}", -m, pfl, fit, --config, conf/default.yaml, --method.
     assert kept == {name: (root / name / "summary.json").read_bytes() for name in kept}
 
 
+def test_a_refused_second_sweep_names_the_first_three_runs_it_found(tmp_path, monkeypatch):
+    import pfl.runner.sweep as sweep
+
+    monkeypatch.setattr(sweep, "run_parallel", lambda *args, **kwargs: pytest.fail("a run started"))
+    path = ROOT / "sweeps" / "fedprox_mu.yaml"  # 4 runs
+    names = [run.name for run in sweep.plan(path, root=tmp_path)[0]]
+    for shown, started in ((", ".join(names[:3]), 3), (", ".join(names[:3]) + ", ...", 4)):
+        for name in names[:started]:
+            (tmp_path / name).mkdir(exist_ok=True)
+            (tmp_path / name / "config.yaml").write_text("{}")
+        with pytest.raises(ConfigError) as refused:
+            sweep.run_sweep(path, root=tmp_path)
+        assert f"already holds runs named as this sweep's ({shown})" in str(refused.value)
+
+
 def test_a_resume_names_the_sweeps_folder_alone_and_a_rerun_that_overwrites_is_not_refused(tmp_path, monkeypatch):
     import pfl.runner.sweep as sweep
 
@@ -228,7 +243,7 @@ def test_a_resume_names_the_sweeps_folder_alone_and_a_rerun_that_overwrites_is_n
     (tmp_path / runs[0].name).mkdir()
     (tmp_path / runs[0].name / "config.yaml").write_text("{}")  # a run of that name was started there
     (tmp_path / runs[1].name).mkdir()  # an empty folder: a new run uses it
-    with pytest.raises(ConfigError, match="already holds runs named as this sweep's"):
+    with pytest.raises(ConfigError, match=rf"already holds runs named as this sweep's \({runs[0].name}\)"):
         sweep.run_sweep(path, 2, root=tmp_path)
     sweep.run_sweep(path, 2, root=tmp_path, overrides=["tracking.overwrite=true"])  # replaces it, as fit does
     assert [argv[:2] for argv in ran[0]] == [["fit", "--config"]] * 2
