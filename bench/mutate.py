@@ -36,8 +36,10 @@ import importlib.abc
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -243,15 +245,31 @@ def import_heavy() -> None:
     assert not project, f"the parent must not import the project: {project}"
 
 
+def slot_folders(workers: int) -> list[Path]:
+    """pytest's ``--basetemp`` for each worker slot of this process's run: pytest empties it for every
+    child that takes the slot, so a run holds one folder per slot, not one per mutant."""
+    return [Path(tempfile.gettempdir()) / f"pfl-mutate-{os.getpid()}-{slot}" for slot in range(workers)]
+
+
 def run_jobs(jobs: list[Job], workers: int, timeout: float) -> Iterator[tuple[Job, str, int, float]]:
-    """Yields (job, status, exit code, seconds) as the children end; at most ``workers`` at a time."""
-    pending, running, free = list(jobs), {}, list(range(workers))
+    """Yields (job, status, exit code, seconds) as the children end; at most ``workers`` at a time. The
+    slots' pytest folders are removed when the jobs end."""
+    folders = slot_folders(workers)
+    try:
+        yield from _run_jobs(jobs, folders, timeout)
+    finally:
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_jobs(jobs: list[Job], folders: list[Path], timeout: float) -> Iterator[tuple[Job, str, int, float]]:
+    pending, running, free = list(jobs), {}, list(range(len(folders)))
     while pending or running:
         while pending and free:
             job, slot = pending.pop(0), free.pop()
             pid = os.fork()
             if pid == 0:
-                child(job, Path(f"/tmp/pfl-mutate-{os.getpid()}-{slot}"))
+                child(job, folders[slot])
             running[pid] = (job, slot, time.monotonic())
         pid, status = os.waitpid(-1, os.WNOHANG)
         if pid:

@@ -4,6 +4,7 @@ killed, one it cannot catch survives, one on a line the test never runs is not c
 from __future__ import annotations
 
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -32,7 +33,7 @@ def test_step():
     assert step(4.0, 2.0) == 3.0
 
 
-def test_scale():
+def test_scale(tmp_path):  # a pytest folder for each child
     assert scale(0.0) == 0.0
 """
 
@@ -56,10 +57,16 @@ def by_line(entry: dict) -> dict[int, list[str]]:
     return out
 
 
+def pytest_folders() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob("pfl-mutate-*"))
+
+
 def test_killed_survived_and_not_covered_are_told_apart(tiny_project: Path):
     cache: dict = {}
     source = tiny_project / "tinymod.py"
+    folders = pytest_folders()
     entry = tool.mutate_file(source, ["test_tinymod.py"], cache, tiny_project / "cache.json", 2, False)
+    assert pytest_folders() == folders  # the children's pytest folders went with the run
     status = by_line(entry)
     assert status[2] == [tool.KILLED] * 3  # "-" -> "+", "*" -> "/", 0.5 -> 1.5: step(4, 2) changes
     assert status[6] == [tool.SURVIVED] * 2  # "*" -> "/", 2 -> 3: scale(0) is 0 either way
