@@ -112,6 +112,10 @@ def test_a_commands_bad_argument_is_one_line_naming_the_command_and_its_usage(ar
         (["--data.source", "imagenet"], "data.source", "did you mean tiny_imagenet?"),
         (["--client.lr", "inf"], "client.lr", "expected a finite number, got 'inf'"),
         (["--trainer.clients_per_round", "x"], "trainer.clients_per_round", "expected a whole number or null"),
+        (["--trainer.progress", "maybe"], "trainer.progress", "expected true or false, got 'maybe'"),
+        (["--tracking.tags", "[[1]]"], "tracking.tags", "expected text, got '[1]'"),
+        (["--model.hidden", "x"], "model.hidden", "expected a list in brackets (e.g. [1,2]), got 'x'"),
+        (["--model.init_args", "[1]"], "model.init_args", "expected a mapping, got '[1]'"),
         (["--trainer.rounds"], "trainer.rounds: has no value", "--trainer.rounds=VALUE"),
     ],
 )

@@ -124,6 +124,21 @@ def test_stacks_counts_each_fit_and_refuses_what_has_no_stacked_form():
     assert (other.stacked_fits, other.sequential_fits) == (0, 1)
 
 
+def test_stacked_nothing_names_the_first_lone_fit_while_nothing_has_stacked():
+    loop, lockstep = _lockstep()
+    assert lockstep.stacked_nothing() is None  # no fit yet: nothing ran alone
+    drawn = _global_dropout_worker()
+    other = Lockstep(drawn, StackedTrainer(drawn))
+    assert not other.stacks(CUSTOM) and not other.stacks(FitSpec())
+    assert other.stacked_nothing() == "a model that stacks no fit"  # the first lone fit's reason
+    assert not lockstep.stacks(CUSTOM) and not lockstep.stacks(replace(CUSTOM, epochs=2))
+    assert lockstep.stacked_nothing() == "a custom loss (loss_fn)"
+    # a stacked fit, full pass or gradient call of a method, or any mix of them: something stacked
+    for counts in [(1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 1, 0), (0, 1, 1), (1, 1, 1)]:
+        lockstep.stacked_fits, lockstep.stacked_gradients, lockstep.stacked_batch_gradients = counts
+        assert lockstep.stacked_nothing() is None, counts
+
+
 def _full_pass(cid: int, state: torch.Tensor, round_idx: int | None = 3):
     """A local update whose only request is PGFed's full pass, from a model left in eval mode (``round_idx``
     None: the call's default round)."""

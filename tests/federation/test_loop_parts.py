@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,31 @@ def test_a_method_that_has_personal_models_but_stores_none_is_warned_once(recwar
     for ok in (f"{__name__}.KeepsPersonal", "fedavg", "ditto"):
         make_loop(tiny_config(ok, trainer={"rounds": 1})).fit()
     assert not [w for w in recwarn if issubclass(w.category, MethodFlagWarning)]
+
+
+class SaysGlobalOnly(GlobalOnly):
+    has_personal_model = False  # the flag stated: its P-model is the global model
+
+
+class OwnPersonalState(GlobalOnly):
+    def personal_state(self, server, client):  # a P-model of its own making, whatever it stored
+        return server["global"]
+
+
+def _first_dispatch(method: str, round_idx: int, sampled: list[int]) -> list[str]:
+    """The MethodFlagWarnings of a dispatch of ``sampled`` in ``round_idx``, the dispatcher's first."""
+    loop = make_loop(tiny_config(method))
+    payloads = {cid: loop.method.payload(loop.server, cid) for cid in sampled}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loop.dispatcher.dispatch(loop.method, round_idx, sampled, payloads)
+    return [str(w.message) for w in caught if issubclass(w.category, MethodFlagWarning)]
+
+
+def test_the_personal_model_warning_names_the_first_client_trained_without_one_and_its_round():
+    # the first dispatch this process makes (a resumed run's: any round), clients in the order sampled
+    (text,) = _first_dispatch(f"{__name__}.GlobalOnly", 4, [3, 1])
+    assert "stored no client.state['personal'] for client 3 in round 5, so that client's P-model" in text
+    # has_personal_model = False stated, or a personal_state of its own: nothing to warn about
+    for ok in (f"{__name__}.SaysGlobalOnly", f"{__name__}.OwnPersonalState"):
+        assert _first_dispatch(ok, 0, [3, 1]) == []

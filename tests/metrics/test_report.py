@@ -175,13 +175,15 @@ def test_seeds_that_never_reach_the_target_are_counted_and_the_cell_cannot_win(t
 
 
 def test_table_runs_tell_repeats_apart_only_by_the_seed_unless_asked(tmp_path):
-    from pfl.metrics.report import build_table, run_settings, table_runs
+    from pfl.metrics.report import build_table, group_runs, run_settings, table_runs
 
     summaries = [{"method": "fedavg", "seed": s, "metrics": {"gm.acc": 0.5 + 0.1 * s}} for s in (0, 1)]
     configs = [config("fedavg", s, tmp_path, f"r{s}") for s in (0, 1)]
     runs = table_runs(summaries, ["r0", "r1"], configs)  # grouped by default
     assert runs[0].settings == runs[1].settings and "seed" not in runs[0].settings
     assert runs[0].settings["client.lr"] == 0.1  # from the config
+    assert [len(g.runs) for g in group_runs(runs)] == [2]  # the same settings: one group by default
+    assert [g.runs for g in group_runs(runs, group=False)] == [[runs[0]], [runs[1]]]
     assert [r.settings["seed"] for r in table_runs(summaries, ["r0", "r1"], configs, group=False)] == [0, 1]
     assert table_runs(summaries, ["r0", "r1"])[0].settings == {"method": "fedavg"}  # no configs: the summaries
     assert "seed" not in run_settings(summaries[0], None)

@@ -11,9 +11,11 @@ import pfl.runner.assembly as assembly
 from pfl.config import validate
 from pfl.engine.terms import Proximal, Term
 from pfl.errors import ConfigError
-from pfl.federation.dispatch import SequentialDispatcher, VectorizedDispatcher
+from pfl.federation.dispatch import MultiProcessDispatcher, SequentialDispatcher, VectorizedDispatcher
+from pfl.federation.distributed import Cohort
 from pfl.methods.base import ClientContext, State
 from pfl.methods.fedprox import FedProx
+from pfl.runner.lockstep_report import LockstepReport
 from pfl.runner.training_path import choose_path
 from tests.conftest import make_loop, tiny_config
 
@@ -170,3 +172,26 @@ def test_a_vectorized_run_whose_fits_stack_none_says_so_naming_the_first_reason(
     make_loop(tiny_config("fedprox", trainer=trainer)).fit()  # its Proximal stacks: nothing to say
     make_loop(tiny_config(f"{__name__}.HandProx", trainer={**trainer, "vectorize": False})).fit()
     assert _stack_lines(capsys.readouterr().err) == []
+
+
+def test_rank_zero_of_several_processes_reports_its_own_vectorized_share(capsys):
+    loop = make_loop(tiny_config(f"{__name__}.HandProx", trainer={"vectorize": True}))
+    loop.run_round()
+    two = Cohort(0, 2, gather=lambda obj: [obj, obj])
+    loop.dispatcher = MultiProcessDispatcher(loop.dispatcher, two, [1] * loop.server.num_clients)
+    capsys.readouterr()
+    LockstepReport().on_evaluation(loop, {})  # the fits of this rank's share, run by its local dispatcher
+    assert len(_stack_lines(capsys.readouterr().err)) == 1
+
+
+def _reports(loop) -> int:
+    return sum(isinstance(c, LockstepReport) for c in loop.callbacks)
+
+
+def test_only_rank_zero_of_a_vectorized_run_gets_the_lockstep_report():
+    vectorized = tiny_config(f"{__name__}.HandProx", trainer={"vectorize": True})
+    assert _reports(make_loop(vectorized)) == 1
+    assert _reports(make_loop(tiny_config(f"{__name__}.HandProx"))) == 0  # sequential: nothing to stack
+    assert _reports(make_loop(vectorized, announce_path=False)) == 0  # a run's LOCAL reference
+    rank_one = Cohort(1, 2, gather=lambda obj: [obj, obj])
+    assert _reports(make_loop(vectorized, cohort=rank_one)) == 0  # rank 0 says it for every rank
