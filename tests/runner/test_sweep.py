@@ -127,20 +127,25 @@ def test_config_paths_are_read_beside_the_sweep_file_and_set_fixes_an_option(tmp
     assert not (tmp_path / "runs").exists()
 
 
-def test_local_runner_completes_a_2x2_grid(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)  # the config is the shipped one, found from any folder
-    sweep = tmp_path / "grid.yaml"
-    sweep.write_text(
-        """
+def fedprox_grid(path: Path, mu: list[float], lr: list[float] | None = None) -> Path:
+    """A grid sweep file of FedProx's mu (and client.lr) on 4 clients of the shipped default experiment."""
+    lrs = "" if lr is None else f"\n  client.lr: {{values: {lr}}}"
+    path.write_text(
+        f"""
 method: grid
-metric: {name: pm.l_acc.mean, goal: maximize}
+metric: {{name: pm.l_acc.mean, goal: maximize}}
 parameters:
-  method.mu: {values: [0.0, 0.5]}
-  client.lr: {values: [0.05, 0.1]}
-command: ["${env}", "${interpreter}", -m, pfl, fit, --config, conf/default.yaml, --method.name, fedprox,
-          --data.num_clients, "4", --model.hidden, "[16]", --tracking.wandb, "false", "${args}"]
+  method.mu: {{values: {mu}}}{lrs}
+command: ["${{env}}", "${{interpreter}}", -m, pfl, fit, --config, conf/default.yaml, --method.name, fedprox,
+          --data.num_clients, "4", --model.hidden, "[16]", --tracking.wandb, "false", "${{args}}"]
 """
     )
+    return path
+
+
+def test_local_runner_completes_a_2x2_grid(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # the config is the shipped one, found from any folder
+    sweep = fedprox_grid(tmp_path / "grid.yaml", mu=[0.0, 0.5], lr=[0.05, 0.1])
     from pfl.cli import main
 
     root = tmp_path / "runs"
@@ -165,17 +170,7 @@ def _numbers(run: Path) -> dict:
 
 def test_an_interrupted_sweep_is_resumed_and_gives_a_fresh_sweeps_numbers(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    sweep = tmp_path / "mu.yaml"
-    sweep.write_text(
-        """
-method: grid
-metric: {name: pm.l_acc.mean, goal: maximize}
-parameters:
-  method.mu: {values: [0.0, 0.5]}
-command: ["${interpreter}", -m, pfl, fit, --config, conf/default.yaml, --method.name, fedprox,
-          --data.num_clients, "4", --model.hidden, "[16]", --tracking.wandb, "false", "${args}"]
-"""
-    )
+    sweep = fedprox_grid(tmp_path / "mu.yaml", mu=[0.0, 0.5])
     from pfl.cli import main
 
     root, fresh = tmp_path / "runs", tmp_path / "fresh"
@@ -194,7 +189,8 @@ command: ["${interpreter}", -m, pfl, fit, --config, conf/default.yaml, --method.
     assert main(["sweep", str(sweep), "--resume", str(root), "--set", "trainer.rounds=2"]) == 0
     out = capsys.readouterr().out
     assert f"resuming the sweep in {root}: 1 of 2 runs started there" in out
-    assert main(["sweep", str(sweep), "--root", str(fresh), "--set", "trainer.rounds=2"]) == 0
+    for run in plan(sweep, root=root, overrides=["trainer.rounds=2"])[0]:  # uninterrupted, in this process
+        assert main([*run.argv, "--tracking.root", str(fresh)]) == 0
     for name in ("mu0", "mu0.5"):
         assert json.loads((root / name / "summary.json").read_text())["rounds"] == 2
         assert _numbers(root / name) == _numbers(fresh / name)  # a resume continues the same run exactly
