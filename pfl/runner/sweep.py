@@ -483,8 +483,16 @@ def run_sweep(
     root.mkdir(parents=True, exist_ok=True)
     labels = [r.name + " " + ", ".join(f"{k}={v}" for k, v in r.params.items()) for r in runs]
     argvs = [continued(r.argv, root / r.name) if resume and r.name in started else r.argv for r in runs]
-    run_parallel(dict(zip(labels, argvs, strict=True)), workers, fresh=fresh)
     dirs = [root / r.name for r in runs]
+    try:
+        run_parallel(dict(zip(labels, argvs, strict=True)), workers, fresh=fresh)
+    except ConfigError as failed:  # some runs failed: the table of those that finished is saved all the same
+        finished = [d for d in dirs if (d / "summary.json").is_file()]
+        if not finished:
+            raise
+        save_results(root, finished)
+        fix = f"the table of the {len(finished)} runs that finished is in {root / 'results.md'}"
+        raise ConfigError(failed.field, failed.problem, fix) from None
     save_results(root, dirs)
     return dirs
 

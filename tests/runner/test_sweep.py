@@ -208,6 +208,40 @@ def test_an_interrupted_sweep_is_resumed_and_gives_a_fresh_sweeps_numbers(tmp_pa
     assert kept == {name: (root / name / "summary.json").read_bytes() for name in kept}
 
 
+def test_a_sweep_with_failed_runs_saves_the_table_of_those_that_finished(tmp_path, monkeypatch):
+    import pfl.runner.sweep as sweep
+    from tests.helpers.reports import config, write_run
+
+    path = ROOT / "sweeps" / "fedprox_mu.yaml"  # 4 runs
+    names = [run.name for run in sweep.plan(path, root=tmp_path)[0]]
+
+    def two_finish(argvs, workers, fresh):
+        for mu, name in enumerate(names[:2]):
+            write_run(
+                tmp_path, name, "fedprox", {"pm.l_acc.mean": 0.5}, config=config("fedprox", 0, tmp_path, name, mu=mu)
+            )
+        raise ConfigError("sweep", "2 of 4 runs failed: ...")
+
+    monkeypatch.setattr(sweep, "run_parallel", two_finish)
+    with pytest.raises(ConfigError) as failed:
+        sweep.run_sweep(path, root=tmp_path)
+    results = tmp_path / "results.md"
+    assert (
+        str(failed.value) == f"sweep: 2 of 4 runs failed: ... (the table of the 2 runs that finished is in {results})"
+    )
+    assert [line.split(" | ")[0] for line in results.read_text().splitlines()[2:]] == [f"| {n}" for n in names[:2]]
+    assert len((tmp_path / "results.csv").read_text().splitlines()) == 3
+
+    def none_finish(argvs, workers, fresh):
+        raise ConfigError("sweep", "4 of 4 runs failed: ...")
+
+    monkeypatch.setattr(sweep, "run_parallel", none_finish)
+    results.unlink()
+    with pytest.raises(ConfigError, match=r"^sweep: 4 of 4 runs failed: \.\.\.$"):
+        sweep.run_sweep(path, root=tmp_path / "other")
+    assert not (tmp_path / "other" / "results.md").exists()
+
+
 def test_a_refused_second_sweep_names_the_first_three_runs_it_found(tmp_path, monkeypatch):
     import pfl.runner.sweep as sweep
 
