@@ -1,7 +1,7 @@
 """Lockstep vectorized training (pfl.engine.lockstep), whole rounds: every registered method's rounds equal
-its sequential rounds (keyed dropout, bf16, compiled steps, a BatchNorm WRN included), and docs/performance.md's
-table says which methods stack. The handoff and the worker each client resumes with: ``test_lockstep.py``;
-stacked fits one by one: ``test_stacked.py``."""
+its sequential rounds (keyed dropout, bf16, compiled steps, a BatchNorm WRN and the char-LSTM included), and
+docs/performance.md's table says which methods stack. The handoff and the worker each client resumes with:
+``test_lockstep.py``; stacked fits one by one: ``test_stacked.py``."""
 
 from __future__ import annotations
 
@@ -235,3 +235,26 @@ def test_stacked_wrn_batchnorm_rounds_equal_the_sequential_rounds_in_float64():
             assert_same_metrics(got, expected, 1e-12)
     finally:
         torch.set_default_dtype(previous)
+
+
+def test_char_lstm_rounds_on_shakespeare_train_stacked_as_sequentially():
+    """The LSTM (LEAF's Shakespeare model) under vmap: each client's stacked weights through nn.LSTM, and
+    FedRoD's split of it (its features, then the generic and personal heads)."""
+    name = "fedrod"
+    data = {"source": "shakespeare", "num_clients": 4, "min_samples": 20}
+    model = {"name": "char_lstm", "hidden": [16], "embed": 8}
+
+    def loop(vectorize: bool):
+        cfg = tiny_config(name, trainer={"rounds": 2, "eval_every": 2}, client=CLIENT, data=data, model=model)
+        out = make_loop(cfg)
+        if vectorize:
+            out.dispatcher = VectorizedDispatcher(out.worker, out.clients, out.init_state, out.evals.trained, False)
+        return out
+
+    seq, vec = loop(False), loop(True)
+    seq.fit(), vec.fit()
+    lockstep = vec.dispatcher.lockstep
+    assert lockstep.stacked_fits > 0 and lockstep.sequential_fits == 0
+    assert_close(vec.server.state, seq.server.state, "server")
+    assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients")
+    assert_same_metrics(vec.history[-1], seq.history[-1])
