@@ -26,11 +26,27 @@ CLIENT = {"momentum": 0.5, "keep_momentum": True, "weight_decay": 1e-3}
 STATE_ATOL = {"page": 3e-4}
 
 
-def _loop(name: str, vectorize: bool):
-    loop = make_loop(tiny_config(name, trainer={"rounds": 2, "eval_every": 2}, client=CLIENT, data=DATA))
-    if vectorize:  # also for methods vectorize refuses (they gain nothing): lockstep must still be exact
-        loop.dispatcher = VectorizedDispatcher(loop.worker, loop.clients, loop.init_state, loop.evals.trained, False)
+def _vectorized(loop, compile: bool = False):
+    """``loop`` with its clients trained in lockstep, also for methods vectorize refuses (they gain nothing:
+    lockstep must still be exact)."""
+    loop.dispatcher = VectorizedDispatcher(loop.worker, loop.clients, loop.init_state, loop.evals.trained, compile)
     return loop
+
+
+def _loop(name: str, vectorize: bool, **groups):
+    """Two rounds of ``name`` on DATA (``groups`` override whole groups: ``model={...}``)."""
+    loop = make_loop(
+        tiny_config(name, trainer={"rounds": 2, "eval_every": 2}, client=CLIENT, **{"data": DATA, **groups})
+    )
+    return _vectorized(loop) if vectorize else loop
+
+
+def _assert_every_fit_stacked_as_sequentially(vec, seq) -> None:
+    lockstep = vec.dispatcher.lockstep
+    assert lockstep.stacked_fits > 0 and lockstep.sequential_fits == 0
+    assert_close(vec.server.state, seq.server.state, "server")
+    assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients")
+    assert_same_metrics(vec.history[-1], seq.history[-1])
 
 
 def _docs_table() -> dict[str, tuple[str, str]]:
@@ -82,9 +98,7 @@ def test_bf16_rounds_train_stacked_as_sequentially(name, precision, monkeypatch)
     def loop(vectorize: bool):
         cfg = tiny_config(name, trainer={"rounds": 2, "eval_every": 2, "precision": precision}, client=CLIENT)
         out = make_loop(cfg, fabric=L.Fabric(accelerator="cpu", precision=precision))
-        if vectorize:
-            out.dispatcher = VectorizedDispatcher(out.worker, out.clients, out.init_state, out.evals.trained, False)
-        return out
+        return _vectorized(out) if vectorize else out
 
     seq, vec = loop(False), loop(True)
     seq.fit()
@@ -117,22 +131,10 @@ def dropout_mlp(cfg, input_shape, num_classes):
 @pytest.mark.parametrize("name", ["fedavg", "pgfed"])
 def test_rounds_with_keyed_dropout_train_stacked_as_sequentially(name):
     model = {"name": "tests.engine.test_lockstep_real_runs:dropout_mlp"}
-
-    def loop(vectorize: bool):
-        cfg = tiny_config(name, trainer={"rounds": 2, "eval_every": 2}, client=CLIENT, data=DATA, model=model)
-        out = make_loop(cfg)
-        if vectorize:
-            out.dispatcher = VectorizedDispatcher(out.worker, out.clients, out.init_state, out.evals.trained, False)
-        return out
-
-    seq, vec = loop(False), loop(True)
+    seq, vec = _loop(name, False, model=model), _loop(name, True, model=model)
     seq.fit(), vec.fit()
-    lockstep = vec.dispatcher.lockstep
-    assert lockstep.stacked_fits > 0 and lockstep.sequential_fits == 0
-    assert_close(vec.server.state, seq.server.state, "server")
-    assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients")
-    assert_same_metrics(vec.history[-1], seq.history[-1])
-    again = loop(False)
+    _assert_every_fit_stacked_as_sequentially(vec, seq)
+    again = _loop(name, False, model=model)
     again.fit()
     assert torch.equal(again.server.state["global"], seq.server.state["global"])  # the same seed reproduces
 
@@ -147,9 +149,7 @@ def test_compiled_stacked_rounds_with_keyed_dropout_train_as_sequentially():
         trainer = {"rounds": 2, "eval_every": 2, "compile": vectorize}
         data = {"val_frac": 0.2, "augment": "flip"}  # clients of 34 to 237 samples: ragged stacks
         out = make_loop(tiny_config("fedavg", trainer=trainer, client=CLIENT, data=data, model=model))
-        if vectorize:
-            out.dispatcher = VectorizedDispatcher(out.worker, out.clients, out.init_state, out.evals.trained, True)
-        return out
+        return _vectorized(out, True) if vectorize else out
 
     seq, vec = loop(False), loop(True)
     trainer, rows = vec.dispatcher.lockstep.trainer, []
@@ -182,9 +182,7 @@ def test_compiled_custom_losses_and_full_passes_train_as_sequentially(name, comp
     def loop(vectorize: bool):
         trainer = {"rounds": 2, "eval_every": 2, "compile": vectorize}
         out = make_loop(tiny_config(name, trainer=trainer, client=CLIENT))
-        if vectorize:
-            out.dispatcher = VectorizedDispatcher(out.worker, out.clients, out.init_state, out.evals.trained, True)
-        return out
+        return _vectorized(out, True) if vectorize else out
 
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
@@ -221,9 +219,7 @@ def test_stacked_wrn_batchnorm_rounds_equal_the_sequential_rounds_in_float64():
             cfg = tiny_config("fedavg", trainer={"rounds": 2, "eval_every": 1}, model=model, client=client, data=data)
             out = make_loop(cfg)
             out.worker.data.x = out.worker.data.x.double()
-            if vectorize:
-                out.dispatcher = VectorizedDispatcher(out.worker, out.clients, out.init_state, out.evals.trained, False)
-            return out
+            return _vectorized(out) if vectorize else out
 
         seq, vec = loop(False), loop(True)
         assert [len(seq.worker.split(c).train) % 16 for c in (0, 3)] == [2, 2]
@@ -240,21 +236,8 @@ def test_stacked_wrn_batchnorm_rounds_equal_the_sequential_rounds_in_float64():
 def test_char_lstm_rounds_on_shakespeare_train_stacked_as_sequentially():
     """The LSTM (LEAF's Shakespeare model) under vmap: each client's stacked weights through nn.LSTM, and
     FedRoD's split of it (its features, then the generic and personal heads)."""
-    name = "fedrod"
-    data = {"source": "shakespeare", "num_clients": 4, "min_samples": 20}
-    model = {"name": "char_lstm", "hidden": [16], "embed": 8}
-
-    def loop(vectorize: bool):
-        cfg = tiny_config(name, trainer={"rounds": 2, "eval_every": 2}, client=CLIENT, data=data, model=model)
-        out = make_loop(cfg)
-        if vectorize:
-            out.dispatcher = VectorizedDispatcher(out.worker, out.clients, out.init_state, out.evals.trained, False)
-        return out
-
-    seq, vec = loop(False), loop(True)
+    groups = {"data": {"source": "shakespeare", "num_clients": 4, "min_samples": 20}}
+    groups["model"] = {"name": "char_lstm", "hidden": [16], "embed": 8}
+    seq, vec = _loop("fedrod", False, **groups), _loop("fedrod", True, **groups)
     seq.fit(), vec.fit()
-    lockstep = vec.dispatcher.lockstep
-    assert lockstep.stacked_fits > 0 and lockstep.sequential_fits == 0
-    assert_close(vec.server.state, seq.server.state, "server")
-    assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients")
-    assert_same_metrics(vec.history[-1], seq.history[-1])
+    _assert_every_fit_stacked_as_sequentially(vec, seq)
