@@ -77,13 +77,7 @@ def _method_args(method: Method) -> dict[str, Any]:
     built from the class and these arguments, would take that argument's default instead."""
     unstored = method.unstored_options()
     if unstored:
-        name = unstored[0]
-        raise ConfigError(
-            "method",
-            f"the {type(method).__qualname__} instance does not store its argument {name!r} as an attribute",
-            f'pass the class and its arguments: method={{"class_path": ..., "init_args": {{"{name}": ...}}}}, '
-            f"or set self.{name} in its __init__",
-        )
+        raise _not_stored("method", type(method), unstored[0])
     return method.hparams()
 
 
@@ -96,11 +90,17 @@ def _model_args(net: nn.Module) -> dict[str, Any]:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
         if p.name not in vars(net):
-            raise ConfigError(
-                "model",
-                f"the {cls.__qualname__} instance does not store its argument {p.name!r} as an attribute",
-                f'pass the class and its arguments: model={{"class_path": ..., "init_args": {{"{p.name}": ...}}}}, '
-                f"or set self.{p.name} in its __init__",
-            )
+            raise _not_stored("model", cls, p.name)
         args[p.name] = vars(net)[p.name]
     return args
+
+
+def _not_stored(field: str, cls: type, name: str) -> ConfigError:
+    """An instance of ``cls`` given for ``field`` that keeps no attribute ``name`` for its constructor argument:
+    the run, built from the class and the arguments read back, could not take the value it was given."""
+    return ConfigError(
+        field,
+        f"the {cls.__qualname__} instance does not store its argument {name!r} as an attribute",
+        f'pass the class and its arguments: {field}={{"class_path": ..., "init_args": {{"{name}": ...}}}}, '
+        f"or set self.{name} in its __init__",
+    )

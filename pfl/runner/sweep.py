@@ -464,7 +464,7 @@ def run_sweep(
     root = root or default_root(path)
     check_creatable(root, "--root")  # before the runs are parsed
     runs, root = plan(path, count, root, overrides)
-    started = [r.name for r in runs if (root / r.name / "config.yaml").is_file()]
+    started = {r.name for r in runs if (root / r.name / "config.yaml").is_file()}
     if resume is None:
         kept = [r.name for r in runs if r.name in started and not r.overwrite]
         shown = ", ".join(kept[:3]) + (", ..." if len(kept) > 3 else "")
