@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli_runs import child_env
+from tests.helpers.report_plots import runs  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "lightning", "torchvision", "torchmetrics", "jsonargparse", "wandb", "pandas", "matplotlib", "timm")
@@ -88,3 +89,14 @@ def test_importing_a_method_imports_no_lightning():
     # (a method with an objective of its own, a ClientModule, does: Ditto, LG-FedAvg, PLGU)
     loaded = imported_after("pfl.methods.fedavg", "pfl.methods.pgfed", "pfl.methods.page")
     assert not {"lightning", "lightning.fabric"} & loaded
+
+
+def test_a_table_and_the_figures_of_finished_runs_import_no_torch(runs, tmp_path):  # noqa: F811
+    """``pfl report`` reads JSON, CSV and YAML. The defaults that fill the options an older run's config.yaml
+    lacks come from the method index: a parser built for them would import jsonargparse, torch and Lightning."""
+    figures = [tmp_path / "curves.png", tmp_path / "clients.png"]
+    loaded = imported_by("report", *map(str, runs), "--plot", str(figures[0]), "--plot-clients", str(figures[1]))
+    assert all(f.read_bytes().startswith(b"\x89PNG") for f in figures)  # the command ran to its end
+    assert "pfl.runner.fit_help" in loaded and "matplotlib" in loaded
+    heavy = {*HEAVY, "pfl.runner.args", "pfl.data.federated"} - {"matplotlib"}
+    assert not loaded & heavy, sorted(loaded & heavy)

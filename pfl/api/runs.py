@@ -18,7 +18,7 @@ from pfl.api.models import global_model, personal_model
 from pfl.api.state import preserved_global_state
 from pfl.errors import ConfigError
 from pfl.metrics.report import build_table, group_runs, render, table_runs
-from pfl.runner.args import default_config
+from pfl.runner.fit_help import method_defaults
 
 FIX = "pass a folder written by pfl.fit or `python -m pfl fit`"
 MEAN = ".mean"  # a per-client metric's mean over the clients, in summary.json and metrics.csv
@@ -103,8 +103,8 @@ def compare(
     configs = [r.config or None for r in loaded]  # None: a folder without config.yaml, described by its summary
     # The report's keys name a per-client mean by its metric (pm.l_acc): ``.mean`` off, then back on.
     keys = None if metrics is None else [_report_key(k) for k in metrics]
-    header, rows, best = build_table(summaries, names, keys, configs, group=not per_run, defaults=default_config)
-    groups = group_runs(table_runs(summaries, names, configs, not per_run, default_config), group=not per_run)
+    header, rows, best = build_table(summaries, names, keys, configs, group=not per_run, defaults=method_defaults)
+    groups = group_runs(table_runs(summaries, names, configs, not per_run, method_defaults), group=not per_run)
     for row, group in zip(rows, groups, strict=True):
         row[0] = ", ".join(run.name for run in group.runs) + (BEST_TEST if row[0].endswith(BEST_TEST) else "")
     table = pd.read_csv(io.StringIO(render(header, rows, best, "csv")))  # the report's own numbers, exact (repr)

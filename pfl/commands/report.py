@@ -13,7 +13,7 @@ from pfl.errors import CommandParser, ConfigError
 from pfl.metrics.compare_plots import check_output, clients_figure, curve_figure, plot_groups
 from pfl.metrics.plots import save_figure
 from pfl.metrics.report import FORMATS, report
-from pfl.runner.args import default_config
+from pfl.runner.fit_help import method_defaults
 from pfl.runner.wandb_report import log_report, report_identity
 
 USAGE = (
@@ -92,7 +92,7 @@ def draw_plots(args: argparse.Namespace) -> dict[Path, Figure]:
     """The requested figures by file, drawn in memory (nothing is written if one of them fails)."""
     if args.plot is None and args.plot_clients is None:
         return {}
-    groups = plot_groups(args.run_dirs, group=not args.per_run, defaults=default_config)
+    groups = plot_groups(args.run_dirs, group=not args.per_run, defaults=method_defaults)
     figures: dict[Path, Figure] = {}  # outside pyplot: nothing to close when one of them fails
     if args.plot is not None:
         figures[args.plot] = curve_figure(groups, args.plot_metric)[0]
@@ -107,7 +107,7 @@ def main(argv: list[str]) -> int:
     to_wandb = report_identity(args.run_dirs) if args.wandb else None  # refused before anything is drawn
     metrics = [k.strip() for k in args.metrics.split(",") if k.strip()] if args.metrics else None
     table = report(
-        args.run_dirs, metrics, args.format, group=not args.per_run, digits=args.digits, defaults=default_config
+        args.run_dirs, metrics, args.format, group=not args.per_run, digits=args.digits, defaults=method_defaults
     )
     figures = draw_plots(args)
     for path, fig in figures.items():

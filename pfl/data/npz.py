@@ -21,15 +21,17 @@ import json
 import math
 import zipfile
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from pfl.data.federated import FederatedData
 from pfl.data.safe_pickle import restricted_load
 from pfl.data.validate import Part
 from pfl.errors import ConfigError
 from pfl.memory import available_memory, gigabytes
+
+if TYPE_CHECKING:  # reading a partition needs no torch; only exporting one has a FederatedData
+    from pfl.data.federated import FederatedData
 
 LAYOUT = "DIR/train/<id>.npz and DIR/test/<id>.npz (ids 0..N-1), each np.savez(f, data={'x': ..., 'y': ...})"
 FIELD = "data.root"

@@ -1,10 +1,34 @@
 """Evaluation protocols (personalized, global, FedPG S/G-tests, LOCAL reference, new clients),
-communication counting, figures and report tables. docs/metrics.md lists every key."""
+communication counting, figures and report tables. docs/metrics.md lists every key.
 
-from pfl.metrics.comm import CommCounter, nbytes
-from pfl.metrics.evaluate import EvalSets, evaluate_federation, evaluate_new_clients
-from pfl.metrics.protocol_registry import ProtocolContext, protocol
-from pfl.metrics.protocols import mean_std, reference_metrics, summarize, tail_count, tail_means
+The names below load on first use: ``pfl report`` reads run folders through ``pfl.metrics.report``
+and its plots, and must not pay for torch and Lightning, which the evaluation modules import."""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pfl.metrics.comm import CommCounter, nbytes
+    from pfl.metrics.evaluate import EvalSets, evaluate_federation, evaluate_new_clients
+    from pfl.metrics.protocol_registry import ProtocolContext, protocol
+    from pfl.metrics.protocols import mean_std, reference_metrics, summarize, tail_count, tail_means
+
+_MODULE_OF = {
+    "CommCounter": "comm",
+    "nbytes": "comm",
+    "EvalSets": "evaluate",
+    "evaluate_federation": "evaluate",
+    "evaluate_new_clients": "evaluate",
+    "ProtocolContext": "protocol_registry",
+    "protocol": "protocol_registry",
+    "mean_std": "protocols",
+    "reference_metrics": "protocols",
+    "summarize": "protocols",
+    "tail_count": "protocols",
+    "tail_means": "protocols",
+}
 
 __all__ = [
     "CommCounter",
@@ -20,3 +44,11 @@ __all__ = [
     "tail_count",
     "tail_means",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'pfl.metrics' has no attribute {name!r}")
+    value = getattr(import_module(f"pfl.metrics.{_MODULE_OF[name]}"), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value

@@ -12,17 +12,18 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from pfl.data.federated import FederatedData
 from pfl.data.sources import is_natural
-from pfl.data.stats import label_histograms
 from pfl.safe_files import write_atomic
+
+if TYPE_CHECKING:  # the data's figures import torch when they are drawn; a run's curves never do
+    from pfl.data.federated import FederatedData
 
 # (panel title, y label, keys in drawing order): one subplot per family present in the history.
 FAMILIES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -350,6 +351,8 @@ def plot_heatmap(data: FederatedData, path: Path, setting: str = "") -> None:
     """A clients x classes heatmap of sample counts (training clients, then new clients), titled with the
     data's ``setting`` (``data_setting``), every client's row labelled (its id, or its name in a
     naturally federated source; ``new i`` for held-out clients) when they fit."""
+    from pfl.data.stats import label_histograms
+
     hist = label_histograms(data, [*data.clients, *data.new_clients])
     fig, ax = new_figure((min(max(5, 2 + 0.25 * data.num_classes), 20), min(2 + 0.15 * len(hist), 30)))
     image = ax.imshow(hist, aspect="auto", cmap="viridis", interpolation="nearest")

@@ -104,7 +104,9 @@ def default_config(method_name: str) -> dict[str, Any] | None:
         parser = build_fit_parser(method_name)
     except ConfigError:
         return None
-    return yaml.safe_load(parser.dump(parser.get_defaults()))
+    defaults = parser.get_defaults()
+    defaults["method.name"] = method_name  # the parser's own default is fedavg; a run records its method
+    return yaml.safe_load(parser.dump(defaults))
 
 
 def _rewrite_resume(argv: list[str]) -> tuple[list[str], Path | None]:

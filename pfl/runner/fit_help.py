@@ -9,11 +9,16 @@ The index is used only while its fingerprint matches this installation: the cont
 the text. Otherwise (edited sources, a user's method class, no index) the help comes from the parser
 itself, so the text is the same either way. ``python -m pfl.runner.fit_help_index --write`` regenerates
 the index; the suite fails while it is stale.
+
+The index also holds each built-in method's default config (``method_defaults``), which ``pfl report``
+uses to fill options that older runs' config.yaml lack, again without importing torch.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import functools
 import hashlib
 import json
 import sys
@@ -67,15 +72,46 @@ def fit_help(argv: list[str]) -> str:
 def indexed_help(name: str, index_path: Path | None = None) -> str | None:
     """The help of built-in method ``name`` from the index (``INDEX`` unless given); None when the index
     has no such method, is missing or unreadable, or was made from other sources than these."""
-    try:
-        index = json.loads((index_path or INDEX).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(index, dict) or name not in index.get("parsers", {}):
-        return None
-    if index.get("fingerprint") != fingerprint():
+    index = current_index(index_path or INDEX)
+    if index is None or name not in index.get("parsers", {}):
         return None
     return render(index, name)
+
+
+def current_index(path: Path) -> dict[str, Any] | None:
+    """The index in ``path``; None when it is missing, unreadable or made from other sources than these."""
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(index, dict) or index.get("fingerprint") != fingerprint():
+        return None
+    return index
+
+
+def method_defaults(name: str) -> dict[str, Any] | None:
+    """The config.yaml a run of method ``name`` with every option at its default writes, as
+    ``pfl.runner.args.default_config`` builds it: from the index for a built-in method, else from the
+    method's parser (None for a name this pfl cannot build). A fresh copy at every call."""
+    indexed = _indexed_defaults(INDEX, name)
+    if indexed is not None:
+        return copy.deepcopy(indexed)
+    from pfl.runner.args import default_config
+
+    return copy.deepcopy(default_config(name))
+
+
+@functools.cache
+def _indexed_defaults(path: Path, name: str) -> dict[str, Any] | None:
+    index = current_index(path)
+    if index is None or name not in index.get("defaults", {}):
+        return None
+    return indexed_defaults(index, name)
+
+
+def indexed_defaults(index: dict[str, Any], name: str) -> dict[str, Any]:
+    """Method ``name``'s default config from ``index``: each top-level entry is stored once, by position."""
+    return {key: index["values"][i] for key, i in index["defaults"][name].items()}
 
 
 class IndexedAction(argparse.Action):

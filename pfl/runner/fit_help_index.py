@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pfl.runner.fit_help import INDEX, fingerprint, render
+from pfl.runner.fit_help import INDEX, fingerprint, indexed_defaults, render
 from pfl.safe_files import write_atomic
 
 REGENERATE = "python -m pfl.runner.fit_help_index --write"
@@ -86,9 +86,9 @@ class _Pool:
 def build_index() -> dict[str, Any]:
     """The index of every built-in method's ``fit --help``, checked against the parsers' own."""
     from pfl.methods.registry import method_names
-    from pfl.runner.args import build_fit_parser
+    from pfl.runner.args import build_fit_parser, default_config
 
-    actions, groups, parsers, expected = _Pool(), _Pool(), {}, {}
+    actions, groups, values, parsers, defaults, expected = _Pool(), _Pool(), _Pool(), {}, {}, {}
     for name in method_names():
         parser = build_fit_parser(name)
         if parser._mutually_exclusive_groups:
@@ -108,10 +108,20 @@ def build_index() -> dict[str, Any]:
                 for g in parser._action_groups
             ],
         }
-    index = {"fingerprint": fingerprint(), "actions": actions.records, "groups": groups.records, "parsers": parsers}
+        defaults[name] = {key: values.add(value) for key, value in (default_config(name) or {}).items()}
+    index = {
+        "fingerprint": fingerprint(),
+        "actions": actions.records,
+        "groups": groups.records,
+        "parsers": parsers,
+        "values": values.records,
+        "defaults": defaults,
+    }
     for name, text in expected.items():
         if render(index, name) != text:
             raise RuntimeError(f"{name}: the help rendered from the index differs from the parser's")
+        if indexed_defaults(index, name) != default_config(name):
+            raise RuntimeError(f"{name}: the default config read from the index differs from the parser's")
     return index
 
 
@@ -123,7 +133,11 @@ def index_text() -> str:
         records = [f"  {json.dumps(r, ensure_ascii=False)}" for r in index[key]]
         lines += [f' "{key}": [', ",\n".join(records), " ],"]
     parsers = [f'  "{name}": {json.dumps(p, ensure_ascii=False)}' for name, p in index["parsers"].items()]
-    lines += [' "parsers": {', ",\n".join(parsers), " }", "}"]
+    lines += [' "parsers": {', ",\n".join(parsers), " },"]
+    values = [f"  {json.dumps(v, ensure_ascii=False)}" for v in index["values"]]
+    lines += [' "values": [', ",\n".join(values), " ],"]
+    defaults = [f'  "{name}": {json.dumps(d)}' for name, d in index["defaults"].items()]
+    lines += [' "defaults": {', ",\n".join(defaults), " }", "}"]
     return "\n".join(lines) + "\n"
 
 

@@ -29,7 +29,7 @@ from pfl.metrics.compare_plots import clients_figure, curve_figure, plot_groups
 from pfl.metrics.plots import save_figure
 from pfl.metrics.protocols import reference_metrics
 from pfl.metrics.report import build_table, flatten, load_config, render
-from pfl.runner.args import default_config, parse_fit_args
+from pfl.runner.args import parse_fit_args
 from pfl.runner.claims import (
     RESULT_FIX,
     Claim,
@@ -41,6 +41,7 @@ from pfl.runner.claims import (
     client_rows,
     verdict_text,
 )
+from pfl.runner.fit_help import method_defaults
 from pfl.runner.rundir import check_creatable
 from pfl.runner.suite_estimate import Planned, device_label, estimate, evaluations, split_of
 from pfl.runner.sweep import require_workers, run_parallel
@@ -751,7 +752,7 @@ def claim_section(
     names = [job.label for job in finished]
     summaries = [s[job.seed][job.label] for job in finished]
     configs = [load_config(job.run_dir) for job in finished]
-    header, rows, best = build_table(summaries, names, list(claim.metrics), configs, defaults=default_config)
+    header, rows, best = build_table(summaries, names, list(claim.metrics), configs, defaults=method_defaults)
     for row in rows:  # a row is a label over its seeds (column n), not the first run "+k"
         row[0] = str(row[0]).split(" +")[0]
     seeds = sorted(s)
@@ -778,7 +779,7 @@ def comparison_plots(key: str, finished: list[Job], out: Path, title: str) -> li
     """The claim's runs as ``pfl report --plot/--plot-clients`` draws them, a row per label: the curves
     over rounds (``<key>_curves.png``) and the per-client scores (``<key>_clients.png``); the report's lines."""
     groups = plot_groups(
-        [j.run_dir for j in finished], [j.label for j in finished], label_by_name=True, defaults=default_config
+        [j.run_dir for j in finished], [j.label for j in finished], label_by_name=True, defaults=method_defaults
     )
     lines = []
     for name, draw in (("curves", curve_figure), ("clients", clients_figure)):

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pfl.errors import ConfigError
-from pfl.runner.wandb_run import IDENTITY_FILE, WandbIdentity, new_run_id, stored_identity, wandb_mode
+from pfl.runner.wandb_identity import IDENTITY_FILE, WandbIdentity, new_run_id, stored_identity, wandb_mode
 from pfl.safe_files import ensure_folder
 
 REPORT_GROUP = "report"  # the group of a report over runs of several groups

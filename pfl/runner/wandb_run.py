@@ -1,4 +1,4 @@
-"""The W&B side of a run, as one loop callback (``WandbRun``) and the identity it runs under.
+"""The W&B side of a run, as one loop callback (``WandbRun``), under the identity ``wandb_identity`` keeps.
 
 What W&B keeps must be what pfl reports:
 
@@ -25,12 +25,8 @@ What W&B keeps must be what pfl reports:
 
 from __future__ import annotations
 
-import json
-import netrc
 import os
 import re
-import secrets
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,34 +35,11 @@ from pfl.data.ecosystem import dataset_label
 from pfl.data.sources import is_natural
 from pfl.errors import ConfigError
 from pfl.federation.loop import Callback, FederatedLoop
-from pfl.safe_files import ensure_folder, remove_tree, write_atomic
+from pfl.runner.wandb_identity import WandbIdentity, new_run_id, stored_id, wandb_mode
+from pfl.safe_files import ensure_folder, remove_tree
 
-IDENTITY_FILE = "wandb_run.json"
 FLUSH_SECONDS = 0.1  # how often W&B writes its transaction log (W&B's default: 15 s)
 MEDIA_KEYS = ("clients", "plots/")  # summary entries besides the metrics: the client table, the plots
-ID_NAME_CHARS = 48  # the readable part of an id; W&B ids must stay short
-
-
-def wandb_mode() -> str:
-    """'online' when the user is logged in (API key in the environment or ~/.netrc), else 'offline'.
-    An explicit WANDB_MODE always wins."""
-    if os.environ.get("WANDB_MODE"):
-        return os.environ["WANDB_MODE"]
-    if os.environ.get("WANDB_API_KEY"):
-        return "online"
-    try:
-        if netrc.netrc().authenticators("api.wandb.ai"):
-            return "online"
-    except (FileNotFoundError, netrc.NetrcParseError):
-        pass
-    return "offline"
-
-
-def new_run_id(name: str) -> str:
-    """``name`` reduced to W&B's id alphabet (letters, digits, - and _), plus 8 random hex digits:
-    unique across sweeps and reruns, still readable."""
-    readable = re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-")[:ID_NAME_CHARS] or "run"
-    return f"{readable}-{secrets.token_hex(4)}"
 
 
 def experiment_name(cfg: RunConfig) -> str:
@@ -77,40 +50,6 @@ def experiment_name(cfg: RunConfig) -> str:
     if is_natural(d.source):
         return name
     return name + {"iid": "-iid", "dirichlet": f"-dir{d.alpha:g}"}.get(d.partition, f"-pat{d.classes_per_client}")
-
-
-@dataclass
-class WandbIdentity:
-    """Who the run is in W&B; ``id`` is stored in the run folder and reused on resume."""
-
-    id: str
-    name: str
-    project: str
-    group: str
-    tags: list[str] = field(default_factory=list)
-    job_type: str = "fit"
-
-    def save(self, run_dir: Path) -> None:
-        write_atomic(run_dir / IDENTITY_FILE, json.dumps(asdict(self), indent=2) + "\n")
-
-
-def stored_identity(run_dir: Path) -> WandbIdentity | None:
-    """The W&B identity recorded in ``run_dir`` (None when the run never logged to W&B, or the file
-    is not one pfl wrote)."""
-    path = run_dir / IDENTITY_FILE
-    if not path.is_file():
-        return None
-    try:
-        fields = json.loads(path.read_text())
-        return WandbIdentity(**{k: fields[k] for k in ("id", "name", "project", "group", "tags", "job_type")})
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def stored_id(run_dir: Path) -> str | None:
-    """The W&B id recorded in ``run_dir`` (None when the run never logged to W&B)."""
-    identity = stored_identity(run_dir)
-    return None if identity is None else str(identity.id)
 
 
 def run_identity(cfg: RunConfig, run_dir: Path, resume: bool) -> WandbIdentity:

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from pfl.methods.registry import method_names
+from pfl.runner import args as args_module
 from pfl.runner import fit_help as module
-from pfl.runner.args import build_fit_parser
-from pfl.runner.fit_help import INDEX, PACKAGE, fingerprint, fit_help, indexed_help
+from pfl.runner.args import build_fit_parser, default_config
+from pfl.runner.fit_help import INDEX, PACKAGE, fingerprint, fit_help, indexed_help, method_defaults
 from pfl.runner.fit_help_index import REGENERATE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,3 +86,30 @@ def test_the_fingerprint_changes_with_any_source(tmp_path):
     assert edited["sources"] != fingerprint()["sources"]
     (copy / "methods" / "mine.py").write_text("")
     assert fingerprint(copy)["sources"] != edited["sources"]
+
+
+def test_a_built_in_methods_defaults_come_from_the_index_as_its_parser_gives_them(monkeypatch):
+    expected = {name: default_config(name) for name in ("pgfed", "fedavg")}
+
+    def parser_built(name):
+        raise AssertionError(f"the parser of {name} was built")
+
+    monkeypatch.setattr(args_module, "default_config", parser_built)
+    got = method_defaults("pgfed")
+    assert got == expected["pgfed"] and method_defaults("fedavg") == expected["fedavg"]
+    assert got["method"]["name"] == "pgfed" and "mu" in got["method"]  # the method's own options, not fedavg's
+    got["method"]["mu"], got["trainer"]["rounds"] = -1.0, -1  # the caller's copy: the next call is unchanged
+    assert method_defaults("pgfed") == expected["pgfed"]
+
+
+def test_without_a_current_index_the_defaults_come_from_the_parser(tmp_path, monkeypatch):
+    user_class = "pfl.methods.ditto.Ditto"  # a class path, as a user's own method is named: never indexed
+    assert method_defaults(user_class) == default_config(user_class)
+    assert method_defaults("no_such_method") is None
+    index = json.loads(INDEX.read_text(encoding="utf-8"))
+    index["values"] = [{"edited": True} for _ in index["values"]]  # what a stale index would give
+    index["fingerprint"]["sources"] = "0" * 64
+    stale = tmp_path / "stale.json"
+    stale.write_text(json.dumps(index))
+    monkeypatch.setattr(module, "INDEX", stale)
+    assert method_defaults("ditto") == default_config("ditto")

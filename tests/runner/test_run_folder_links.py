@@ -16,7 +16,8 @@ from pfl.errors import ConfigError
 from pfl.federation.checkpoint import CHAIN_DIR, PENDING
 from pfl.runner.outputs import RunFiles
 from pfl.runner.rundir import LOCK, RunLock
-from pfl.runner.wandb_run import WandbIdentity, WandbRun
+from pfl.runner.wandb_identity import WandbIdentity
+from pfl.runner.wandb_run import WandbRun
 from pfl.safe_files import write_atomic
 from tests.conftest import make_loop, tiny_config
 from tests.helpers.cli_runs import fit

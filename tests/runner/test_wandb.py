@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from pfl.cli import main
-from pfl.runner import wandb_run
+from pfl.runner import wandb_identity, wandb_run
 from pfl.runner.args import parse_fit_args
 from pfl.runner.experiment import run_experiment
 from pfl.runner.sweep import RunProgress, command_argv, load_sweep, plan
@@ -194,13 +194,13 @@ def test_ids_unique_across_two_local_sweeps_and_reruns(offline):
             assert rec.run_group == label and rec.job_type == "sweep"
             assert rec.project == "pfl-sweep-test"  # the sweep file's project
             assert set(rec.tags) == {"fedavg", "digits"}
-            assert json.loads((run_dir / wandb_run.IDENTITY_FILE).read_text())["id"] == rec.run_id
+            assert json.loads((run_dir / wandb_identity.IDENTITY_FILE).read_text())["id"] == rec.run_id
     assert len(ids) == 2 and len(set(ids)) == 2, ids  # every local sweep names its first run run000
     # a new run reusing a name (overwrite, not --resume) is a new W&B run
     runs, _ = plan(sweep, root=offline / "sweep-a")
     cfg, ns, parser, _ = parse_fit_args([*runs[0].argv[1:], "--tracking.overwrite", "true"])
     run_experiment(cfg, parser.dump(ns))
-    latest = json.loads((seen_dirs[0] / wandb_run.IDENTITY_FILE).read_text())["id"]
+    latest = json.loads((seen_dirs[0] / wandb_identity.IDENTITY_FILE).read_text())["id"]
     assert latest not in ids
 
 
@@ -214,16 +214,16 @@ def test_plain_fit_groups_by_experiment_and_tags_method_and_dataset(offline):
 
 
 def test_new_run_id_is_readable_and_in_wandbs_alphabet():
-    a, b = wandb_run.new_run_id("sweeps/x:run 001"), wandb_run.new_run_id("sweeps/x:run 001")
+    a, b = wandb_identity.new_run_id("sweeps/x:run 001"), wandb_identity.new_run_id("sweeps/x:run 001")
     assert a != b and a.startswith("sweeps-x-run-001-")
     assert all(c.isalnum() or c in "-_" for c in a)
-    assert len(wandb_run.new_run_id("n" * 500)) <= wandb_run.ID_NAME_CHARS + 9
+    assert len(wandb_identity.new_run_id("n" * 500)) <= wandb_identity.ID_NAME_CHARS + 9
 
 
 def test_history_is_flushed_as_it_goes(tmp_path, wandb_init_kwargs):
     """The run asks W&B to write its transaction log every FLUSH_SECONDS (W&B's default is 15 s)."""
     seen = wandb_init_kwargs
-    ident = wandb_run.WandbIdentity("x-1", "x", "p", "g")
+    ident = wandb_identity.WandbIdentity("x-1", "x", "p", "g")
     with pytest.raises(RuntimeError, match="stop here"):
         wandb_run.WandbRun(ident, tmp_path, {})._init("offline")
     assert seen["settings"].x_transaction_log_flush_interval == wandb_run.FLUSH_SECONDS <= 1

@@ -12,7 +12,7 @@ from pfl.cli import main
 
 
 def _logged(run_dir: Path, project: str = "proj", group: str = "g") -> str:
-    from pfl.runner.wandb_run import WandbIdentity
+    from pfl.runner.wandb_identity import WandbIdentity
 
     identity = WandbIdentity(f"{run_dir.name}-id", run_dir.name, project, group, ["fedavg"])
     identity.save(run_dir)
@@ -49,8 +49,8 @@ def test_wandb_logs_the_figures_to_a_new_report_run_beside_the_runs(runs, tmp_pa
 
 def test_the_report_run_starts_in_pfls_mode_and_silently(tmp_path, monkeypatch, wandb_init_kwargs):
     """The mode is pfl's choice (offline unless logged in), passed to W&B rather than left to its own default."""
+    from pfl.runner.wandb_identity import WandbIdentity
     from pfl.runner.wandb_report import log_report
-    from pfl.runner.wandb_run import WandbIdentity
 
     seen = wandb_init_kwargs
     monkeypatch.setenv("WANDB_MODE", "disabled")
