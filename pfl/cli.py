@@ -58,8 +58,6 @@ def list_methods(argv: list[str] | None = None) -> None:
 
 
 def sweep(argv: list[str]) -> None:
-    from pfl.runner.sweep import run_sweep
-
     parser = CommandParser(prog="python -m pfl sweep", description="Run a W&B sweep file locally.")
     parser.add_argument("file", help="sweep YAML, e.g. sweeps/fedprox_mu.yaml")
     parser.add_argument("--count", type=int, default=None, help="runs to draw (random) or keep (grid)")
@@ -81,6 +79,7 @@ def sweep(argv: list[str]) -> None:
     )
     args = parser.parse_args(argv)
     from pfl.metrics.report import report
+    from pfl.runner.sweep import run_sweep  # after the parse: --help and a bad option need no torch
 
     dirs = run_sweep(args.file, args.count, args.workers, args.root, args.set, args.fresh_processes, args.resume)
     print(report(dirs), end="")

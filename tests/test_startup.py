@@ -36,8 +36,10 @@ def imported_by(*argv: str) -> set[str]:
     return set(json.loads(out.stdout.splitlines()[-1]))
 
 
-@pytest.mark.parametrize("argv", [["methods"], [], ["--help"], ["mthods"]], ids=" ".join)
-def test_listing_methods_usage_and_a_mistyped_command_import_no_torch(argv):
+@pytest.mark.parametrize(
+    "argv", [["methods"], [], ["--help"], ["mthods"], ["sweep", "--help"], ["sweep"]], ids=" ".join
+)
+def test_listing_methods_usage_a_mistyped_command_and_the_sweeps_usage_import_no_torch(argv):
     loaded = imported_by(*argv)
     assert "pfl.cli" in loaded
     assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
@@ -100,3 +102,20 @@ def test_a_table_and_the_figures_of_finished_runs_import_no_torch(runs, tmp_path
     assert "pfl.runner.fit_help" in loaded and "matplotlib" in loaded
     heavy = {*HEAVY, "pfl.runner.args", "pfl.data.federated"} - {"matplotlib"}
     assert not loaded & heavy, sorted(loaded & heavy)
+
+
+@pytest.mark.parametrize("package", ["pfl.metrics", "pfl.data"])
+def test_a_packages_names_load_on_first_use_from_their_modules(package):
+    """``pfl.metrics`` and ``pfl.data`` import no submodule until one of their names is read; each name is
+    the object of the module that defines it, and an unknown one is an AttributeError naming it."""
+    import importlib
+
+    module = importlib.import_module(package)
+    for name in module.__all__:
+        value = getattr(module, name)
+        assert value is getattr(importlib.import_module(f"{package}.{module._MODULE_OF[name]}"), name)
+        assert module.__dict__[name] is value  # kept: the next read is a plain attribute
+    assert sorted(module.__all__) == sorted(module._MODULE_OF)
+    with pytest.raises(AttributeError, match=f"module '{package}' has no attribute 'nope'"):
+        _ = module.nope
+    assert not {m for m in imported_after(package) if m.startswith(f"{package}.")}
