@@ -112,4 +112,7 @@ def test_without_a_current_index_the_defaults_come_from_the_parser(tmp_path, mon
     stale = tmp_path / "stale.json"
     stale.write_text(json.dumps(index))
     monkeypatch.setattr(module, "INDEX", stale)
-    assert method_defaults("ditto") == default_config("ditto")
+    got = method_defaults("ditto")
+    assert got == default_config("ditto")
+    got["method"]["lam"], got["trainer"]["rounds"] = -1.0, -1  # the caller's copy, not the parser's kept one
+    assert method_defaults("ditto") == default_config("ditto") and default_config("ditto")["trainer"]["rounds"] > 0
