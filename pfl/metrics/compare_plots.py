@@ -22,6 +22,8 @@ import numpy as np
 from matplotlib import rcParams
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
+from matplotlib.textpath import TextToPath
 
 from pfl.errors import ConfigError
 from pfl.metrics.plots import client_label, data_setting, metric_label, new_figure, set_round_ticks
@@ -34,7 +36,12 @@ CURVE_KEYS = ("pm.l_acc.mean", "gm.acc", "pm.mae.mean", "gm.mae")
 CLIENT_KEYS = ("pm.l_acc", "pm.mae")
 BAND = "band: min–max over seeds"
 BOX_INCHES = 1.6  # figure width per group of the client figure, beyond the default width
+AXIS_INCHES = 1.0  # the client figure's width left of its axes (the y label and ticks)
+LABEL_GAP_INCHES = 0.3  # between neighbouring groups' labels of the client figure
 BOX_WIDTH = 0.5  # of a box, in units of the distance between boxes
+LEGEND_INSIDE_INCHES = 2.5  # a legend line wider than this goes below the axes, where it has the figure's width
+LEGEND_MARGIN_INCHES = 1.0  # a legend's width besides its text (the line drawn before it, padding, frame)
+LEGEND_LINE_INCHES = 0.2  # what a line of the legend below adds to the figure's height
 INDEX = ("round", "client")  # columns that say where a row belongs, never drawn
 
 
@@ -175,11 +182,15 @@ def curve_figure(groups: list[PlotGroup], key: str | None = None, title: str | N
     a min–max band where it has several. Returns the figure and the key drawn."""
     histories = {d: read_rows(d / HISTORY_FILE) for g in groups for d in g.run_dirs}
     key = pick_key(histories, key, CURVE_KEYS, "--plot-metric", HISTORY_FILE)
-    fig, ax = new_figure(tuple(rcParams["figure.figsize"]))
+    width, height = rcParams["figure.figsize"]
+    labels = [wrapped(f"{g.label} ({_seeds(g)})", width - LEGEND_MARGIN_INCHES) for g in groups]
+    below = max(text_inches(line) for label in labels for line in label.split("\n")) > LEGEND_INSIDE_INCHES
+    lines = sum(label.count("\n") + 1 for label in labels)
+    fig, ax = new_figure((width, height + (LEGEND_LINE_INCHES * lines if below else 0.0)))
     rounds: list[float] = []
     for i, g in enumerate(groups):
         x, mean, low, high = curve_points([histories[d] for d in g.run_dirs], key)
-        ax.plot(x, mean, marker=".", color=group_color(i), gid="mean", label=f"{g.label} ({_seeds(g)})")
+        ax.plot(x, mean, marker=".", color=group_color(i), gid="mean", label=labels[i])
         if len(g.run_dirs) > 1:
             ax.fill_between(x, low, high, color=group_color(i), alpha=0.2, gid="band")
         rounds += list(x)
@@ -190,8 +201,29 @@ def curve_figure(groups: list[PlotGroup], key: str | None = None, title: str | N
     heading = _heading(title, groups)
     ax.set_title(f"{heading + chr(10) if heading else ''}mean over seeds, {BAND}", fontsize="medium")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    if below:  # long labels (runs that differ in several settings) get the figure's width, under the axes
+        ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.14))
+    else:
+        ax.legend(fontsize="small")
     return fig, key
+
+
+def wrapped(label: str, inches: float) -> str:
+    """``label`` broken at its spaces into lines at most ``inches`` wide at matplotlib's small font; a
+    setting such as ``client.lr=0.1`` is never split (one longer than ``inches`` is a line of its own)."""
+    lines: list[str] = []
+    for word in label.split(" "):
+        if lines and text_inches(f"{lines[-1]} {word}") <= inches:
+            lines[-1] += f" {word}"
+        else:
+            lines.append(word)
+    return "\n".join(lines)
+
+
+def text_inches(text: str) -> float:
+    """How wide ``text`` is drawn at matplotlib's small font (measured from the font's glyphs)."""
+    width, _, _ = TextToPath().get_text_width_height_descent(text, FontProperties(size="small"), ismath=False)
+    return float(width) / 72
 
 
 def group_color(i: int) -> str:
@@ -206,7 +238,12 @@ def clients_figure(groups: list[PlotGroup], key: str | None = None, title: str |
     key = pick_key(tables, key, CLIENT_KEYS, "--plot-clients", CLIENTS_FILE)
     pooled = [[row[key] for d in g.run_dirs for row in tables[d] if key in row] for g in groups]
     width, height = rcParams["figure.figsize"]
-    fig, ax = new_figure((max(width, BOX_INCHES * len(groups)), height))  # labels side by side
+    names = [wrapped(g.label, BOX_INCHES - LABEL_GAP_INCHES) for g in groups]
+    widest = max(text_inches(line) for name in names for line in name.split("\n"))
+    if widest <= BOX_INCHES - LABEL_GAP_INCHES:  # labels side by side
+        fig, ax = new_figure((max(width, BOX_INCHES * len(groups)), height))
+    else:  # a setting too long to break widens every box to it, beside the axis's own margin
+        fig, ax = new_figure((max(width, (widest + LABEL_GAP_INCHES) * len(groups) + AXIS_INCHES), height))
     parts = ax.boxplot(pooled, whis=(0, 100), showmeans=True, widths=BOX_WIDTH)
     for name in ("boxes", "medians", "whiskers", "means"):
         for artist in parts[name]:
@@ -218,7 +255,7 @@ def clients_figure(groups: list[PlotGroup], key: str | None = None, title: str |
     for i, values in enumerate(pooled, start=1):  # the clients themselves, spread inside their box
         spread = np.linspace(-BOX_WIDTH / 4, BOX_WIDTH / 4, len(values))
         ax.plot(i + spread, values, ".", color=group_color(i - 1), alpha=0.5, gid="clients")
-    ticks = [f"{g.label}\n{_clients(g, tables, key)}" for g in groups]
+    ticks = [f"{name}\n{_clients(g, tables, key)}" for name, g in zip(names, groups, strict=True)]
     ax.set_xticks(range(1, len(groups) + 1), ticks, fontsize="small")
     ax.set_ylabel(f"{client_label(key)}, per client")
     heading = f"{client_label(key)} per client of the reported round, seeds pooled\n"
