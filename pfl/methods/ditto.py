@@ -18,7 +18,8 @@ class Ditto(PersonalFedAvg):
     f_i(v) + λ/2·‖v − w‖².
 
     ``prox="exact"`` takes the λ-term as an exact proximal step after each SGD step (stable for any
-    λ; λ → ∞ gives v = w). ``prox="gradient"`` adds λ(v − w) to the gradient, as the official code;
+    λ; λ → ∞ gives v = w). ``prox="gradient"`` adds λ(v − w) to the gradient, as the paper's
+    Algorithm 1 and the official code do;
     ``prox="autograd"`` writes the same objective as a Lightning ``training_step``
     (``pfl.engine.objectives.ProximalObjective``) and lets autograd take its gradient.
     ``client_momentum`` applies to both fits, ``keep_momentum`` to the global model's; the personal fit
@@ -27,8 +28,8 @@ class Ditto(PersonalFedAvg):
     Args:
         lam: λ, pull of the personal model towards the global model.
         personal_epochs: local epochs on the personal model per participation.
-        prox: exact (proximal step, stable for any λ), gradient (official code) or autograd (the
-            gradient form as a training_step).
+        prox: exact (proximal step, stable for any λ), gradient (the paper's Algorithm 1 and the
+            official code) or autograd (the gradient form as a training_step).
     """
 
     name = "ditto"
