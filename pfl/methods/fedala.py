@@ -98,7 +98,7 @@ class FedALA(FedAvg):
             params[sl] += away * (1 - weights)
         n, bs = client.num_samples, client.batch_size
         per_pass = client.batches_per_epoch
-        used = max(1, int(self.rand_percent / 100 * (n // bs)))  # whole batches, as the code's drop_last
+        used = max(1, int(self.rand_percent / 100 * (n // bs)))  # s% of the whole batches (the code: a partial one too)
         start_phase = "ala_weights" not in client.state
         passes = self.max_start_epochs if start_phase else 1
         batches = client.batches("ala", epochs=passes)
