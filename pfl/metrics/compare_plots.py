@@ -12,6 +12,7 @@ are one group, labelled by the settings that differ between groups):
 from __future__ import annotations
 
 import csv
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -20,13 +21,12 @@ from statistics import fmean
 
 import numpy as np
 from matplotlib import rcParams
-from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
 from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
-from matplotlib.textpath import TextToPath
 
 from pfl.errors import ConfigError
-from pfl.metrics.plots import client_label, data_setting, metric_label, new_figure, set_round_ticks
+from pfl.metrics.plots import SAVE_DPI, client_label, data_setting, metric_label, new_figure, set_round_ticks
 from pfl.metrics.report import Defaults, group_runs, load_config, load_summary, setting_text, swept_settings, table_runs
 
 HISTORY_FILE = "metrics.csv"  # one row per evaluated round (pfl.runner.outputs)
@@ -37,7 +37,7 @@ CLIENT_KEYS = ("pm.l_acc", "pm.mae")
 BAND = "band: min–max over seeds"
 BOX_INCHES = 1.6  # figure width per group of the client figure, beyond the default width
 AXIS_INCHES = 1.0  # the client figure's width left of its axes (the y label and ticks)
-LABEL_GAP_INCHES = 0.3  # between neighbouring groups' labels of the client figure
+LABEL_GAP_INCHES = 0.15  # between neighbouring groups' labels of the client figure
 BOX_WIDTH = 0.5  # of a box, in units of the distance between boxes
 LEGEND_INSIDE_INCHES = 2.5  # a legend line wider than this goes below the axes, where it has the figure's width
 LEGEND_MARGIN_INCHES = 1.0  # a legend's width besides its text (the line drawn before it, padding, frame)
@@ -221,9 +221,14 @@ def wrapped(label: str, inches: float) -> str:
 
 
 def text_inches(text: str) -> float:
-    """How wide ``text`` is drawn at matplotlib's small font (measured from the font's glyphs)."""
-    width, _, _ = TextToPath().get_text_width_height_descent(text, FontProperties(size="small"), ismath=False)
-    return float(width) / 72
+    """How wide ``text`` is drawn at matplotlib's small font, by the renderer that writes the figures."""
+    width, _, _ = _renderer().get_text_width_height_descent(text, FontProperties(size="small"), ismath=False)
+    return float(width) / SAVE_DPI
+
+
+@functools.cache
+def _renderer() -> RendererAgg:
+    return RendererAgg(1, 1, SAVE_DPI)
 
 
 def group_color(i: int) -> str:
@@ -238,12 +243,13 @@ def clients_figure(groups: list[PlotGroup], key: str | None = None, title: str |
     key = pick_key(tables, key, CLIENT_KEYS, "--plot-clients", CLIENTS_FILE)
     pooled = [[row[key] for d in g.run_dirs for row in tables[d] if key in row] for g in groups]
     width, height = rcParams["figure.figsize"]
-    names = [wrapped(g.label, BOX_INCHES - LABEL_GAP_INCHES) for g in groups]
+    fig_width = max(width, BOX_INCHES * len(groups))  # labels side by side
+    room = (fig_width - AXIS_INCHES) / len(groups) - LABEL_GAP_INCHES  # a label's width at most
+    names = [wrapped(g.label, room) for g in groups]
     widest = max(text_inches(line) for name in names for line in name.split("\n"))
-    if widest <= BOX_INCHES - LABEL_GAP_INCHES:  # labels side by side
-        fig, ax = new_figure((max(width, BOX_INCHES * len(groups)), height))
-    else:  # a setting too long to break widens every box to it, beside the axis's own margin
-        fig, ax = new_figure((max(width, (widest + LABEL_GAP_INCHES) * len(groups) + AXIS_INCHES), height))
+    if widest > room:  # a setting too long to break widens every box to it
+        fig_width = (widest + LABEL_GAP_INCHES) * len(groups) + AXIS_INCHES
+    fig, ax = new_figure((fig_width, height))
     parts = ax.boxplot(pooled, whis=(0, 100), showmeans=True, widths=BOX_WIDTH)
     for name in ("boxes", "medians", "whiskers", "means"):
         for artist in parts[name]:

@@ -139,6 +139,9 @@ def data_setting(data: dict[str, Any]) -> str:
     return "IID" if partition == "iid" else str(partition)
 
 
+SAVE_DPI = 100  # the resolution pfl writes its figures at
+
+
 def new_figure(figsize: tuple[float, float], rows: int = 1, cols: int = 1, squeeze: bool = True) -> tuple[Figure, Any]:
     """A figure and its axes outside pyplot: no matplotlib backend is chosen or changed, so a notebook's
     inline plots keep working after a run, and nothing needs closing."""
@@ -146,7 +149,7 @@ def new_figure(figsize: tuple[float, float], rows: int = 1, cols: int = 1, squee
     return fig, fig.subplots(rows, cols, squeeze=squeeze)
 
 
-def save_figure(fig: Figure, path: Path, dpi: int = 100) -> None:
+def save_figure(fig: Figure, path: Path, dpi: int = SAVE_DPI) -> None:
     """Lay out and write a figure (creating the folder): the one way pfl saves a plot."""
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

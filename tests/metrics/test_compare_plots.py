@@ -239,3 +239,34 @@ def test_the_client_figures_labels_of_long_settings_stay_apart(tmp_path):
     assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:], strict=False))  # side by side, not overlapping
     assert 0 <= boxes[0].x0 and boxes[-1].x1 <= fig.bbox.width
     assert "server.aggregator=trimmed_mean," in fig.axes[0].get_xticklabels()[0].get_text().split("\n")
+
+
+def test_a_text_is_measured_as_it_is_drawn_and_the_figure_grows_by_the_legend_lines_below(tmp_path):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from pfl.metrics.compare_plots import LEGEND_LINE_INCHES, text_inches
+    from pfl.metrics.plots import new_figure
+
+    fig, ax = new_figure((8.0, 2.0))
+    text = ax.text(0, 0, "server.aggregator=trimmed_mean", fontsize="small")
+    drawn_inches = text.get_window_extent(FigureCanvasAgg(fig).get_renderer()).width / fig.dpi
+    assert text_inches(text.get_text()) == pytest.approx(drawn_inches, rel=0.003)
+    fig, _ = curve_figure(_long_label_groups(tmp_path, 3))
+    lines = sum(t.get_text().count("\n") + 1 for t in fig.axes[0].get_legend().get_texts())
+    assert lines == 6  # two lines a label at the default width
+    assert fig.get_size_inches()[1] == pytest.approx(rcParams["figure.figsize"][1] + LEGEND_LINE_INCHES * lines)
+
+
+def test_labels_just_wider_than_a_box_widen_the_client_figure(tmp_path):
+    from pfl.metrics.compare_plots import BOX_INCHES, PlotGroup, text_inches
+
+    word = "x" * next(n for n in range(1, 200) if text_inches("x" * n) > BOX_INCHES - 0.1)  # one unbreakable setting
+    groups = [
+        PlotGroup(f"{word}{i}", [write_run(tmp_path, f"r{i}", 0, 0.1, CURVES["a0"], CLIENTS["a0"])]) for i in range(8)
+    ]
+    fig, _ = clients_figure(groups)
+    fig.test_path = tmp_path / "k.png"
+    renderer = _laid_out(fig)
+    boxes = [t.get_window_extent(renderer) for t in fig.axes[0].get_xticklabels()]
+    assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:], strict=False))
+    assert fig.get_figwidth() > 8 * BOX_INCHES
