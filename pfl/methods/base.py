@@ -88,6 +88,8 @@ class ServerContext:
     evaluator: Callable[[Tensor], EvalStats] | None = field(default=None, repr=False)
     val_evaluator: Callable[[Tensor], EvalStats] | None = field(default=None, repr=False)
     client_loss: Callable[[int, Tensor], float] | None = field(default=None, repr=False)
+    # The run's network built again under keys (pfl.models.redrawn_params): its trainable parameters, flat.
+    draw_params: Callable[..., Tensor] | None = field(default=None, repr=False)
     reports: Reports = field(default_factory=Reports, repr=False)
 
     def evaluate(self, state: Tensor) -> EvalStats:
@@ -112,6 +114,16 @@ class ServerContext:
         down = state.numel() * state.element_size() if sent is None else sent
         self.count_bytes(up=SCALAR_BYTES, down=down)
         return self.client_loss(cid, state)
+
+    def fresh_init(self, *keys: int | str) -> Tensor:
+        """Another initialisation of the run's network, as a full state vector like ``init_state``: the
+        parameters an independent draw of the model's own initialisers keyed by ``keys`` (the network
+        built once more, ``draw_params``), the buffers (BatchNorm running statistics) ``init_state``'s."""
+        if self.draw_params is None:
+            raise RuntimeError("this server cannot build its network again (no draw_params)")
+        state = self.init_state.clone()
+        state[: self.layout.num_params] = self.draw_params(*keys)
+        return state
 
     def timed(self, name: str) -> AbstractContextManager[None]:
         """``with server.timed(name):`` adds the block's wall-clock seconds to phase ``name`` of this round."""

@@ -20,8 +20,8 @@ class FeSEM(ClusterModels):
     stochastic EM step on the uploads: E-step r_i = argmin_j ‖θ_i − c_j‖² (parameters only), M-step
     c_j = sample-weighted mean of the uploads assigned to j (a centre with no upload this round is
     kept). The P-model of client i is its centre c_{r_i}. Initial assignments are uniform at random
-    (keyed by the seed); centre 0 is the shared initialisation, the others layer-wise permutations of it,
-    so k = 1 is FedAvg step for step.
+    (keyed by the seed); centre 0 is the shared initialisation, each other one an independent
+    initialisation of the network (``model_rows.cluster_starts``), so k = 1 is FedAvg step for step.
 
     Args:
         clusters: k, the number of centres.
@@ -34,7 +34,7 @@ class FeSEM(ClusterModels):
     def init_server(self, server: ServerContext) -> State:
         gen = torch_generator(server.seed, "fesem", "assign")
         assign = torch.randint(self.clusters, (server.num_clients,), generator=gen).to(server.device)
-        centers = cluster_starts(server.init_state, server.layout, self.clusters, server.seed, "fesem")
+        centers = cluster_starts(server, self.clusters, "fesem")
         return {"centers": centers, "assign": assign}
 
     def payload(self, server: ServerContext, cid: int) -> State:

@@ -36,8 +36,8 @@ class IFCA(ClusterModels):
     j = argmin_j L_i(θ_j) on its train split, trains θ_j for E epochs and uploads it with j; cluster j
     becomes the sample-weighted mean of its uploads (a cluster nobody picked keeps its model). The
     P-model of a client is the cluster model it picks with the current models. Cluster 0 starts from
-    the shared initialisation and the others from layer-wise permutations of it
-    (``stores.cluster_starts``), so k = 1 is FedAvg step for step.
+    the shared initialisation and each other one from an independent initialisation of the network
+    (``model_rows.cluster_starts``), so k = 1 is FedAvg step for step.
 
     Args:
         clusters: k, the number of cluster models.
@@ -48,7 +48,7 @@ class IFCA(ClusterModels):
     averages_uploads = False  # one model per cluster
 
     def init_server(self, server: ServerContext) -> State:
-        return {"models": cluster_starts(server.init_state, server.layout, self.clusters, server.seed, "ifca")}
+        return {"models": cluster_starts(server, self.clusters, "ifca")}
 
     def payload(self, server: ServerContext, cid: int) -> State:
         return {"models": server["models"]}

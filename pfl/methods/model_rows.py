@@ -1,15 +1,17 @@
 """Server-side helpers for methods that keep one model per client or per cluster as rows of a (K, S)
 tensor (FedORA, FedAMP, FedU, IFCA, FeSEM): pairwise geometry of the rows without copying the store,
-and distinct starting points for cluster models.
+and independent starting points for cluster models.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
-from pfl.engine.flat import ModelLayout
-from pfl.seeding import torch_generator
+if TYPE_CHECKING:
+    from pfl.methods.base import ServerContext
 
 _F64 = torch.float64
 _BLOCK = 1 << 16  # columns per float64 block
@@ -48,18 +50,12 @@ def clipped_cosine(gram: Tensor) -> Tensor:
     return cos
 
 
-def cluster_starts(init_state: Tensor, layout: ModelLayout, k: int, seed: int, purpose: str) -> Tensor:
-    """k starting models (k, S): row 0 is ``init_state`` itself (so one cluster is exactly the shared
-    initialisation), row j > 0 permutes the entries of every layer of ``init_state`` at random (keyed by
-    seed, purpose, j); buffers are kept. PyTorch initialises Linear, Conv, LSTM and Embedding layers with
-    i.i.d. entries of one distribution per layer (weights and biases of a Linear/Conv layer share the
-    bound 1/√fan_in), so a permuted layer is a draw from the same initial distribution: every cluster
-    starts from a valid, different initialisation without rebuilding the network."""
-    out = init_state.unsqueeze(0).repeat(k, 1)
-    for j in range(1, k):
-        gen = torch_generator(seed, purpose, "cluster_start", j)
-        for _, sl in layout.layers:
-            n = sl.stop - sl.start
-            perm = torch.randperm(n, generator=gen).to(init_state.device)
-            out[j, sl] = init_state[sl][perm]
-    return out
+def cluster_starts(server: ServerContext, k: int, purpose: str) -> Tensor:
+    """k starting models (k, S), one per cluster: row 0 is the shared initialisation ``init_state`` itself
+    (so k = 1 is FedAvg's start), row j > 0 an independent initialisation of the same network, keyed by
+    (seed, purpose, j): its parameters drawn by the model's own initialisers (``ServerContext.fresh_init``:
+    the network built again, so every layer follows its initial distribution and a norm layer starts at
+    weight 1, bias 0), its buffers those of ``init_state``. IFCA's authors draw their k models the same
+    way (k independent random initialisations)."""
+    rows = [server.init_state] + [server.fresh_init(server.seed, purpose, "cluster_start", j) for j in range(1, k)]
+    return torch.stack(rows)

@@ -22,6 +22,7 @@ from pfl.models.size import check_model_fits
 from pfl.models.small import CharLSTM
 from pfl.models.timm_backbones import timm_model
 from pfl.models.user import import_model, is_import_path
+from pfl.seeding import derive_seed
 from pfl.suggest import did_you_mean
 
 TIMM_PREFIX = "timm:"
@@ -38,6 +39,7 @@ __all__ = [
     "check_model_builds",
     "check_model_config",
     "meta_model",
+    "redrawn_params",
     "structure_model",
     "register",
     "validate_model_config",
@@ -139,3 +141,15 @@ def build_checked_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_clas
     shape = tuple(input_shape)
     build = _builder(cfg, shape, num_classes)
     return import_model(cfg.name.strip(), cfg, shape, num_classes) if build is None else build()
+
+
+def redrawn_params(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int, *keys: int | str) -> torch.Tensor:
+    """The trainable parameters of another initialisation of the network ``cfg`` names: the model built
+    once more, on the CPU as a run builds it, with torch's CPU generator seeded by ``keys`` (the global
+    generator is restored after). Every entry comes from the build's own initialisers (each module's
+    ``reset_parameters``, a builder's own init such as wrn28_10's Kaiming-normal convs or timm's), so it
+    is an independent draw from the run's initial distribution. Flat in ``FlatModule``'s order."""
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(derive_seed(*keys))
+        net = build_checked_model(cfg, input_shape, num_classes)
+    return torch.cat([p.detach().reshape(-1) for p in net.parameters() if p.requires_grad])

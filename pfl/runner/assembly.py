@@ -4,6 +4,7 @@ attack, dispatcher and checkpointer, each built once and handed to ``FederatedLo
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from pfl.federation.server_opt import ServerOptimizer
 from pfl.federation.store import make_store
 from pfl.methods.base import ServerContext
 from pfl.metrics.session import EvalSession
-from pfl.models import build_checked_model
+from pfl.models import build_checked_model, redrawn_params
 from pfl.runner.compile_report import CompileReport
 from pfl.runner.lockstep_report import LockstepReport
 from pfl.runner.plan import RunPlan
@@ -66,6 +67,8 @@ def build_loop(
         val_evaluator=(lambda state: worker.evaluate(state, val)) if len(val) else None,
         # What a client answers when the server asks for its train loss at a candidate model (S-FedPG).
         client_loss=lambda cid, state: worker.evaluate(state, worker.split(cid).train).loss,
+        # Another initialisation of the network (IFCA's and FeSEM's cluster starts).
+        draw_params=partial(redrawn_params, cfg.model, data.input_shape, data.num_classes),
     )
     server.state = method.init_server(server)  # the server's running state, which every round updates
     cohort = Cohort.from_fabric(fabric) if cohort is None else cohort

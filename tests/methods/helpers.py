@@ -227,3 +227,53 @@ def bn_mlp(cfg, input_shape, num_classes):
 def _bare_server(p: int = 3) -> ServerContext:
     layout = ModelLayout(p, 0, (("0", slice(0, p)),), torch.device("cpu"))
     return ServerContext(0, 4, 2, layout, torch.zeros(p, dtype=torch.float64))
+
+
+# -- IFCA and FeSEM: k cluster starts, row 0 the shared initialisation, the others independent draws ----------
+BN_CNN = {"name": "cnn_bn"}  # BatchNorm after each conv; convs and linears in PyTorch's default init
+GN_WRN = {"name": "wrn28_10", "depth": 10, "widen": 1, "norm": "group"}  # GroupNorm; Kaiming-normal convs
+
+
+def cluster_loop(method: str, model: dict, clusters: int = 3, seed: int = 0) -> FederatedLoop:
+    return make_loop(tiny_config(method, {"clusters": clusters}, model=model, seed=seed, eval={"reference": "none"}))
+
+
+def assert_independent_cluster_starts(loop: FederatedLoop, starts: torch.Tensor, model: dict) -> None:
+    """``starts`` (k, S) of ``loop``'s network (BN_CNN or GN_WRN): row 0 is the shared initialisation; every
+    row keeps its buffers; every norm layer starts at weight 1, bias 0; every conv and linear weight of a
+    row j > 0 follows its layer's initial distribution, is no permutation of row 0's and differs from
+    every other row's."""
+    from pfl.models.norms import NORM_TYPES
+
+    net, slices, p = loop.worker.module.net, loop.worker.flat.param_slices, loop.server.layout.num_params
+    init, k = loop.init_state, len(starts)
+    assert k >= 3 and torch.equal(starts[0], init)
+    assert torch.equal(starts[:, p:], init[p:].expand(k, -1))  # BatchNorm running statistics: the shared init's
+    norms = [(name, m) for name, m in net.named_modules() if isinstance(m, NORM_TYPES)]
+    for name, module in norms:
+        assert torch.equal(starts[:, slices[f"{name}.weight"]], torch.ones(k, module.weight.numel())), name
+        assert torch.equal(starts[:, slices[f"{name}.bias"]], torch.zeros(k, module.bias.numel())), name
+    kinds = {type(m).__name__ for _, m in norms}
+    for name, module in net.named_modules():
+        if not isinstance(module, (nn.Linear, nn.Conv2d)):
+            continue
+        kinds.add(type(module).__name__)
+        w = starts[:, slices[f"{name}.weight"]]
+        fan_in, fan_out = module.weight[0].numel(), module.weight.shape[0] * module.weight[0, 0].numel()
+        kaiming_normal = isinstance(module, nn.Conv2d) and model is GN_WRN
+        bound = 1 / fan_in**0.5  # PyTorch's default: kaiming_uniform(a=√5), U(±1/√fan_in) for weight and bias
+        std = (2 / fan_out) ** 0.5 if kaiming_normal else bound / 3**0.5
+        for j in range(1, k):
+            assert not torch.equal(w[j].sort().values, w[0].sort().values), (name, j)  # no permutation of row 0
+            assert all(not torch.equal(w[j], w[i]) for i in range(j)), (name, j)
+            if w.shape[1] >= 500:
+                assert 0.85 < float(w[j].std()) / std < 1.15, (name, j)
+            if not kaiming_normal:
+                assert float(w[j].abs().max()) <= bound, (name, j)
+        if module.bias is not None:
+            b = starts[:, slices[f"{name}.bias"]]
+            if model is GN_WRN:  # wrn zero-initialises its classifier's bias
+                assert torch.equal(b, torch.zeros_like(b)), name
+            else:
+                assert float(b.abs().max()) <= bound and not torch.equal(b[1], b[2]), name
+    assert kinds >= {"Conv2d", "Linear"} and kinds & {"BatchNorm2d", "GroupNorm"}, kinds

@@ -19,6 +19,7 @@ import yaml
 
 from pfl.cli import list_methods, main
 from pfl.data import DataConfig, build_data
+from pfl.engine.flat import ModelLayout
 from pfl.engine.trainer import ClientTrainer, TrainSettings
 from pfl.errors import ConfigError
 from pfl.methods import ClientOptimizerMethod, Method, Upload, method_class, register
@@ -241,6 +242,18 @@ def test_server_context_defaults_and_the_callables_it_does_not_show():
         a.evaluate(init)
     with pytest.raises(RuntimeError, match="cannot ask clients"):
         a.ask_loss(0, init)
+    with pytest.raises(RuntimeError, match="cannot build its network again"):
+        a.fresh_init(0)
+
+
+def test_server_context_fresh_init_draws_the_parameters_and_keeps_the_buffers():
+    layout = ModelLayout(3, 2, (("0", slice(0, 3)),), torch.device("cpu"))
+    init = torch.arange(5, dtype=torch.float64)
+    server = ServerContext(0, 4, 2, layout, init, draw_params=lambda *keys: torch.full((3,), float(len(keys))))
+    fresh = server.fresh_init(0, "ifca", 1)  # drawn in float32, stored as init_state is
+    assert torch.equal(fresh, torch.tensor([3.0, 3.0, 3.0, 3.0, 4.0], dtype=torch.float64))
+    assert torch.equal(init, torch.arange(5, dtype=torch.float64))  # a new vector: init_state is kept
+    assert "draw_params" not in repr(server)
 
 
 def test_client_context_keeps_momentum_under_the_purposes_key_and_hides_the_worker():

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from pfl.methods import weighted_mean_of
+from pfl.methods.model_rows import cluster_starts
 from pfl.seeding import torch_generator
 from tests.conftest import make_loop, tiny_config
-from tests.methods.helpers import NEW, exchanged_round, new_client_context, run
+from tests.methods.helpers import (
+    BN_CNN,
+    GN_WRN,
+    NEW,
+    assert_independent_cluster_starts,
+    cluster_loop,
+    exchanged_round,
+    new_client_context,
+    run,
+)
 
 
 def test_fesem_assigns_each_upload_to_the_nearest_centre():
@@ -22,6 +33,13 @@ def test_fesem_assigns_each_upload_to_the_nearest_centre():
         members = {c: u for c, u in uploads.items() if int(loop.server["assign"][c]) == j}
         expected = weighted_mean_of(members) if members else before[j]
         assert torch.allclose(loop.server["centers"][j], expected)
+
+
+@pytest.mark.parametrize("model", [BN_CNN, GN_WRN], ids=["batchnorm", "groupnorm"])
+def test_fesem_centres_start_from_independent_initialisations_of_the_network(model):
+    loop = cluster_loop("fesem", model)
+    assert_independent_cluster_starts(loop, loop.server["centers"], model)
+    assert torch.equal(loop.server["centers"], cluster_starts(loop.server, 3, "fesem"))  # keyed by the method
 
 
 # -- mutation-testing survivors: fesem --

@@ -6,8 +6,21 @@ import pytest
 import torch
 
 from pfl.federation.loop import comparable_metrics
+from pfl.methods.model_rows import cluster_starts
 from tests.conftest import make_loop, tiny_config
-from tests.methods.helpers import NEW, VAL, exchanged_round, new_client_context, personal, resumed_after, run
+from tests.methods.helpers import (
+    BN_CNN,
+    GN_WRN,
+    NEW,
+    VAL,
+    assert_independent_cluster_starts,
+    cluster_loop,
+    exchanged_round,
+    new_client_context,
+    personal,
+    resumed_after,
+    run,
+)
 
 
 @pytest.mark.parametrize("clusters", [2, 3])
@@ -45,20 +58,11 @@ def test_ifca_new_client_fine_tunes_the_cluster_with_the_lowest_loss():
     assert set(picks) == {0, 1}, picks
 
 
-def test_cluster_starts_are_layerwise_permutations_of_the_init():
-    from pfl.methods.model_rows import cluster_starts
-
-    loop = make_loop(tiny_config("ifca"))
-    init, layout = loop.init_state, loop.server.layout
-    starts = cluster_starts(init, layout, 3, 0, "ifca")
-    assert torch.equal(starts[0], init)
-    assert torch.equal(starts, cluster_starts(init, layout, 3, 0, "ifca"))  # keyed: reproducible
-    assert not torch.equal(starts[1], cluster_starts(init, layout, 3, 1, "ifca")[1])  # and seed-dependent
-    for j in (1, 2):
-        assert not torch.equal(starts[j], init)
-        for _, sl in layout.layers:  # the same multiset of initial values, layer by layer
-            assert torch.equal(starts[j, sl].sort().values, init[sl].sort().values)
-    assert not torch.equal(starts[1], starts[2])
+@pytest.mark.parametrize("model", [BN_CNN, GN_WRN], ids=["batchnorm", "groupnorm"])
+def test_ifca_clusters_start_from_independent_initialisations_of_the_network(model):
+    loop = cluster_loop("ifca", model)
+    assert_independent_cluster_starts(loop, loop.server["models"], model)
+    assert torch.equal(loop.server["models"], cluster_starts(loop.server, 3, "ifca"))  # keyed by the method
 
 
 # -- FedORA and its table's baselines (IFCA, FeSEM, FedAMP, FedU): seeds, client order, resume, one cluster --

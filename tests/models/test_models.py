@@ -1,5 +1,6 @@
 """The model registry: every model builds, trains, flattens into per-layer slices and ends in its head."""
 
+import math
 import sys
 import textwrap
 
@@ -11,8 +12,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from pfl.engine.flat import FlatModule
 from pfl.errors import ConfigError
 from pfl.methods.heads import split_head
-from pfl.models import ModelConfig, available_models, build_model, check_model_config, register
+from pfl.models import ModelConfig, available_models, build_model, check_model_config, redrawn_params, register
 from pfl.models.norms import norm_layers
+from pfl.seeding import derive_seed
 
 IMAGE = (3, 32, 32)
 # name -> (ModelConfig overrides, input shape): every registered model must appear here (small widths).
@@ -339,3 +341,26 @@ def test_register_declares_its_options():
         from pfl.models.registry import _REGISTRY
 
         _REGISTRY.pop("_tiny_for_test", None)
+
+
+def frozen_stem_mlp(cfg, input_shape, num_classes):
+    """An MLP whose first layer is frozen: FlatModule keeps only the trainable parameters."""
+    net = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 6), nn.ReLU(), nn.Linear(6, num_classes))
+    net[1].requires_grad_(False)
+    return net
+
+
+@pytest.mark.parametrize("name", ["cnn_bn", "wrn28_10", "tests.models.test_models:frozen_stem_mlp"])
+def test_redrawn_params_are_the_network_built_again_under_the_keyed_cpu_generator(name):
+    overrides, shape = REGISTERED.get(name, ({}, (3, 4, 4)))
+    cfg = ModelConfig(name=name, **overrides)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        before = torch.get_rng_state()
+        drawn = redrawn_params(cfg, shape, NUM_CLASSES, 0, "ifca", "cluster_start", 1)
+        assert torch.equal(torch.get_rng_state(), before)  # the global generator is restored
+        torch.manual_seed(derive_seed(0, "ifca", "cluster_start", 1))
+        flat = FlatModule(build_model(cfg, shape, NUM_CLASSES))
+    assert drawn.shape == (flat.num_params,) and torch.equal(drawn, flat.params)
+    assert torch.equal(redrawn_params(cfg, shape, NUM_CLASSES, 0, "ifca", "cluster_start", 1), drawn)
+    assert not torch.equal(redrawn_params(cfg, shape, NUM_CLASSES, 0, "ifca", "cluster_start", 2), drawn)
