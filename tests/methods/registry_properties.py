@@ -72,7 +72,8 @@ OFFICIAL_CONFIGS += ("local", "perfedavg", "pfedme", "pgfed", "pgfedmo")
 PAPER_DEFAULTS = ("apfl", "ditto", "fedavg", "fedbabu", "feddyn", "fedfomo", "fedper", "fedprox", "fedrep")
 PAPER_DEFAULTS += ("fedrod", "lgfedavg", "local", "perfedavg", "pfedme", "pgfed", "pgfedmo", "pgfed_ce")
 BOUNDS: dict[str, tuple[tuple[str, Any, Any], ...]] = {
-    "apfl": (("mix", 0.0, -0.01), ("mix", 1.0, 1.01), ("eval_mix", "local", "mixed")),
+    "apfl": (("mix", 0.0, -0.01), ("mix", 1.0, 1.01), ("eval_mix", "local", "mixed"), ("mix_lr", 0.0, -0.01))
+    + (("mix_decay", 0.0, -0.01),),
     "ditto": (("lam", 0.0, -0.01), ("personal_epochs", 1, 0), ("prox", "gradient", "exactly")),
     "fedala": (("eta", 0.0, -0.01), ("rand_percent", 0.5, 0.0), ("rand_percent", 100.0, 100.01), ("layer_idx", 0, -1))
     + (("threshold", 0.0, -0.01), ("num_pre_loss", 1, 0), ("max_start_epochs", 1, 0)),
