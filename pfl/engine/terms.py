@@ -34,6 +34,11 @@ class Term:
         """Terms of one stack agree on this (e.g. the frozen slice)."""
         return (type(self),)
 
+    def trained(self) -> list[Tensor]:
+        """Tensors outside the model that this term steps from their ``.grad`` (filled by the fit's
+        backward): under a gradient scaler their gradients are unscaled with the model's."""
+        return []
+
 
 def stackable(term: Term) -> bool:
     """Whether ``term``'s own class defines a stacked form (``stack``), not only a parent of it."""
@@ -172,6 +177,9 @@ class ExtraParamSGD(Term):
     def __init__(self, tensor: Tensor, lr: float | None = None, momentum: float = 0.0, weight_decay: float = 0.0):
         self.tensor, self.lr, self.momentum, self.weight_decay = tensor, lr, momentum, weight_decay
         self.buf: Tensor | None = None
+
+    def trained(self) -> list[Tensor]:
+        return [self.tensor]
 
     def on_step(self, params: Tensor, lr: float) -> None:
         grad = self.tensor.grad

@@ -205,10 +205,14 @@ class ClientTrainer:
 
     def apply_step(self, optimizer: torch.optim.Optimizer, terms: Sequence[Term], lr: float) -> None:
         """One optimizer step with the terms around it. Under a gradient scaler the gradients are
-        unscaled first (terms add unscaled quantities) and a step with inf/NaN gradients is skipped."""
+        unscaled first (terms add unscaled quantities), those of the tensors the terms train beside the
+        model too (``Term.trained``), and a step with inf/NaN gradients is skipped."""
         scaler = self.scaler
+        extra = [t for term in terms for t in term.trained() if t.grad is not None] if scaler is not None else []
         if scaler is not None:
             scaler.unscale_(optimizer)
+            for tensor in extra:
+                tensor.grad.mul_(1.0 / scaler.get_scale())
         for term in terms:
             term.on_grad(self.flat.params, self.flat.grads)
         if scaler is not None:
@@ -216,6 +220,8 @@ class ClientTrainer:
             scaler.step(optimizer)
             scaler.update()
             if scaler.get_scale() < scale:  # the step was skipped: leave the parameters alone
+                for tensor in extra:  # and start the next step's gradients afresh, as the optimizer's
+                    tensor.grad = None
                 return
         else:
             optimizer.step()

@@ -44,6 +44,9 @@ class MixStep(Term):
     def __init__(self, mix: Tensor, lr: float, decay: float):
         self.mix, self.lr, self.decay = mix, lr, decay
 
+    def trained(self) -> list[Tensor]:
+        return [self.mix]
+
     def on_step(self, params: Tensor, lr: float) -> None:
         with torch.no_grad():
             self.mix.sub_(self.lr * (self.mix.grad + self.decay * self.mix)).clamp_(0.0, 1.0)

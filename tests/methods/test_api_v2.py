@@ -168,6 +168,48 @@ def test_a_gradient_scaler_is_used_and_unscaled_before_the_terms():
     assert diff < 1e-2  # fp16 autocast noise; an unscaled step would be ~1000x off
 
 
+@pytest.mark.parametrize(
+    ("name", "args", "key"),
+    [("apfl", {}, "v"), ("apfl", {"mix_lr": 0.5}, "mix"), ("fedrod", {}, "head"), ("splitgp", {}, "head")],
+    ids=["apfl-v", "apfl-alpha", "fedrod-head", "splitgp-head"],
+)
+def test_a_tensor_trained_beside_the_model_is_unscaled_with_it(name, args, key):
+    """APFL's v and α, FedRoD's and SplitGP's personal heads take their steps from gradients of the same
+    scaled backward: unscaled with the model's, they move as without a scaler (an unscaled step: 1024x)."""
+    cfg = tiny_config(name, args, trainer={"rounds": 1})
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaled = make_loop(cfg, fabric=L.Fabric(accelerator="cpu", plugins=[MixedPrecision("16-mixed", "cpu", scaler)]))
+    plain = make_loop(cfg, fabric=L.Fabric(accelerator="cpu"))
+    scaled.run_round(), plain.run_round()
+    for cid in plain.sampled_clients().tolist():
+        got, want = scaled.client(cid).state[key], plain.client(cid).state[key]
+        assert (got - want).norm() <= 1e-2 * want.norm(), (cid, got, want)  # fp16 autocast noise only
+
+
+def test_a_skipped_scaled_step_leaves_the_tensors_trained_beside_the_model_without_a_gradient():
+    from pfl.engine.terms import ExtraParamSGD
+
+    loop = make_loop(tiny_config("fedavg", trainer={"rounds": 1}))
+    worker = loop.worker
+    extra = torch.ones(3, requires_grad=True)
+    extra.grad = torch.full((3,), 2048.0)
+    step = ExtraParamSGD(extra, lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale(torch.ones(()))  # a scaled loss, as every step's backward has
+    worker.scaler = scaler
+    net_param = next(p for p in worker.module.parameters() if p.requires_grad)
+    optimizer = torch.optim.SGD([net_param], lr=0.1)
+    net_param.grad = torch.full_like(net_param, 1024.0)
+    worker.apply_step(optimizer, [step], 0.1)
+    torch.testing.assert_close(extra.detach(), torch.full((3,), 1.0 - 0.1 * 2.0))  # 2048 / 1024, then the step
+    assert extra.grad is None
+    extra.grad = torch.full((3,), 2048.0)
+    net_param.grad = torch.full_like(net_param, float("inf"))  # the scaler skips this step
+    worker.apply_step(optimizer, [step], 0.1)
+    torch.testing.assert_close(extra.detach(), torch.full((3,), 0.8))  # not stepped
+    assert extra.grad is None and scaler.get_scale() < 1024.0  # nor carried into the next step
+
+
 @pytest.mark.parametrize("precision", ["bf16-true", "64-true", "bf16-mixed"])
 def test_every_fabric_precision_runs(precision):
     cfg = tiny_config("fedprox", trainer={"rounds": 1, "precision": precision})
