@@ -66,6 +66,8 @@ def build_loop(
         val_evaluator=(lambda state: worker.evaluate(state, val)) if len(val) else None,
         # What a client answers when the server asks for its train loss at a candidate model (S-FedPG).
         client_loss=lambda cid, state: worker.evaluate(state, worker.split(cid).train).loss,
+        # The clients' learning rate of a round (client.lr, client.lr_decay): a setting the server knows.
+        client_lr_at=lambda round_idx: worker.settings.lr_at(round_idx),
     )
     server.state = method.init_server(server)  # the server's running state, which every round updates
     cohort = Cohort.from_fabric(fabric) if cohort is None else cohort
