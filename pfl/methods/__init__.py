@@ -20,6 +20,8 @@ if TYPE_CHECKING:
         State,
         StateValue,
         Upload,
+        Weighting,
+        upload_weight,
         weighted_mean,
         weighted_mean_of,
     )
@@ -33,10 +35,12 @@ __all__ = [
     "State",
     "StateValue",
     "Upload",
+    "Weighting",
     "class_path",
     "method_class",
     "methods",
     "register",
+    "upload_weight",
     "weighted_mean",
     "weighted_mean_of",
 ]

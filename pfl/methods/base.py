@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeAlias
 
 import torch
 from torch import Tensor
@@ -40,6 +40,10 @@ StateValue: TypeAlias = "Tensor | bool | int | float | str | None | list[StateVa
 # A State's values are StateValues; the dict is typed Any so that a hook reads its own entries (a model
 # tensor, its dict of tensors) without narrowing a union at every read (tests/methods check the values).
 State: TypeAlias = dict[str, Any]
+# How a server averages the sampled clients' models (a method's ``weighting`` option): ``uniform``, each
+# sampled client once (a plain mean), or ``samples``, by training-set size (FedAvg's). ``upload_weight``
+# turns it into a client's ``Upload.weight``.
+Weighting: TypeAlias = Literal["uniform", "samples"]
 
 
 class MethodFlagWarning(UserWarning):
@@ -91,6 +95,7 @@ class ServerContext:
     # The run's network built again under keys (pfl.models.redrawn_params): its trainable parameters, flat.
     draw_params: Callable[..., Tensor] | None = field(default=None, repr=False)
     reports: Reports = field(default_factory=Reports, repr=False)
+    client_lr_at: Callable[[int], float] | None = field(default=None, repr=False)  # round -> its clients' lr
 
     def evaluate(self, state: Tensor) -> EvalStats:
         """Accuracy and loss of ``state`` on the server's global test set (``data.global_test``)."""
@@ -124,6 +129,14 @@ class ServerContext:
         state = self.init_state.clone()
         state[: self.layout.num_params] = self.draw_params(*keys)
         return state
+
+    @property
+    def client_lr(self) -> float:
+        """The learning rate of this round's client fits (``client.lr`` decayed by ``client.lr_decay``), the
+        ``ClientContext.lr`` of every client this round: a setting of the run the server knows, not sent."""
+        if self.client_lr_at is None:
+            raise RuntimeError("this server does not know its clients' learning rate")
+        return self.client_lr_at(self.round)
 
     def timed(self, name: str) -> AbstractContextManager[None]:
         """``with server.timed(name):`` adds the block's wall-clock seconds to phase ``name`` of this round."""
@@ -552,6 +565,12 @@ def weighted_mean(vectors: Sequence[Tensor], weights: Sequence[float]) -> Tensor
     for v, w in zip(vectors, weights, strict=True):
         out.add_(v, alpha=float(w) / total)
     return out
+
+
+def upload_weight(weighting: Weighting, client: ClientContext) -> float:
+    """``client``'s ``Upload.weight`` under ``weighting``: 1 (``uniform``) or its number of training samples
+    (``samples``), so that ``weighted_mean_of`` takes the plain or the sample-weighted mean of the uploads."""
+    return 1.0 if weighting == "uniform" else client.num_samples
 
 
 def weighted_mean_of(uploads: dict[int, Upload]) -> Tensor:

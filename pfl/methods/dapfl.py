@@ -26,19 +26,17 @@ computed (under encryption), not its value, so the trained models are the same w
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from pfl.errors import require
-from pfl.methods.base import ClientContext, State, Upload
+from pfl.methods.base import ClientContext, State, Upload, Weighting, upload_weight
 from pfl.methods.registry import register
 from pfl.methods.rl_tuning import VAL_FIX, AgentPool, DDPGMethod, agent_score, check_warmup, learn_after_warmup
 from pfl.optim.ddpg import DDPGAgent
 from pfl.seeding import derive_seed
-
-Weighting = Literal["samples", "uniform"]
 
 
 @register
@@ -109,5 +107,5 @@ class DapFL(DDPGMethod):
         agent.remember(observed, self.range.replayed(action, lr, epochs), reward, following)
         learn_after_warmup(agent)
         client.state.update(agent=agent.state_dict(), obs=following, score=torch.tensor(score))
-        weight = client.num_samples if self.weighting == "samples" else 1.0
-        return Upload(trained, weight)  # the server's default aggregation: Σ weight·θ / Σ weight
+        # The server's default aggregation: Σ weight·θ / Σ weight.
+        return Upload(trained, upload_weight(self.weighting, client))

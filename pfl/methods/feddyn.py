@@ -1,16 +1,14 @@
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from pfl.engine.terms import LinearTerm, Proximal
 from pfl.errors import require
-from pfl.methods.base import ClientContext, ServerContext, State, Upload, weighted_mean, weighted_mean_of
+from pfl.methods.base import ClientContext, ServerContext, State, Upload, Weighting, upload_weight, weighted_mean_of
 from pfl.methods.fedavg import FedAvg
 from pfl.methods.registry import register
-
-Weighting = Literal["uniform", "samples"]
 
 
 @register
@@ -54,14 +52,11 @@ class FedDyn(FedAvg):
         theta = client.fit(payload["global"], terms=[LinearTerm(-g), Proximal(w, self.alpha)])
         if self.alpha > 0:
             client.state["g"] = g - self.alpha * (client.params(theta) - w)
-        return Upload(theta, client.num_samples)
+        return Upload(theta, upload_weight(self.weighting, client))
 
     def aggregate(self, server: ServerContext, uploads: dict[int, Upload]) -> None:
         w = server["global"]
-        if self.weighting == "uniform":
-            mean = weighted_mean([uploads[c].state for c in sorted(uploads)], [1.0] * len(uploads))
-        else:
-            mean = weighted_mean_of(uploads)
+        mean = weighted_mean_of(uploads)  # the weights are upload_weight's: uniform or by samples
         if self.alpha > 0:
             delta = torch.stack([uploads[c].state - w for c in sorted(uploads)]).sum(0)
             server["h"] = server["h"] - (self.alpha / server.num_clients) * delta

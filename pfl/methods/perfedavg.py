@@ -8,7 +8,7 @@ import time
 from torch import Tensor
 
 from pfl.errors import require
-from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload
+from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload, Weighting, upload_weight
 from pfl.methods.registry import register
 
 
@@ -19,7 +19,16 @@ class PerFedAvg(Method):
     size α on one training batch. α = ``inner_lr``, β = ``outer_lr``, both client.lr by default as
     the PGFed authors' script sets them (α = β = lr); their code takes the personalization step with
     β, equal to α there. The shared model is a meta-initialization, meant to be used after that step:
-    at α = 0.1 its own accuracy is near chance while the P-models train (docs/paper_vs_code.md)."""
+    at α = 0.1 its own accuracy is near chance while the P-models train (docs/paper_vs_code.md).
+    Server: the plain mean of the sampled clients' models, w ← Σ_{i∈A} w_i / |A| (Algorithm 1);
+    ``weighting: samples`` weighs by training-set size, as the pFedMe and PGFed authors' code does.
+
+    Args:
+        inner_lr: α, the step of the personalization (and of the inner step of training); null: client.lr.
+        outer_lr: β, the step that trains the shared model; null: client.lr.
+        weighting: the server's mean of the clients' models: uniform (the paper) or samples (by
+            training-set size, the pFedMe and PGFed authors' code).
+    """
 
     name = "perfedavg"
     description = "MAML-style (first-order) global model; P-model = global + one local SGD step"
@@ -28,12 +37,13 @@ class PerFedAvg(Method):
         self,
         inner_lr: float | None = None,
         outer_lr: float | None = None,
+        weighting: Weighting = "uniform",
     ):
         require(inner_lr is None or inner_lr >= 0, "method.inner_lr", "must be >= 0, or null for client.lr")
         require(
             outer_lr is None or outer_lr > 0, "method.outer_lr", f"must be > 0, or null for client.lr (got {outer_lr})"
         )
-        self.inner_lr, self.outer_lr = inner_lr, outer_lr
+        self.inner_lr, self.outer_lr, self.weighting = inner_lr, outer_lr, weighting
 
     def _alpha(self, client: ClientContext) -> float:
         return client.lr if self.inner_lr is None else self.inner_lr
@@ -55,7 +65,7 @@ class PerFedAvg(Method):
             theta.copy_(start).sub_(grads, alpha=beta)
             steps += 1
         client.record_fit(steps, client.epochs, started)
-        return Upload(flat.snapshot(), client.num_samples)
+        return Upload(flat.snapshot(), upload_weight(self.weighting, client))
 
     def personal_state(self, server: ServerContext, client: ClientContext) -> Tensor:
         flat = client.flat

@@ -10,7 +10,16 @@ import torch
 from torch import Tensor
 
 from pfl.errors import require
-from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload, weighted_mean_of
+from pfl.methods.base import (
+    ClientContext,
+    Method,
+    ServerContext,
+    State,
+    Upload,
+    Weighting,
+    upload_weight,
+    weighted_mean_of,
+)
 from pfl.methods.registry import register
 
 
@@ -19,7 +28,9 @@ class PFedMe(Method):
     """pFedMe (T. Dinh et al. 2020). Per batch: K steps on the personal model θ of
     f_i(θ; B) + λ/2‖θ − w‖² (+ μ/2‖θ‖² with ``personal_l2``) at ``personal_lr``, then
     w ← w − η λ (w − θ) (η = client.lr).
-    Server: w ← (1 − β) w + β · mean(w_i) over the sampled clients. The P-model is θ.
+    Server: w ← (1 − β) w + β · mean(w_i) over the sampled clients S, the plain mean Σ_{i∈S} w_i / |S|
+    of Algorithm 1 (``weighting: samples``: by training-set size, as the authors' code and the PGFed
+    code average). The P-model is θ.
 
     ``all_clients_train`` (default, the paper's Algorithm 1): every client runs the local update from
     each round's global model and the server aggregates a sample of them. Only the sampled clients'
@@ -41,11 +52,13 @@ class PFedMe(Method):
         all_clients_train: every client updates its personal model every round (the paper).
         personal_l2: μ of an extra μ/2‖θ‖² in the inner problem (0: the paper; the pFedMe and PGFed
             authors' code: 0.001, a default of their optimizer).
+        weighting: the server's mean of the local models: uniform (the paper) or samples (by
+            training-set size, the authors' code).
     """
 
     name = "pfedme"
     description = "Moreau-envelope personalization: K inner steps on theta, outer step on the local w"
-    averages_uploads = True  # w ← (1 − β)w + β·(the mean of the uploads)
+    averages_uploads = True  # w ← (1 − β)w + β·(the weighted mean of the uploads, upload_weight's weights)
 
     def __init__(
         self,
@@ -55,6 +68,7 @@ class PFedMe(Method):
         beta: float = 1.0,
         all_clients_train: bool = True,
         personal_l2: float = 0.0,
+        weighting: Weighting = "uniform",
     ):
         require(lam >= 0, "method.lam", f"must be >= 0 (got {lam})")
         require(inner_steps >= 1, "method.inner_steps", f"must be >= 1 (got {inner_steps})")
@@ -62,7 +76,7 @@ class PFedMe(Method):
         require(beta > 0, "method.beta", f"must be > 0 (got {beta})")
         self.lam, self.inner_steps, self.personal_lr, self.beta = lam, inner_steps, personal_lr, beta
         require(personal_l2 >= 0, "method.personal_l2", f"must be >= 0 (got {personal_l2})")
-        self.all_clients_train, self.personal_l2 = all_clients_train, personal_l2
+        self.all_clients_train, self.personal_l2, self.weighting = all_clients_train, personal_l2, weighting
 
     def personalize(self, client: ClientContext, global_state: Tensor) -> tuple[Tensor, Tensor]:
         """One local update from ``global_state``: (personal model θ, local model w), full states."""
@@ -91,7 +105,7 @@ class PFedMe(Method):
         personal, local = self.personalize(client, payload["global"])
         client.state["personal"] = personal
         client.state["round"] = torch.tensor(client.round)
-        return Upload(local, client.num_samples)
+        return Upload(local, upload_weight(self.weighting, client))
 
     def aggregate(self, server: ServerContext, uploads: dict[int, Upload]) -> None:
         if self.all_clients_train:

@@ -1,14 +1,19 @@
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
 from pfl.engine.terms import LinearTerm
-from pfl.methods.base import ClientContext, Method, ServerContext, State, Upload, weighted_mean_of
+from pfl.methods.base import (
+    ClientContext,
+    Method,
+    ServerContext,
+    State,
+    Upload,
+    Weighting,
+    upload_weight,
+    weighted_mean_of,
+)
 from pfl.methods.registry import register
-
-Weighting = Literal["uniform", "samples"]
 
 
 @register
@@ -40,8 +45,7 @@ class Scaffold(Method):
         steps = client.fits[-1].steps
         c_new = c_i - c + (x - client.params(y)) / (steps * client.lr)
         client.state["c"] = c_new
-        weight = 1.0 if self.weighting == "uniform" else client.num_samples
-        return Upload(y, weight, {"dc": c_new - c_i})
+        return Upload(y, upload_weight(self.weighting, client), {"dc": c_new - c_i})
 
     def aggregate(self, server: ServerContext, uploads: dict[int, Upload]) -> None:
         server["global"] = weighted_mean_of(uploads)

@@ -69,6 +69,8 @@ def build_loop(
         client_loss=lambda cid, state: worker.evaluate(state, worker.split(cid).train).loss,
         # Another initialisation of the network (IFCA's and FeSEM's cluster starts).
         draw_params=partial(redrawn_params, cfg.model, data.input_shape, data.num_classes),
+        # The clients' learning rate of a round (client.lr, client.lr_decay): a setting the server knows.
+        client_lr_at=lambda round_idx: worker.settings.lr_at(round_idx),
     )
     server.state = method.init_server(server)  # the server's running state, which every round updates
     cohort = Cohort.from_fabric(fabric) if cohort is None else cohort

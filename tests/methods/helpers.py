@@ -33,6 +33,18 @@ def exchanged_round(loop: FederatedLoop) -> tuple[dict[int, dict], dict[int, dic
     return payloads, results
 
 
+def server_means_by_hand(loop: FederatedLoop, uploads: dict[int, Upload]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plain mean Σ w_i / |S| and the sample-weighted mean Σ n_i w_i / Σ n_i of a round's uploaded
+    states, n_i the client's training-set size read from the data (not from ``Upload.weight``); the round's
+    clients differ in size, so the two differ."""
+    sizes = {c: len(loop.worker.data.clients[c].train) for c in uploads}
+    assert len(set(sizes.values())) > 1, sizes
+    plain = sum(uploads[c].state for c in uploads) / len(uploads)
+    weighted = sum(sizes[c] * uploads[c].state for c in uploads) / sum(sizes.values())
+    assert not torch.allclose(plain, weighted, atol=1e-4)
+    return plain, weighted
+
+
 def tensor_bytes(exchanged: Any) -> int:
     """Bytes of the tensors in a payload dict or an upload (the weight is not sent)."""
     if isinstance(exchanged, Upload):

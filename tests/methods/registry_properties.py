@@ -88,11 +88,11 @@ BOUNDS: dict[str, tuple[tuple[str, Any, Any], ...]] = {
     "fedrep": (("head_epochs", 0, -1),),
     "fedrod": (("head_lr", 1e-6, 0.0), ("head_init", "init", "ones")),
     "fedsam": (("rho", 0.0, -0.01), ("p", 1.0, 0.99)),
-    "fedu": (("eta", 1e-6, 0.0),),
+    "fedu": (("eta", 1e-6, 0.0), ("eta", None, -0.01)),
     "lgfedavg": (("global_layers", 0, -1),),
-    "perfedavg": (("inner_lr", 0.0, -0.01), ("outer_lr", 1e-6, 0.0)),
+    "perfedavg": (("inner_lr", 0.0, -0.01), ("outer_lr", 1e-6, 0.0), ("weighting", "samples", "median")),
     "pfedme": (("lam", 0.0, -0.01), ("inner_steps", 1, 0), ("personal_lr", 1e-6, 0.0), ("beta", 1e-6, 0.0))
-    + (("personal_l2", 0.0, -0.01),),
+    + (("personal_l2", 0.0, -0.01), ("weighting", "samples", "median")),
     "pgfed": (("mu", 0.0, -0.01), ("eta2", 0.0, -0.01), ("beta", 0.0, -0.01), ("beta", 0.99, 1.0))
     + (("alpha_init", 0.0, -0.01),),
     "pgfed_ce": (("ce_scalar", "mean", "sum"),),

@@ -234,14 +234,21 @@ def test_server_context_defaults_and_the_callables_it_does_not_show():
     layout = _api_loop().worker.flat.layout
     init = torch.zeros(layout.num_params + layout.num_buffers)
     a = ServerContext(0, 4, 2, layout, init)
-    b = ServerContext(0, 4, 2, layout, init, evaluator=lambda s: None, client_loss=lambda c, s: 0.0)
+    lr_at = lambda r: 0.1 * 0.5**r  # noqa: E731
+    b = ServerContext(0, 4, 2, layout, init, evaluator=lambda s: None, client_loss=lambda c, s: 0.0, client_lr_at=lr_at)
     assert a.state == {} and a.state is not b.state and a.seed == 0
     assert "evaluator" not in repr(b) and "client_loss" not in repr(b) and "seed=0" in repr(b)
+    assert "client_lr_at" not in repr(b) and "client_lr_at" not in repr(a)
     assert "reports" not in repr(a) and a.reports is not b.reports  # each server its own sums
+    assert b.client_lr == 0.1
+    b.round = 2
+    assert b.client_lr == 0.025  # the round's clients' lr, decayed
     with pytest.raises(RuntimeError, match="no global test set"):
         a.evaluate(init)
     with pytest.raises(RuntimeError, match="cannot ask clients"):
         a.ask_loss(0, init)
+    with pytest.raises(RuntimeError, match="does not know its clients' learning rate"):
+        _ = a.client_lr
     with pytest.raises(RuntimeError, match="cannot build its network again"):
         a.fresh_init(0)
 

@@ -93,6 +93,8 @@ CHOICE_OPTIONS = {
         "server_lag",
         "warmup_space",
     },
+    "perfedavg": {"weighting"},
+    "pfedme": {"weighting"},
     "pgfed_ce": {"ce_scalar"},
     "plgu_ghn": {"sam_gradient"},
     "plgu_lf": {"ascent", "scale"},

@@ -10,8 +10,11 @@ from pfl.runner.args import parse_fit_args
 from pfl.seeding import seed_everything, torch_generator
 from tests.conftest import make_loop, tiny_config
 from tests.methods.helpers import (
+    HALF,
     _grads,
     _one_client_loop,
+    exchanged_round,
+    server_means_by_hand,
 )
 from tests.methods.reference import drawn_batches, initial_net
 from tests.methods.registry_properties import CONF
@@ -85,3 +88,16 @@ def test_perfedavg_step_sizes_default_to_the_client_lr():
         )
     method = parse_fit_args(["--config", str(CONF / "perfedavg.yaml")])[0].method
     assert (method.inner_lr, method.outer_lr) == (None, None)
+
+
+def test_perfedavg_server_takes_the_plain_mean_by_default_and_the_sample_weighted_one_as_an_option():
+    """Algorithm 1: w_{k+1} = Σ_{i∈A_k} w^i / |A_k|; ``weighting: samples`` (the pFedMe and PGFed authors'
+    code) weighs w^i by n_i. Half the clients, of different sizes, after one round."""
+    for args, pick in (({}, 0), ({"weighting": "samples"}, 1)):
+        loop = make_loop(tiny_config("perfedavg", args, trainer=HALF))
+        _, uploads = exchanged_round(loop)
+        mean = server_means_by_hand(loop, uploads)[pick]
+        torch.testing.assert_close(loop.server["global"], mean, rtol=1e-5, atol=1e-6)
+    for name in ("perfedavg", "perfedavg_official"):  # the paper's config and the code's
+        method = parse_fit_args(["--config", str(CONF / f"{name}.yaml")])[0].method
+        assert method.weighting == ("uniform" if name == "perfedavg" else "samples")

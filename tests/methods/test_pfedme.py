@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pfl.runner.args import parse_fit_args
 from tests.conftest import make_loop, tiny_config
 from tests.methods.helpers import (
     HALF,
@@ -12,15 +13,19 @@ from tests.methods.helpers import (
     _grads,
     _one_client_loop,
     exchanged_round,
+    server_means_by_hand,
 )
 from tests.methods.reference import drawn_batches, initial_net
+from tests.methods.registry_properties import CONF
 
 
 def test_pfedme_with_unit_proximal_steps_is_fedavg():
-    """K = 1, λ·η_p = 1 and λ·η = 1 make θ ← w − η∇f(θ) and w ← θ: plain SGD, i.e. FedAvg."""
+    """K = 1, λ·η_p = 1 and λ·η = 1 make θ ← w − η∇f(θ) and w ← θ: plain SGD, i.e. FedAvg (with its
+    sample-weighted mean)."""
     lr = 0.1
     a = _fit("fedavg", client={"lr": lr})
-    b = _fit("pfedme", {"lam": 1 / lr, "inner_steps": 1, "personal_lr": lr, "beta": 1.0}, client={"lr": lr})
+    unit = {"lam": 1 / lr, "inner_steps": 1, "personal_lr": lr, "beta": 1.0, "weighting": "samples"}
+    b = _fit("pfedme", unit, client={"lr": lr})
     torch.testing.assert_close(a.server["global"], b.server["global"], rtol=1e-4, atol=1e-5)
     c = _fit("pfedme", client={"lr": lr})
     assert not torch.allclose(a.server["global"], c.server["global"], atol=1e-3)
@@ -46,6 +51,20 @@ def test_pfedme_local_update_and_beta_aggregation_match_hand_computation(l2):
     flat = lambda d: torch.cat([d[n].reshape(-1) for n in names])  # noqa: E731
     torch.testing.assert_close(loop.clients[0]["personal"], flat(theta), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(loop.server["global"], (1 - beta) * flat(w0) + beta * flat(w), rtol=1e-5, atol=1e-6)
+
+
+def test_pfedme_server_takes_the_plain_mean_by_default_and_the_sample_weighted_one_as_an_option():
+    """Algorithm 1: w ← (1 − β)w + β Σ_{i∈S} w_i / |S|; ``weighting: samples`` (the authors' code) weighs
+    w_i by n_i. Half the clients, of different sizes, after one round, at β = 0.5."""
+    for args, pick in (({"beta": 0.5}, 0), ({"beta": 0.5, "weighting": "samples"}, 1)):
+        loop = make_loop(tiny_config("pfedme", args, trainer=HALF))
+        w0 = loop.server["global"].clone()
+        _, uploads = exchanged_round(loop)
+        mean = server_means_by_hand(loop, uploads)[pick]
+        torch.testing.assert_close(loop.server["global"], 0.5 * w0 + 0.5 * mean, rtol=1e-5, atol=1e-6)
+    for name in ("pfedme", "pfedme_official"):  # the paper's config and the code's
+        method = parse_fit_args(["--config", str(CONF / f"{name}.yaml")])[0].method
+        assert method.weighting == ("uniform" if name == "pfedme" else "samples")
 
 
 @pytest.mark.parametrize(("name", "per_step"), [("pfedme", 1), ("perfedavg", 2)])
