@@ -197,7 +197,8 @@ def test_rounds_are_ticked_where_any_group_evaluated_and_colours_cycle(tmp_path)
 def _long_label_groups(tmp_path, n: int):
     from pfl.metrics.compare_plots import PlotGroup
 
-    label = "fedprox, client.lr={i}, method.mu=0.00{i}, server.aggregator=trimmed_mean, data.alpha=0.{i}, model.norm=group"
+    label = "fedprox, client.lr={i}, method.mu=0.00{i}, server.aggregator=trimmed_mean, data.alpha=0.{i}, "
+    label += "model.norm=group"
     return [
         PlotGroup(label.format(i=i), [write_run(tmp_path, f"r{i}", 0, 0.1, CURVES["a0"], CLIENTS["a0"])])
         for i in range(n)
@@ -223,11 +224,12 @@ def test_runs_that_differ_in_many_settings_get_a_legend_below_the_curves_inside_
         figure.test_path = tmp_path / "f.png"
         renderer = _laid_out(figure)
         box, ax = figure.axes[0].get_legend().get_window_extent(renderer), figure.axes[0].get_window_extent(renderer)
-        assert 0 <= box.x0 and box.x1 <= figure.bbox.width and 0 <= box.y0  # all of it on the figure
+        assert box.x0 >= 0 and box.x1 <= figure.bbox.width and box.y0 >= 0  # all of it on the figure
         assert bool(box.y1 < ax.y0) is (figure is fig)  # under the axes only when long
     texts = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert all("\n" in t for t in texts)  # broken at spaces, never inside a setting:
-    assert [t.replace("\n", " ") for t in texts] == [f"{g.label} (1 seed)" for g in _long_label_groups(tmp_path / "x", 4)]
+    labels = [f"{g.label} (1 seed)" for g in _long_label_groups(tmp_path / "x", 4)]
+    assert [t.replace("\n", " ") for t in texts] == labels
     assert fig.get_size_inches()[1] > rcParams["figure.figsize"][1]
 
 
@@ -237,7 +239,7 @@ def test_the_client_figures_labels_of_long_settings_stay_apart(tmp_path):
     renderer = _laid_out(fig)
     boxes = [t.get_window_extent(renderer) for t in fig.axes[0].get_xticklabels()]
     assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:], strict=False))  # side by side, not overlapping
-    assert 0 <= boxes[0].x0 and boxes[-1].x1 <= fig.bbox.width
+    assert boxes[0].x0 >= 0 and boxes[-1].x1 <= fig.bbox.width
     assert "server.aggregator=trimmed_mean," in fig.axes[0].get_xticklabels()[0].get_text().split("\n")
 
 
