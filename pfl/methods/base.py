@@ -391,6 +391,10 @@ class Method:
     """Whether the server works on pseudo-gradients w − w_i, so attacks in ``auto`` space perturb updates."""
     fixed_options: ClassVar[tuple[str, ...]] = ()
     """Parent ``__init__`` arguments the class fixes in its ``super().__init__`` call (left out of ``hparams``)."""
+    predating_options: ClassVar[dict[str, Any]] = {}
+    """Options added after runs were recorded whose default is another rule than those runs trained with:
+    option -> the value that reproduces them. A resumed run (``--resume``) whose config.yaml lacks the
+    option continues with that value, and ``pfl report`` counts such a run at it, not at the default."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

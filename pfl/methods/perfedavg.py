@@ -32,6 +32,7 @@ class PerFedAvg(Method):
 
     name = "perfedavg"
     description = "MAML-style (first-order) global model; P-model = global + one local SGD step"
+    predating_options = {"weighting": "samples"}  # the sample-weighted mean, before the paper's plain one
 
     def __init__(
         self,

@@ -58,6 +58,7 @@ class PFedMe(Method):
 
     name = "pfedme"
     description = "Moreau-envelope personalization: K inner steps on theta, outer step on the local w"
+    predating_options = {"weighting": "samples"}  # the sample-weighted mean, before the paper's plain one
     averages_uploads = True  # w ← (1 − β)w + β·(the weighted mean of the uploads, upload_weight's weights)
 
     def __init__(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import copy
 import functools
 import json
 import re
@@ -19,6 +20,7 @@ from typing import Any
 
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from pfl.config import (
@@ -36,7 +38,14 @@ from pfl.errors import ConfigError, require
 from pfl.methods.building import build_method
 from pfl.methods.registry import method_class, method_names
 from pfl.models import ModelConfig
-from pfl.runner.method_choice import DEFAULT_METHOD, interpolation_error, method_from_argv, method_in_file
+from pfl.runner.method_choice import (
+    DEFAULT_METHOD,
+    interpolation_error,
+    load_yaml,
+    method_from_argv,
+    method_in_file,
+    read_text,
+)
 from pfl.runner.registry_help import registry_help
 from pfl.suggest import choice_fix, close_matches, offer
 
@@ -96,10 +105,14 @@ def build_fit_parser(method_name: str) -> ArgumentParser:
     return parser
 
 
-@functools.cache
 def default_config(method_name: str) -> dict[str, Any] | None:
     """The config.yaml a run of ``method_name`` with every option at its default writes (None for a
     name this pfl cannot build, e.g. a user's method class that is not importable here)."""
+    return copy.deepcopy(_default_config(method_name))  # the caller's own: the parser's is kept
+
+
+@functools.cache
+def _default_config(method_name: str) -> dict[str, Any] | None:
     try:
         parser = build_fit_parser(method_name)
     except ConfigError:
@@ -147,6 +160,7 @@ def parse_fit_args(
     name, argv = method_from_argv(argv)
     if resume_dir is not None:
         check_resume_method(resume_dir, name)
+        argv = [*argv[:2], *predating_args(resume_dir / "config.yaml", name), *argv[2:]]  # after --config DIR
     if parsers is None:
         parser = build_fit_parser(name)
     elif name in parsers:
@@ -225,10 +239,32 @@ def resume_changes(run_dir: Path, ns: Namespace) -> dict[str, tuple[Any, Any]]:
     """``{key: (recorded, now)}`` for every setting ``ns`` changes from ``run_dir/config.yaml``."""
     path = run_dir / "config.yaml"
     recorded_parser = build_fit_parser(method_in_file(path)[0] or DEFAULT_METHOD)
-    recorded = _flatten(_parse(recorded_parser, ["--config", str(path)], "--resume").as_dict())
+    recorded_args = ["--config", str(path), *predating_args(path, method_in_file(path)[0] or DEFAULT_METHOD)]
+    recorded = _flatten(_parse(recorded_parser, recorded_args, "--resume").as_dict())
     now = _flatten(ns.as_dict())
     keys = list(recorded) + [k for k in now if k not in recorded]
     return {k: (recorded.get(k), now.get(k)) for k in keys if recorded.get(k) != now.get(k)}
+
+
+def predating_args(config: Path, name: str) -> list[str]:
+    """``--method.OPTION=VALUE`` for each of method ``name``'s ``predating_options`` that the recorded
+    ``config`` lacks: the run was trained before the option existed, under the rule that value gives."""
+    predating = getattr(method_class(name), "predating_options", {})
+    if not predating:
+        return []
+    method = load_yaml(config, read_text(config)).get("method")
+    given = set(method) if isinstance(method, DictConfig) else set()
+    return [f"--method.{key}={value}" for key, value in predating.items() if key not in given]
+
+
+def recorded_defaults(method_name: str) -> dict[str, Any] | None:
+    """What a run of ``method_name`` that lacks an option in its config.yaml ran with: ``default_config``,
+    except the ``predating_options`` (an option whose default changed after runs were recorded)."""
+    config = default_config(method_name)
+    if config is None:
+        return None
+    config["method"].update(getattr(method_class(method_name), "predating_options", {}))
+    return config
 
 
 def check_resume_method(run_dir: Path, name: str) -> None:

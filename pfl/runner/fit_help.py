@@ -10,8 +10,8 @@ the text. Otherwise (edited sources, a user's method class, no index) the help c
 itself, so the text is the same either way. ``python -m pfl.runner.fit_help_index --write`` regenerates
 the index; the suite fails while it is stale.
 
-The index also holds each built-in method's default config (``method_defaults``), which ``pfl report``
-uses to fill options that older runs' config.yaml lack, again without importing torch.
+The index also holds what each built-in method's runs ran with where their config.yaml lacks an option
+(``method_defaults``), which ``pfl report`` uses to fill such options, again without importing torch.
 """
 
 from __future__ import annotations
@@ -90,15 +90,16 @@ def current_index(path: Path) -> dict[str, Any] | None:
 
 
 def method_defaults(name: str) -> dict[str, Any] | None:
-    """The config.yaml a run of method ``name`` with every option at its default writes, as
-    ``pfl.runner.args.default_config`` builds it: from the index for a built-in method, else from the
-    method's parser (None for a name this pfl cannot build). A fresh copy at every call."""
+    """What a run of method ``name`` whose config.yaml lacks an option ran with, as
+    ``pfl.runner.args.recorded_defaults`` gives it (the defaults, except options whose default changed
+    after runs were recorded): from the index for a built-in method, else from the method's parser (None
+    for a name this pfl cannot build). A fresh copy at every call."""
     indexed = _indexed_defaults(INDEX, name)
     if indexed is not None:
         return copy.deepcopy(indexed)
-    from pfl.runner.args import default_config
+    from pfl.runner.args import recorded_defaults
 
-    return copy.deepcopy(default_config(name))
+    return recorded_defaults(name)
 
 
 @functools.cache

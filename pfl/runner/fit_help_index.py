@@ -86,7 +86,7 @@ class _Pool:
 def build_index() -> dict[str, Any]:
     """The index of every built-in method's ``fit --help``, checked against the parsers' own."""
     from pfl.methods.registry import method_names
-    from pfl.runner.args import build_fit_parser, default_config
+    from pfl.runner.args import build_fit_parser, recorded_defaults
 
     actions, groups, values, parsers, defaults, expected = _Pool(), _Pool(), _Pool(), {}, {}, {}
     for name in method_names():
@@ -108,7 +108,7 @@ def build_index() -> dict[str, Any]:
                 for g in parser._action_groups
             ],
         }
-        defaults[name] = {key: values.add(value) for key, value in (default_config(name) or {}).items()}
+        defaults[name] = {key: values.add(value) for key, value in (recorded_defaults(name) or {}).items()}
     index = {
         "fingerprint": fingerprint(),
         "actions": actions.records,
@@ -120,7 +120,7 @@ def build_index() -> dict[str, Any]:
     for name, text in expected.items():
         if render(index, name) != text:
             raise RuntimeError(f"{name}: the help rendered from the index differs from the parser's")
-        if indexed_defaults(index, name) != default_config(name):
+        if indexed_defaults(index, name) != recorded_defaults(name):
             raise RuntimeError(f"{name}: the default config read from the index differs from the parser's")
     return index
 
