@@ -5,8 +5,9 @@ which ``pfl report`` reads) does not import torch through this package."""
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pfl.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from pfl.data.config import build_data
@@ -32,9 +33,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _MODULE_OF:
-        raise AttributeError(f"module 'pfl.data' has no attribute {name!r}")
-    value = getattr(import_module(f"pfl.data.{_MODULE_OF[name]}"), name)
-    globals()[name] = value  # the next lookup is a plain attribute
-    return value
+__getattr__ = lazy_names(__name__, _MODULE_OF)

@@ -6,8 +6,9 @@ and its plots, and must not pay for torch and Lightning, which the evaluation mo
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pfl.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from pfl.metrics.comm import CommCounter, nbytes
@@ -46,9 +47,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _MODULE_OF:
-        raise AttributeError(f"module 'pfl.metrics' has no attribute {name!r}")
-    value = getattr(import_module(f"pfl.metrics.{_MODULE_OF[name]}"), name)
-    globals()[name] = value  # the next lookup is a plain attribute
-    return value
+__getattr__ = lazy_names(__name__, _MODULE_OF)
