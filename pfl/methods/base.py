@@ -391,10 +391,10 @@ class Method:
     """Whether the server works on pseudo-gradients w − w_i, so attacks in ``auto`` space perturb updates."""
     fixed_options: ClassVar[tuple[str, ...]] = ()
     """Parent ``__init__`` arguments the class fixes in its ``super().__init__`` call (left out of ``hparams``)."""
+    # A resumed run (--resume) whose config.yaml lacks such an option continues with that value, and
+    # pfl report counts the run at it, not at today's default (pfl.runner.args.predating_args).
     predating_options: ClassVar[dict[str, Any]] = {}
-    """Options added after runs were recorded whose default is another rule than those runs trained with:
-    option -> the value that reproduces them. A resumed run (``--resume``) whose config.yaml lacks the
-    option continues with that value, and ``pfl report`` counts such a run at it, not at the default."""
+    """Options added after runs were recorded whose default is another rule than theirs -> their value."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
