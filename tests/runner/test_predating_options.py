@@ -4,26 +4,33 @@ rule, and the report counts it at that rule, not at today's default."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
 from pfl.cli import main
 from pfl.errors import ConfigError
-from pfl.methods.pfedme import PFedMe
 from pfl.methods.perfedavg import PerFedAvg
+from pfl.methods.pfedme import PFedMe
 from pfl.runner.args import default_config, parse_fit_args, predating_args, recorded_defaults
 from pfl.runner.fit_help import method_defaults
 from tests.helpers.reports import write_run
 
 
-def _recorded(tmp_path, name: str, method: str, drop: str | None = None, **options) -> object:
+def _config(method: str, drop: str | None = None, **options) -> dict:
+    """The config.yaml a run of ``method`` records, without option ``drop`` (a run from before it)."""
     config = default_config(method)
     if drop:
         del config["method"][drop]
     config["method"].update(options)
+    return config
+
+
+def _recorded(tmp_path: Path, name: str, method: str, drop: str | None = None, **options) -> Path:
     run = tmp_path / name
     run.mkdir()
-    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    (run / "config.yaml").write_text(yaml.safe_dump(_config(method, drop, **options)))
     return run
 
 
@@ -47,14 +54,11 @@ def test_the_report_counts_an_older_run_at_its_own_rule(tmp_path, capsys):
     assert default_config("pfedme")["method"]["weighting"] == "uniform"  # recorded_defaults left it alone
     assert method_defaults("pfedme") == recorded_defaults("pfedme")  # the index holds the same
     assert method_defaults("fedavg") == default_config("fedavg")
-    runs = []
-    for name, drop, options, acc in (("old", "weighting", {}, 0.5), ("samples", None, {"weighting": "samples"}, 0.7),
-                                     ("uniform", None, {}, 0.1)):  # fmt: skip
-        config = default_config("pfedme")
-        if drop:
-            del config["method"][drop]
-        config["method"].update(options)
-        runs.append(write_run(tmp_path, name, "pfedme", {"gm.acc": acc}, config=config))
+    runs = [
+        write_run(tmp_path, "old", "pfedme", {"gm.acc": 0.5}, config=_config("pfedme", drop="weighting")),
+        write_run(tmp_path, "samples", "pfedme", {"gm.acc": 0.7}, config=_config("pfedme", weighting="samples")),
+        write_run(tmp_path, "uniform", "pfedme", {"gm.acc": 0.1}, config=_config("pfedme")),
+    ]
     assert main(["report", *map(str, runs), "--metrics", "gm.acc"]) == 0
     rows = capsys.readouterr().out.splitlines()[2:]
     assert [r.split(" | ")[:3] for r in rows] == [["| old +1", "pfedme", "samples"], ["| uniform", "pfedme", "uniform"]]
