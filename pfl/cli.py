@@ -141,6 +141,12 @@ def run_command(argv: list[str]) -> int:
 
             reproduce_main(rest)
         elif command == "data":
+            from pfl.commands.data_usage import help_text
+
+            text = help_text(rest)
+            if text is not None:  # the usage needs no torch
+                print(text)
+                return 0
             from pfl.commands.data import main as data_main
 
             data_main(rest)

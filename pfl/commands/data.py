@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+from pfl.commands.data_usage import EXPORT_USAGE, help_text
 from pfl.config import RunConfig
 from pfl.data import FederatedData, build_data
 from pfl.data.npz import export_npz
@@ -23,18 +24,6 @@ from pfl.errors import ConfigError
 from pfl.metrics.plots import data_setting, plot_heatmap
 from pfl.runner.args import parse_fit_args
 
-EXPORT_USAGE = (
-    "python -m pfl data export --format npz DIR [--overwrite] [--config FILE ...] [--data.KEY VALUE ...] [--seed N]"
-)
-STATS_USAGE = (
-    "python -m pfl data stats [--json] [--plot FILE.png] [--config FILE ...] [--data.KEY VALUE ...] [--seed N]"
-)
-NOTES = (
-    "  export: DIR must be new or empty; --overwrite replaces an earlier export whole (never a mix of two\n"
-    "    partitions) and refuses a folder that no export wrote or that holds other files\n"
-    "  --config FILE and --data.KEY VALUE: as for `python -m pfl fit` (see `python -m pfl fit --help`)"
-)
-USAGE = f"usage: python -m pfl data {{export,stats}} [options]\n  {EXPORT_USAGE}\n  {STATS_USAGE}\n{NOTES}\n"
 FORMATS = ("npz",)
 MARKER = ".pfl-export"  # every export holds it: --overwrite replaces only a folder that does
 EXPORT_FILES = ("config.json", "global_test.npz", MARKER)
@@ -184,14 +173,11 @@ def stats(argv: list[str]) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
+    text = help_text(argv)  # also answered by the command line before this module is imported
+    if text is not None:
+        print(text)
         return
     command, rest = argv[0], argv[1:]
-    if command in ("export", "stats") and {"-h", "--help"} & set(rest):
-        print("usage: " + (EXPORT_USAGE if command == "export" else STATS_USAGE))
-        print(NOTES if command == "export" else NOTES.splitlines()[-1])
-        return
     if command == "export":
         export(rest)
     elif command == "stats":
