@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from pfl.commands.data_usage import EXPORT_USAGE, help_text
+from pfl.commands.data_usage import EXPORT_USAGE
 from pfl.config import RunConfig
 from pfl.data import FederatedData, build_data
 from pfl.data.npz import export_npz
@@ -173,10 +173,8 @@ def stats(argv: list[str]) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    text = help_text(argv)  # also answered by the command line before this module is imported
-    if text is not None:
-        print(text)
-        return
+    """``data export|stats``; the command line answers the usage (``data_usage.help_text``) before it
+    imports this module."""
     command, rest = argv[0], argv[1:]
     if command == "export":
         export(rest)

@@ -184,7 +184,7 @@ def curve_figure(groups: list[PlotGroup], key: str | None = None, title: str | N
     key = pick_key(histories, key, CURVE_KEYS, "--plot-metric", HISTORY_FILE)
     width, height = rcParams["figure.figsize"]
     labels = [wrapped(f"{g.label} ({_seeds(g)})", width - LEGEND_MARGIN_INCHES) for g in groups]
-    below = max(text_inches(line) for label in labels for line in label.split("\n")) > LEGEND_INSIDE_INCHES
+    below = widest_line(labels) > LEGEND_INSIDE_INCHES
     lines = sum(label.count("\n") + 1 for label in labels)
     fig, ax = new_figure((width, height + (LEGEND_LINE_INCHES * lines if below else 0.0)))
     rounds: list[float] = []
@@ -226,6 +226,11 @@ def text_inches(text: str) -> float:
     return float(width) / SAVE_DPI
 
 
+def widest_line(texts: list[str]) -> float:
+    """How wide the widest line of ``texts`` is drawn at matplotlib's small font, in inches."""
+    return max(text_inches(line) for text in texts for line in text.split("\n"))
+
+
 @functools.cache
 def _renderer() -> RendererAgg:
     return RendererAgg(1, 1, SAVE_DPI)
@@ -246,7 +251,7 @@ def clients_figure(groups: list[PlotGroup], key: str | None = None, title: str |
     fig_width = max(width, BOX_INCHES * len(groups))  # labels side by side
     room = (fig_width - AXIS_INCHES) / len(groups) - LABEL_GAP_INCHES  # a label's width at most
     names = [wrapped(g.label, room) for g in groups]
-    widest = max(text_inches(line) for name in names for line in name.split("\n"))
+    widest = widest_line(names)
     if widest > room:  # a setting too long to break widens every box to it
         fig_width = (widest + LABEL_GAP_INCHES) * len(groups) + AXIS_INCHES
     fig, ax = new_figure((fig_width, height))

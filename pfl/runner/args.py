@@ -238,9 +238,9 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def resume_changes(run_dir: Path, ns: Namespace) -> dict[str, tuple[Any, Any]]:
     """``{key: (recorded, now)}`` for every setting ``ns`` changes from ``run_dir/config.yaml``."""
     path = run_dir / "config.yaml"
-    recorded_parser = build_fit_parser(method_in_file(path)[0] or DEFAULT_METHOD)
-    recorded_args = ["--config", str(path), *predating_args(path, method_in_file(path)[0] or DEFAULT_METHOD)]
-    recorded = _flatten(_parse(recorded_parser, recorded_args, "--resume").as_dict())
+    recorded_method = method_in_file(path)[0] or DEFAULT_METHOD
+    recorded_args = ["--config", str(path), *predating_args(path, recorded_method)]
+    recorded = _flatten(_parse(build_fit_parser(recorded_method), recorded_args, "--resume").as_dict())
     now = _flatten(ns.as_dict())
     keys = list(recorded) + [k for k in now if k not in recorded]
     return {k: (recorded.get(k), now.get(k)) for k in keys if recorded.get(k) != now.get(k)}
@@ -249,7 +249,7 @@ def resume_changes(run_dir: Path, ns: Namespace) -> dict[str, tuple[Any, Any]]:
 def predating_args(config: Path, name: str) -> list[str]:
     """``--method.OPTION=VALUE`` for each of method ``name``'s ``predating_options`` that the recorded
     ``config`` lacks: the run was trained before the option existed, under the rule that value gives."""
-    predating = getattr(method_class(name), "predating_options", {})
+    predating = method_class(name).predating_options
     if not predating:
         return []
     method = load_yaml(config, read_text(config)).get("method")
@@ -263,7 +263,7 @@ def recorded_defaults(method_name: str) -> dict[str, Any] | None:
     config = default_config(method_name)
     if config is None:
         return None
-    config["method"].update(getattr(method_class(method_name), "predating_options", {}))
+    config["method"].update(method_class(method_name).predating_options)
     return config
 
 

@@ -94,20 +94,19 @@ def method_defaults(name: str) -> dict[str, Any] | None:
     ``pfl.runner.args.recorded_defaults`` gives it (the defaults, except options whose default changed
     after runs were recorded): from the index for a built-in method, else from the method's parser (None
     for a name this pfl cannot build). A fresh copy at every call."""
-    indexed = _indexed_defaults(INDEX, name)
-    if indexed is not None:
-        return copy.deepcopy(indexed)
+    indexed = _indexed_defaults(INDEX)
+    if name in indexed:
+        return copy.deepcopy(indexed[name])
     from pfl.runner.args import recorded_defaults
 
     return recorded_defaults(name)
 
 
 @functools.cache
-def _indexed_defaults(path: Path, name: str) -> dict[str, Any] | None:
+def _indexed_defaults(path: Path) -> dict[str, dict[str, Any]]:
+    """Every indexed method's defaults, read once per process ({} without a current index)."""
     index = current_index(path)
-    if index is None or name not in index.get("defaults", {}):
-        return None
-    return indexed_defaults(index, name)
+    return {} if index is None else {name: indexed_defaults(index, name) for name in index.get("defaults", {})}
 
 
 def indexed_defaults(index: dict[str, Any], name: str) -> dict[str, Any]:
