@@ -93,12 +93,12 @@ CHOICE_OPTIONS = {
         "server_lag",
         "warmup_space",
     },
-    "perfedavg": {"weighting"},
+    "perfedavg": {"variant", "weighting"},
     "pfedme": {"weighting"},
     "pgfed_ce": {"ce_scalar"},
     "plgu_ghn": {"sam_gradient"},
     "plgu_lf": {"ascent", "scale"},
-    "scaffold": {"weighting"},
+    "scaffold": {"option", "weighting"},
     "sfedpg": {"rescale", "solver"},
 }
 

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
+from torch.func import functional_call
 
+from pfl.errors import ConfigError
+from pfl.federation.dispatch import VectorizedDispatcher
+from pfl.methods.perfedavg import PerFedAvg
 from pfl.models import build_model
 from pfl.runner.args import parse_fit_args
 from pfl.seeding import seed_everything, torch_generator
 from tests.conftest import make_loop, tiny_config
+from tests.helpers.same_runs import assert_close, assert_same_metrics
 from tests.methods.helpers import (
     HALF,
     _grads,
@@ -101,3 +107,81 @@ def test_perfedavg_server_takes_the_plain_mean_by_default_and_the_sample_weighte
     for name in ("perfedavg", "perfedavg_official"):  # the paper's config and the code's
         method = parse_fit_args(["--config", str(CONF / f"{name}.yaml")])[0].method
         assert method.weighting == ("uniform" if name == "perfedavg" else "samples")
+
+
+def _flat(tensors) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def test_perfedavg_hessian_free_step_matches_hand_computation_over_triples_of_batches():
+    """HF: per triple (B, B', B''), θ' = θ − α∇f(θ; B), g' = ∇f(θ'; B'),
+    d = [∇f(θ + δg'; B'') − ∇f(θ − δg'; B'')] / (2δ), θ ← θ − β(g' − αd); a last pair or single batch
+    that makes no triple is not trained on."""
+    alpha, beta, delta = 0.05, 0.02, 0.01
+    cfg, loop = _one_client_loop("perfedavg", {"inner_lr": alpha, "outer_lr": beta, "variant": "hf", "delta": delta})
+    net = initial_net(cfg, loop)
+    names = [n for n, _ in net.named_parameters()]
+    sizes = [p.numel() for _, p in net.named_parameters()]
+
+    def grad(theta: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        live = {
+            n: t.view_as(p).clone().requires_grad_(True)
+            for (n, p), t in zip(net.named_parameters(), theta.split(sizes), strict=True)
+        }
+        return _flat(_grads(net, live, data.x[b], data.y[b]))
+
+    data, idx = loop.worker.data, loop.worker.data.clients[0].train
+    theta = _flat(p.detach() for p in net.parameters())
+    batches = drawn_batches(cfg.seed, 0, 0, "train", idx, 16)
+    assert len(batches) % 3 != 0 and len(names) > 1  # a leftover batch is skipped
+    for first, second, third in zip(batches[0::3], batches[1::3], batches[2::3], strict=False):
+        g_outer = grad(theta - alpha * grad(theta, first), second)
+        d = (grad(theta + delta * g_outer, third) - grad(theta - delta * g_outer, third)) / (2 * delta)
+        theta = theta - beta * (g_outer - alpha * d)
+    torch.testing.assert_close(loop.server["global"], theta, rtol=1e-5, atol=1e-6)
+    fo = _one_client_loop("perfedavg", {"inner_lr": alpha, "outer_lr": beta})[1]
+    assert (fo.server["global"] - theta).abs().max() > 1e-3
+
+
+def test_perfedavg_hessian_free_difference_is_the_hessian_vector_product():
+    """The central difference of two gradients δ apart along v is ∇²f(θ; B)v (double backprop), up to
+    O(δ²) and float32 rounding: what makes HF a second-order MAML step."""
+    cfg, loop = _one_client_loop("perfedavg", {"variant": "hf", "delta": 1e-3})
+    net = initial_net(cfg, loop)
+    data, idx = loop.worker.data, loop.worker.data.clients[0].train
+    ctx, b = loop.client(0), idx[:32]
+    theta = loop.server["global"][: loop.flat.num_params].clone()
+    v = torch.randn(theta.numel(), generator=torch.Generator().manual_seed(0))
+    v /= v.norm()
+    approx = loop.method._hessian_vector(ctx, theta, v, b).clone()
+    params = {n: p.detach().clone().requires_grad_(True) for n, p in net.named_parameters()}
+    for p, t in zip(params.values(), theta.split([p.numel() for p in params.values()]), strict=True):
+        p.data.copy_(t.view_as(p))
+    g = _flat(
+        torch.autograd.grad(
+            F.cross_entropy(functional_call(net, params, (data.x[b],)), data.y[b]),
+            list(params.values()),
+            create_graph=True,
+        )
+    )
+    exact = _flat(torch.autograd.grad(g @ v, list(params.values())))
+    assert exact.norm() > 1e-2
+    assert (approx - exact).norm() < 0.02 * exact.norm()
+
+
+def test_perfedavg_hessian_free_trains_in_lockstep_as_it_does_sequentially():
+    cfg = tiny_config("perfedavg", {"variant": "hf"}, trainer={"rounds": 2, "fraction": 0.5})
+    seq, vec = make_loop(cfg), make_loop(cfg)
+    vec.dispatcher = VectorizedDispatcher(vec.worker, vec.clients, vec.init_state, vec.evals.trained, False)
+    seq.fit(), vec.fit()
+    assert vec.dispatcher.lockstep.stacked_batch_gradients > 0
+    assert vec.dispatcher.lockstep.sequential_gradients == 0
+    assert_close(vec.server.state, seq.server.state, "server")
+    assert_same_metrics(vec.history[-1], seq.history[-1])
+
+
+def test_perfedavg_refuses_a_non_positive_delta_and_an_unknown_variant():
+    with pytest.raises(ConfigError, match="method.delta"):
+        PerFedAvg(variant="hf", delta=0.0)
+    with pytest.raises(ConfigError, match="method.variant"):
+        PerFedAvg(variant="so")
