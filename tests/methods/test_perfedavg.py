@@ -141,6 +141,9 @@ def test_perfedavg_hessian_free_step_matches_hand_computation_over_triples_of_ba
     torch.testing.assert_close(loop.server["global"], theta, rtol=1e-5, atol=1e-6)
     fo = _one_client_loop("perfedavg", {"inner_lr": alpha, "outer_lr": beta})[1]
     assert (fo.server["global"] - theta).abs().max() > 1e-3
+    ctx = loop.client(0)
+    loop.method.local_update(ctx, {"global": loop.server["global"]})
+    assert ctx.fits[-1].steps == len(drawn_batches(cfg.seed, ctx.round, 0, "train", idx, 16)) // 3
 
 
 def test_perfedavg_hessian_free_difference_is_the_hessian_vector_product():
