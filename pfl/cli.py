@@ -137,9 +137,12 @@ def run_command(argv: list[str]) -> int:
         elif command == "sweep":
             sweep(rest)
         elif command == "reproduce":
-            from pfl.runner.reproduce import main as reproduce_main
+            from pfl.runner.reproduce_options import parse_args
 
-            reproduce_main(rest)
+            args = parse_args(rest)  # --help and a refused option need no torch
+            from pfl.runner.reproduce import run_parsed
+
+            run_parsed(args)
         elif command == "data":
             from pfl.commands.data_usage import help_text
 

@@ -38,10 +38,22 @@ def imported_by(*argv: str) -> set[str]:
 
 @pytest.mark.parametrize(
     "argv",
-    [["methods"], [], ["--help"], ["mthods"], ["sweep", "--help"], ["sweep"], ["data"], ["data", "stats", "--help"]],
+    [
+        ["methods"],
+        [],
+        ["--help"],
+        ["mthods"],
+        ["sweep", "--help"],
+        ["sweep"],
+        ["data"],
+        ["data", "stats", "--help"],
+        ["reproduce", "--help"],
+        ["reproduce", "--only", "fedora_rotatd"],
+        ["reproduce", "--workers", "0"],
+    ],
     ids=" ".join,
 )
-def test_listing_methods_usage_a_mistyped_command_and_the_sweeps_and_datas_usage_import_no_torch(argv):
+def test_listing_methods_usage_a_mistyped_command_and_the_usage_of_sweep_data_and_reproduce_import_no_torch(argv):
     loaded = imported_by(*argv)
     assert "pfl.cli" in loaded
     assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))

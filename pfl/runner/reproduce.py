@@ -10,10 +10,10 @@ as not run. How verdicts are decided: docs/reproduce.md.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from pfl.config import RunConfig
-from pfl.errors import EXIT_DIVERGED, CommandParser, ConfigError, require
+from pfl.errors import EXIT_DIVERGED, ConfigError, require
 from pfl.methods import methods
 from pfl.metrics.compare_plots import clients_figure, curve_figure, plot_groups
 from pfl.metrics.plots import save_figure
@@ -42,16 +42,15 @@ from pfl.runner.claims import (
     verdict_text,
 )
 from pfl.runner.fit_help import method_defaults
+from pfl.runner.reproduce_options import check_suite_options, parse_args
 from pfl.runner.rundir import check_creatable
 from pfl.runner.suite_estimate import Planned, device_label, estimate, evaluations, split_of
-from pfl.runner.sweep import require_workers, run_parallel
+from pfl.runner.sweep import run_parallel
 from pfl.runner.warm_workers import WorkerPool
 from pfl.safe_files import write_atomic
-from pfl.suggest import choice_fix
 
 # What the suite sets every run's trainer.accelerator to: the part of pfl.config.ACCELERATORS whose device
 # its time records can name (suite_estimate.device_label: the GPU, or the CPU).
-SUITE_ACCELERATORS = ("auto", "cpu", "cuda")
 QUICK_SHARE = 10  # QUICK runs 1/10 of each run's rounds, on the first seed only
 LR_DIR = "_lr"
 UNSTABLE = "unstable.json"  # in <claim>/_lr/: label -> the chosen lrs at which one of its claim runs diverged
@@ -328,13 +327,8 @@ def run_claims(
     The warm workers serve every phase (lr grid, its edge steps, the claims' runs) and end with the suite, or
     wait in ``pool`` when one is given (several suites in one session)."""
     every = all_claims()
-    keys = [c.key for c in every]
-    for key in only or []:
-        require(key in keys, "--only", f"{key!r} is not a claim of the suite", choice_fix(key, keys))
-    require_workers(workers)
+    check_suite_options([c.key for c in every], only, workers, accelerator)
     check_creatable(out, "--out")
-    require(accelerator in SUITE_ACCELERATORS, "--accelerator", f"{accelerator!r} is not one the suite runs on",
-            "give auto (a GPU when there is one), cpu or cuda")  # fmt: skip
     claims = [c for c in every if not only or c.key in only]
     settings = (quick, workers, reuse, accelerator, fresh, keep_checkpoints)
     if pool is not None:
@@ -494,11 +488,6 @@ def _schedule(job: Job, configs: Configs) -> tuple[int, int]:
     """The run's rounds and how many times it evaluates."""
     trainer = configs.config(job.argv[1:]).trainer
     return trainer.rounds, evaluations(trainer.rounds, trainer.eval_every)
-
-
-def default_workers() -> int:
-    """Runs in parallel: one per core (each run trains with one thread; on a GPU machine they share the card)."""
-    return max(1, os.cpu_count() or 1)
 
 
 def _run(
@@ -873,42 +862,18 @@ def seed_plot(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = CommandParser(prog="python -m pfl reproduce", description="Run the paper-reproduction suite.")
-    parser.add_argument("--out", type=Path, default=Path("reproduce"))
-    parser.add_argument(
-        "--only", nargs="*", default=None, help=f"claims to run: {', '.join(c.key for c in all_claims())}"
-    )
-    parser.add_argument(
-        "--quick", action="store_true", help="first seed, 1/10 of the rounds, no lr grid (a smoke test)"
-    )
-    parser.add_argument(
-        "--workers", type=int, default=None, help="runs in parallel (default: one per core; they share a GPU)"
-    )
-    parser.add_argument("--reuse", action="store_true", help="keep runs that already finished (continue a suite)")
-    parser.add_argument(
-        "--accelerator",
-        default="auto",
-        choices=SUITE_ACCELERATORS,
-        help="every run's trainer.accelerator (default auto: the GPU when there is one; cpu: the cores only)",
-    )
-    parser.add_argument(
-        "--fresh-processes",
-        action="store_true",
-        help="start a new process for every run (default: each worker process runs one run after another)",
-    )
-    parser.add_argument(
-        "--keep-checkpoints",
-        action="store_true",
-        help="every run leaves its final checkpoint, for pfl.api.Run.model() (default: none is written; tens of GB)",
-    )
-    args = parser.parse_args(argv)
-    workers = default_workers() if args.workers is None else args.workers
+    """``python -m pfl reproduce``: the suite the command line asks for (``reproduce_options``)."""
+    run_parsed(parse_args(argv))
+
+
+def run_parsed(args: argparse.Namespace) -> None:
+    """Run the suite of a parsed command line and print its report's path."""
     print(
         run_claims(
             args.out,
             args.only,
             args.quick,
-            workers,
+            args.workers,
             args.reuse,
             args.accelerator,
             args.fresh_processes,

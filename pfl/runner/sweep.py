@@ -40,6 +40,7 @@ from pfl.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, ConfigError, require, yaml
 from pfl.metrics.report import report
 from pfl.runner.args import parse_fit_args
 from pfl.runner.config_files import shipped_config
+from pfl.runner.reproduce_options import require_workers
 from pfl.runner.rundir import check_creatable
 from pfl.runner.warm_workers import WarmWorker, WorkerPool, close_all
 
@@ -293,11 +294,6 @@ def plan(
         cfg, *_ = parse_fit_args(argv[1:], parsers)  # raises ConfigError on any bad key or value, before anything runs
         runs.append(SweepRun(i, params, argv, name, cfg.tracking.overwrite))
     return runs, root
-
-
-def require_workers(workers: int) -> None:
-    """Refuse a number of worker processes below 1 (``--workers``), before anything runs."""
-    require(workers >= 1, "--workers", f"{workers} is not a number of worker processes", "give 1 or more")
 
 
 def run_parallel(

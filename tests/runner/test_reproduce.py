@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import pfl.runner.reproduce as rep
+import pfl.runner.reproduce_options as options
 from pfl.errors import EXIT_DIVERGED, ConfigError
 from pfl.runner.claims import Claim, Contrast, LrGrid, beats
 from pfl.runner.suite_estimate import Split, device_label, evaluations, split_of, split_seconds
@@ -876,10 +877,10 @@ def test_the_suite_runs_in_warm_workers_unless_fresh_processes_are_asked_for(fak
 
 
 def test_the_suite_runs_one_worker_per_core_by_default(monkeypatch):
-    monkeypatch.setattr(rep.os, "cpu_count", lambda: 16)
-    assert rep.default_workers() == 16
-    monkeypatch.setattr(rep.os, "cpu_count", lambda: None)
-    assert rep.default_workers() == 1
+    monkeypatch.setattr(options.os, "cpu_count", lambda: 16)
+    assert options.default_workers() == 16
+    monkeypatch.setattr(options.os, "cpu_count", lambda: None)
+    assert options.default_workers() == 1
 
 
 def test_a_later_invocation_keeps_the_earlier_records_and_adds_its_own_line(tmp_path):
@@ -1146,6 +1147,8 @@ def test_seed_plot_of_a_metric_no_run_measured_is_an_empty_axis_from_0_to_1(tmp_
 def test_the_command_passes_its_options_to_the_suite_and_prints_the_reports_path(monkeypatch, capsys):
     calls = []
     monkeypatch.setattr(rep, "run_claims", lambda *a: calls.append(a) or Path("out/REPORT.md"))
+    monkeypatch.setattr(options, "all_claims", lambda: [tiny_claim(key="a"), tiny_claim(key="b")])
+    monkeypatch.setattr(options.os, "cpu_count", lambda: 2)
     rep.main([])
     assert calls[-1] == (Path("reproduce"), None, False, 2, False, "auto", False, False)
     rep.main(["--out", "x", "--only", "a", "b", "--quick", "--workers", "3", "--reuse", "--accelerator", "cpu"])
@@ -1157,10 +1160,15 @@ def test_the_command_passes_its_options_to_the_suite_and_prints_the_reports_path
     assert calls[-1][-2:] == (False, True)
     with pytest.raises(ConfigError, match=r"^reproduce: argument --accelerator: invalid choice: 'tpu'.*\(usage: "):
         rep.main(["--accelerator", "tpu"])  # one line, as every bad input of the command line
+    for argv, field in ((["--only", "a", "c"], "--only"), (["--workers", "0"], "--workers")):
+        with pytest.raises(ConfigError) as err:
+            rep.main(argv)  # refused by the parse, before the suite is asked for anything
+        assert err.value.field == field
+    assert len(calls) == 4
 
 
 def test_the_commands_help_names_every_claim(monkeypatch, capsys):
-    monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(key="one"), tiny_claim(key="two")])
+    monkeypatch.setattr(options, "all_claims", lambda: [tiny_claim(key="one"), tiny_claim(key="two")])
     with pytest.raises(SystemExit):
         rep.main(["--help"])
     text = " ".join(capsys.readouterr().out.split())

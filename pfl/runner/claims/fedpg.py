@@ -8,7 +8,6 @@ import csv
 import statistics
 from pathlib import Path
 
-from pfl.federation.attacks import malicious_clients
 from pfl.runner.claims import Claim, Contrast, LrGrid, SeedSummaries, client_scores, method_args, paired, value
 
 FEDPG_BASE = ["--config", "conf/experiment/fedpg_digits_pat2.yaml", "--tracking.wandb", "false"]
@@ -131,6 +130,8 @@ def diagnose_table1(s: SeedSummaries) -> list[str]:
 def honest_clean(summary: dict, key: str) -> float:
     """Mean of a per-client key over the clients the attacks make malicious, from a clean run's
     clients.csv (the attacked runs draw the same clients: same seed, same fraction)."""
+    from pfl.federation.attacks import malicious_clients  # here: naming the claims (their --help) needs no torch
+
     bad = set(malicious_clients(summary["seed"], summary["num_clients"], ATTACK_FRACTION).tolist())
     values = [v for client, v in client_scores(summary, key).items() if client not in bad]
     return sum(values) / len(values)

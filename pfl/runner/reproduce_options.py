@@ -1,0 +1,72 @@
+"""The reproduction suite's command line and the checks of its options: the standard library and the
+claims' names only, so that ``pfl reproduce --help`` and a refused option answer without importing torch
+(``pfl.runner.reproduce`` does the work)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from pfl.errors import CommandParser, require
+from pfl.runner.claims import all_claims
+from pfl.suggest import choice_fix
+
+SUITE_ACCELERATORS = ("auto", "cpu", "cuda")
+
+
+def default_workers() -> int:
+    """Runs in parallel: one per core (each run trains with one thread; on a GPU machine they share the card)."""
+    return max(1, os.cpu_count() or 1)
+
+
+def require_workers(workers: int) -> None:
+    """Refuse a number of worker processes below 1 (``--workers``), before anything runs."""
+    require(workers >= 1, "--workers", f"{workers} is not a number of worker processes", "give 1 or more")
+
+
+def check_suite_options(keys: list[str], only: list[str] | None, workers: int, accelerator: str) -> None:
+    """Refuse, in one line naming the option, a claim not among the suite's ``keys`` (with the closest name),
+    fewer than one worker, or an accelerator the suite does not run on."""
+    for key in only or []:
+        require(key in keys, "--only", f"{key!r} is not a claim of the suite", choice_fix(key, keys))
+    require_workers(workers)
+    require(accelerator in SUITE_ACCELERATORS, "--accelerator", f"{accelerator!r} is not one the suite runs on",
+            "give auto (a GPU when there is one), cpu or cuda")  # fmt: skip
+
+
+def parser() -> CommandParser:
+    """``python -m pfl reproduce``'s options."""
+    p = CommandParser(prog="python -m pfl reproduce", description="Run the paper-reproduction suite.")
+    p.add_argument("--out", type=Path, default=Path("reproduce"))
+    p.add_argument("--only", nargs="*", default=None, help=f"claims to run: {', '.join(c.key for c in all_claims())}")
+    p.add_argument("--quick", action="store_true", help="first seed, 1/10 of the rounds, no lr grid (a smoke test)")
+    p.add_argument(
+        "--workers", type=int, default=None, help="runs in parallel (default: one per core; they share a GPU)"
+    )
+    p.add_argument("--reuse", action="store_true", help="keep runs that already finished (continue a suite)")
+    p.add_argument(
+        "--accelerator",
+        default="auto",
+        choices=SUITE_ACCELERATORS,
+        help="every run's trainer.accelerator (default auto: the GPU when there is one; cpu: the cores only)",
+    )
+    p.add_argument(
+        "--fresh-processes",
+        action="store_true",
+        help="start a new process for every run (default: each worker process runs one run after another)",
+    )
+    p.add_argument(
+        "--keep-checkpoints",
+        action="store_true",
+        help="every run leaves its final checkpoint, for pfl.api.Run.model() (default: none is written; tens of GB)",
+    )
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The parsed command line, its options checked (``check_suite_options``); ``workers`` filled in."""
+    args = parser().parse_args(argv)
+    args.workers = default_workers() if args.workers is None else args.workers
+    check_suite_options([c.key for c in all_claims()], args.only, args.workers, args.accelerator)
+    return args
