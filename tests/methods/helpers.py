@@ -13,9 +13,11 @@ from torch import nn
 from torch.func import functional_call
 
 from pfl.engine.flat import ModelLayout
+from pfl.federation.dispatch import VectorizedDispatcher
 from pfl.federation.loop import FederatedLoop
 from pfl.methods import ClientContext, ServerContext, Upload, methods, weighted_mean
 from tests.conftest import make_loop, tiny_config
+from tests.helpers.same_runs import assert_close, assert_same_metrics
 
 
 def exchanged_round(loop: FederatedLoop) -> tuple[dict[int, dict], dict[int, dict[str, Any]]]:
@@ -31,6 +33,18 @@ def exchanged_round(loop: FederatedLoop) -> tuple[dict[int, dict], dict[int, dic
             loop.clients.pop(cid, None)
     loop.progress.round += 1
     return payloads, results
+
+
+def lockstep_as_sequential(cfg) -> FederatedLoop:
+    """``cfg``'s run with its clients trained in lockstep, after checking that its server state, clients'
+    states and last metrics equal those of the same run trained one client after another."""
+    seq, vec = make_loop(cfg), make_loop(cfg)
+    vec.dispatcher = VectorizedDispatcher(vec.worker, vec.clients, vec.init_state, vec.evals.trained, False)
+    seq.fit(), vec.fit()
+    assert_close(vec.server.state, seq.server.state, "server")
+    assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients")
+    assert_same_metrics(vec.history[-1], seq.history[-1])
+    return vec
 
 
 def server_means_by_hand(loop: FederatedLoop, uploads: dict[int, Upload]) -> tuple[torch.Tensor, torch.Tensor]:

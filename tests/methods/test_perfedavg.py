@@ -8,18 +8,17 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from pfl.errors import ConfigError
-from pfl.federation.dispatch import VectorizedDispatcher
 from pfl.methods.perfedavg import PerFedAvg
 from pfl.models import build_model
 from pfl.runner.args import parse_fit_args
 from pfl.seeding import seed_everything, torch_generator
 from tests.conftest import make_loop, tiny_config
-from tests.helpers.same_runs import assert_close, assert_same_metrics
 from tests.methods.helpers import (
     HALF,
     _grads,
     _one_client_loop,
     exchanged_round,
+    lockstep_as_sequential,
     server_means_by_hand,
 )
 from tests.methods.reference import drawn_batches, initial_net
@@ -173,14 +172,9 @@ def test_perfedavg_hessian_free_difference_is_the_hessian_vector_product():
 
 
 def test_perfedavg_hessian_free_trains_in_lockstep_as_it_does_sequentially():
-    cfg = tiny_config("perfedavg", {"variant": "hf"}, trainer={"rounds": 2, "fraction": 0.5})
-    seq, vec = make_loop(cfg), make_loop(cfg)
-    vec.dispatcher = VectorizedDispatcher(vec.worker, vec.clients, vec.init_state, vec.evals.trained, False)
-    seq.fit(), vec.fit()
+    vec = lockstep_as_sequential(tiny_config("perfedavg", {"variant": "hf"}, trainer={"rounds": 2, "fraction": 0.5}))
     assert vec.dispatcher.lockstep.stacked_batch_gradients > 0
     assert vec.dispatcher.lockstep.sequential_gradients == 0
-    assert_close(vec.server.state, seq.server.state, "server")
-    assert_same_metrics(vec.history[-1], seq.history[-1])
 
 
 def test_perfedavg_refuses_a_non_positive_delta_and_an_unknown_variant():

@@ -7,21 +7,36 @@ import torch
 
 from pfl.config import ServerConfig
 from pfl.errors import ConfigError
-from pfl.federation.dispatch import VectorizedDispatcher
 from pfl.federation.robust import RobustRule
 from pfl.methods.scaffold import Scaffold
 from tests.conftest import make_loop, tiny_config
-from tests.helpers.same_runs import assert_close, assert_same_metrics
-from tests.methods.helpers import HALF, _grads, exchanged_round
+from tests.methods.helpers import HALF, _grads, exchanged_round, lockstep_as_sequential
 from tests.methods.reference import drawn_batches, initial_net
 
 
-def test_scaffold_steps_control_variates_and_aggregation_match_the_formulas():
-    """Option II by hand over two rounds of half the clients: the local steps y ← y − η(∇f_i(y) − c_i + c),
-    c_i⁺ = c_i − c + (x − y)/(Kη), the upload Δc_i = c_i⁺ − c_i, and the server's uniform mean of the
-    y and c ← c + Σ Δc_i / N. Round 2 has c ≠ c_i, so every sign of the correction shows."""
+def _local_path(net, x, c, c_i, batches, data, lr) -> torch.Tensor:
+    """SCAFFOLD's K local steps by hand from the flat model ``x``: y ← y − η(∇f_i(y) − c_i + c)."""
+    sizes = [p.numel() for _, p in net.named_parameters()]
+    y = {k: t.view_as(p) for (k, p), t in zip(net.named_parameters(), x.split(sizes), strict=True)}
+    for b in batches:
+        step = _flat_grad(net, y, data.x[b], data.y[b]) + (c - c_i)
+        y = {k: t - lr * s.view_as(t) for (k, t), s in zip(y.items(), step.split(sizes), strict=True)}
+    return torch.cat([t.reshape(-1) for t in y.values()])
+
+
+def _flat_grad(net, params: dict, x, y) -> torch.Tensor:
+    live = {k: t.clone().requires_grad_(True) for k, t in params.items()}
+    return torch.cat([g.reshape(-1) for g in _grads(net, live, x, y)])
+
+
+@pytest.mark.parametrize("option", ["II", "I"])
+def test_scaffold_steps_control_variates_and_aggregation_match_the_formulas(option):
+    """By hand over two rounds of half the clients: the local steps y ← y − η(∇f_i(y) − c_i + c), the
+    control variate c_i⁺ (option II: c_i − c + (x − y)/(Kη); option I: the mean batch gradient of one pass
+    over the client's train split in index order at x), the upload Δc_i = c_i⁺ − c_i, and the server's
+    uniform mean of the y and c ← c + Σ Δc_i / N. Round 2 has c ≠ c_i, so every sign of the correction shows."""
     lr = 0.1
-    cfg = tiny_config("scaffold", trainer=HALF, client={"lr": lr})
+    cfg = tiny_config("scaffold", {"option": option}, trainer=HALF, client={"lr": lr})
     loop = make_loop(cfg)
     net = initial_net(cfg, loop)
     sizes = [p.numel() for _, p in net.named_parameters()]
@@ -33,18 +48,18 @@ def test_scaffold_steps_control_variates_and_aggregation_match_the_formulas():
         assert r == 0 or c.abs().sum() > 0
         for cid, up in results.items():
             c_i = before[cid] if before[cid] is not None else torch.zeros_like(c)
-            y = {k: t.view_as(p) for (k, p), t in zip(net.named_parameters(), x.split(sizes), strict=True)}
-            batches = drawn_batches(cfg.seed, r, cid, "train", data.clients[cid].train, 16)
-            for b in batches:
-                live = {k: t.clone().requires_grad_(True) for k, t in y.items()}
-                grads = _grads(net, live, data.x[b], data.y[b])
-                step = torch.cat([g.reshape(-1) for g in grads]) + (c - c_i)
-                y = {k: t - lr * s.view_as(t) for (k, t), s in zip(y.items(), step.split(sizes), strict=True)}
-            flat_y = torch.cat([t.reshape(-1) for t in y.values()])
-            torch.testing.assert_close(up.state, flat_y, rtol=1e-5, atol=1e-6)
-            c_new = c_i - c + (x - up.state) / (len(batches) * lr)
-            torch.testing.assert_close(loop.clients[cid]["c"], c_new)
-            torch.testing.assert_close(up["dc"], c_new - c_i)
+            idx = data.clients[cid].train
+            batches = drawn_batches(cfg.seed, r, cid, "train", idx, 16)
+            torch.testing.assert_close(up.state, _local_path(net, x, c, c_i, batches, data, lr), rtol=1e-5, atol=1e-6)
+            path = c_i - c + (x - up.state) / (len(batches) * lr)
+            at_x = {k: t.view_as(p) for (k, p), t in zip(net.named_parameters(), x.split(sizes), strict=True)}
+            full = [
+                _flat_grad(net, at_x, data.x[idx[s : s + 16]], data.y[idx[s : s + 16]]) for s in range(0, len(idx), 16)
+            ]
+            c_new = path if option == "II" else torch.stack(full).mean(0)
+            assert (path - torch.stack(full).mean(0)).abs().max() > 1e-3  # the two options' variates differ
+            torch.testing.assert_close(loop.clients[cid]["c"], c_new, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(up["dc"], c_new - c_i, rtol=1e-5, atol=1e-6)
             assert up.weight == 1.0  # uniform over the sampled clients, as in the paper
         assert len({len(data.clients[cid].train) for cid in results}) > 1  # a sample-weighted mean would differ
         mean = sum(up.state for up in results.values()) / len(results)
@@ -78,61 +93,9 @@ def test_scaffold_control_variates_follow_option_two():
     assert loop.server["global"][:p].sub(x[:p]).norm() > 0
 
 
-def test_scaffold_option_one_sets_each_control_variate_to_the_gradient_at_the_server_model():
-    """Option I over two rounds of half the clients: c_i⁺ is the mean batch gradient of one pass over the
-    client's train split in index order at x (not the local path's (x − y)/(Kη)), the upload is
-    Δc_i = c_i⁺ − c_i, and round 2's local steps still add c − c_i to every gradient."""
-    lr = 0.1
-    cfg = tiny_config("scaffold", {"option": "I"}, trainer=HALF, client={"lr": lr})
-    loop = make_loop(cfg)
-    net = initial_net(cfg, loop)
-    sizes = [p.numel() for _, p in net.named_parameters()]
-    data, n = loop.worker.data, loop.worker.data.num_clients
-    for r in range(2):
-        before = {cid: loop.clients.get(cid, {}).get("c") for cid in range(n)}
-        payloads, results = exchanged_round(loop)
-        x, c = payloads[next(iter(payloads))]["global"], payloads[next(iter(payloads))]["c"]
-        for cid, up in results.items():
-            c_i = before[cid] if before[cid] is not None else torch.zeros_like(c)
-            live = {k: t.view_as(p).clone() for (k, p), t in zip(net.named_parameters(), x.split(sizes), strict=True)}
-            y = dict(live)
-            for b in drawn_batches(cfg.seed, r, cid, "train", data.clients[cid].train, 16):
-                grads = _grads(net, {k: t.clone().requires_grad_(True) for k, t in y.items()}, data.x[b], data.y[b])
-                step = torch.cat([g.reshape(-1) for g in grads]) + (c - c_i)
-                y = {k: t - lr * s.view_as(t) for (k, t), s in zip(y.items(), step.split(sizes), strict=True)}
-            torch.testing.assert_close(up.state, torch.cat([t.reshape(-1) for t in y.values()]), rtol=1e-5, atol=1e-6)
-            idx = data.clients[cid].train
-            full = [
-                torch.cat(
-                    [
-                        g.reshape(-1)
-                        for g in _grads(
-                            net,
-                            {k: t.clone().requires_grad_(True) for k, t in live.items()},
-                            data.x[idx[s : s + 16]],
-                            data.y[idx[s : s + 16]],
-                        )
-                    ]
-                )
-                for s in range(0, len(idx), 16)
-            ]
-            c_new = torch.stack(full).mean(0)
-            torch.testing.assert_close(loop.clients[cid]["c"], c_new, rtol=1e-5, atol=1e-6)
-            torch.testing.assert_close(up["dc"], c_new - c_i, rtol=1e-5, atol=1e-6)
-            path = c_i - c + (x - up.state) / (len(drawn_batches(cfg.seed, r, cid, "train", idx, 16)) * lr)
-            assert (path - c_new).abs().max() > 1e-3  # option II's variate is another vector
-        torch.testing.assert_close(loop.server["c"], c + sum(up["dc"] for up in results.values()) / n)
-
-
 def test_scaffold_option_one_trains_in_lockstep_as_it_does_sequentially():
-    cfg = tiny_config("scaffold", {"option": "I"}, trainer={"rounds": 2, "fraction": 0.5})
-    seq, vec = make_loop(cfg), make_loop(cfg)
-    vec.dispatcher = VectorizedDispatcher(vec.worker, vec.clients, vec.init_state, vec.evals.trained, False)
-    seq.fit(), vec.fit()
+    vec = lockstep_as_sequential(tiny_config("scaffold", {"option": "I"}, trainer={"rounds": 2, "fraction": 0.5}))
     assert vec.dispatcher.lockstep.stacked_fits > 0
-    assert_close(vec.server.state, seq.server.state, "server")
-    assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients")
-    assert_same_metrics(vec.history[-1], seq.history[-1])
 
 
 def test_scaffold_refuses_an_unknown_option_before_training():
