@@ -4,12 +4,14 @@ Client i holds out a validation part V_i of its data. Each round it downloads mo
 round's clients, weighs each by w_j = max(0, L_i(θ_i) − L_i(θ_j)) / ‖θ_j − θ_i‖ (losses on V_i), moves
 to θ_i + Σ_j (w_j / Σw)(θ_j − θ_i) (keeps θ_i when every w_j = 0) and trains on the rest of its data.
 The server keeps an affinity matrix P (P_ij += w_j) and sends client i the models with the largest
-P_ij, exploring ε-greedily.
+P_ij, exploring ε-greedily. Options for the FedFomo authors' code: ``affinity: signed`` adds the unclipped
+(L_i(θ_i) − L_i(θ_j)) / ‖θ_j − θ_i‖ to P (a worse model lowers its affinity), ``normalize_affinity``
+divides what is added by |Σ_j| of it, and ``distance: l1`` measures ‖θ_j − θ_i‖ in ℓ1.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 import torch
 from torch import Tensor
@@ -19,10 +21,19 @@ from pfl.methods.base import ClientContext, ClientOptimizerMethod, ServerContext
 from pfl.methods.registry import register
 from pfl.seeding import torch_generator
 
+Affinity: TypeAlias = Literal["clipped", "signed"]
+Distance: TypeAlias = Literal["l2", "l1"]
 
-def fomo_weights(own_loss: float, losses: list[float], distances: list[float]) -> Tensor:
-    """w_j = max(0, L_i(θ_i) − L_i(θ_j)) / ‖θ_j − θ_i‖ (a zero distance counts as 1e-12)."""
-    return torch.tensor([max(0.0, own_loss - lj) / max(dj, 1e-12) for lj, dj in zip(losses, distances, strict=True)])
+
+def affinity_deltas(own_loss: float, losses: list[float], distances: list[float]) -> Tensor:
+    """(L_i(θ_i) − L_i(θ_j)) / ‖θ_j − θ_i‖, signed (a zero distance counts as 1e-12); FedFomo's weight
+    w_j is its positive part."""
+    return torch.tensor([(own_loss - lj) / max(dj, 1e-12) for lj, dj in zip(losses, distances, strict=True)])
+
+
+def parameter_distance(a: Tensor, b: Tensor, distance: Distance) -> float:
+    """‖a − b‖ in ℓ2 or ℓ1."""
+    return float((a - b).norm(p=2 if distance == "l2" else 1))
 
 
 def select_models(
@@ -63,7 +74,10 @@ class FedFomo(ClientOptimizerMethod):
         val_frac: share of the train split held out as V_i when the client has no val split.
         epsilon: initial exploration probability of each download slot.
         epsilon_decay: subtracted from epsilon every round.
-        normalize_affinity: add normalised weights to P (authors' code of PGFed) instead of raw ones.
+        normalize_affinity: add to P what the client uploads divided by |its sum| (the PGFed and FedFomo
+            authors' code) instead of as it is.
+        affinity: what P adds: clipped (w_j ≥ 0, P never decreases) or signed (the FedFomo authors' code).
+        distance: the norm of θ_j − θ_i in w_j: l2, or l1 (the FedFomo authors' code's default).
     """
 
     name = "fedfomo"
@@ -78,6 +92,8 @@ class FedFomo(ClientOptimizerMethod):
         epsilon: float = 0.3,
         epsilon_decay: float = 0.05,
         normalize_affinity: bool = False,
+        affinity: Affinity = "clipped",
+        distance: Distance = "l2",
         **kwargs: Any,
     ):
         require(num_models >= 0, "method.num_models", f"must be >= 0 (got {num_models})")
@@ -86,6 +102,7 @@ class FedFomo(ClientOptimizerMethod):
         require(epsilon_decay >= 0, "method.epsilon_decay", f"must be >= 0 (got {epsilon_decay})")
         self.num_models, self.val_frac = num_models, val_frac
         self.epsilon, self.epsilon_decay, self.normalize_affinity = epsilon, epsilon_decay, normalize_affinity
+        self.affinity, self.distance = affinity, distance
         super().__init__(**kwargs)
 
     # -- server ---------------------------------------------------------------------------------
@@ -115,8 +132,8 @@ class FedFomo(ClientOptimizerMethod):
             r = uploads[cid]
             if "fomo" in r:
                 w = r["fomo"]
-                if self.normalize_affinity and float(w.sum()) > 0:
-                    w = w / w.sum()
+                if self.normalize_affinity and float(w.sum().abs()) > 0:
+                    w = w / w.sum().abs()
                 server["P"][cid, r["ids"]] += w
         server["prev_models"] = torch.stack([uploads[c].state for c in cids])
         server["prev_ids"] = torch.tensor(cids, dtype=torch.long, device=server["prev_models"].device)
@@ -143,11 +160,12 @@ class FedFomo(ClientOptimizerMethod):
             p = client.layout.num_params
             models = payload["models"]
             losses = [client.evaluate(m, val).loss for m in models]
-            distances = [float((m[:p] - own[:p]).norm()) for m in models]
-            w = fomo_weights(client.evaluate(own, val).loss, losses, distances).to(own.device)
+            distances = [parameter_distance(m[:p], own[:p], self.distance) for m in models]
+            deltas = affinity_deltas(client.evaluate(own, val).loss, losses, distances).to(own.device)
+            w = deltas.clamp_min(0.0)
             if float(w.sum()) > 0:
                 start = own + ((w / w.sum())[:, None] * (models - own)).sum(0)
-            extras["ids"], extras["fomo"] = payload["ids"], w
+            extras["ids"], extras["fomo"] = payload["ids"], deltas if self.affinity == "signed" else w
         trained = client.fit(start, indices=rest)
         client.state["personal"] = trained
         return Upload(trained, client.num_samples, extras)

@@ -77,6 +77,7 @@ CHOICE_OPTIONS = {
     "dapfl": {"action_map", "epoch_rounding", "init", "replay_actions", "reward_split", "warmup_space", "weighting"},
     "ditto": {"prox"},
     "feddyn": {"weighting"},
+    "fedfomo": {"affinity", "distance"},
     "fedmgda_plus": {"center", "solver"},
     "fedora": {"lambda_rule", "propagation", "pull", "similarity"},
     "fedpg": {"rescale", "solver"},

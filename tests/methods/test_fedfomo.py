@@ -102,11 +102,11 @@ def test_fedfomo_affinity_accumulates_the_uploaded_weights(normalize):
     assert again > 0 and any(0 < s < 1 for s in sums) and 0.0 in sums
 
 
-def test_fedfomo_weight_of_a_model_at_zero_distance_divides_by_1e_12():
-    from pfl.methods.fedfomo import fomo_weights
+def test_fedfomo_affinity_delta_of_a_model_at_zero_distance_divides_by_1e_12():
+    from pfl.methods.fedfomo import affinity_deltas
 
-    w = fomo_weights(1.0, [0.5, 2.0, 0.0], [0.0, 1.0, 4.0])
-    assert w.tolist() == torch.tensor([0.5 / 1e-12, 0.0, 0.25]).tolist()
+    w = affinity_deltas(1.0, [0.5, 2.0, 0.0], [0.0, 1.0, 4.0])
+    assert w.tolist() == torch.tensor([0.5 / 1e-12, -1.0, 0.25]).tolist()
 
 
 def test_fedfomo_weights_and_the_move_follow_the_formula(monkeypatch):
@@ -140,6 +140,44 @@ def test_fedfomo_weights_and_the_move_follow_the_formula(monkeypatch):
     torch.testing.assert_close(starts[0], move, rtol=1e-4, atol=1e-6)
     loop.method.aggregate(loop.server, {cid: upload})
     torch.testing.assert_close(loop.server["P"][cid, 1:4], expected, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_fedfomo_signed_affinity_and_l1_distance_follow_the_authors_rule(monkeypatch, normalize):
+    """``affinity: signed``, ``distance: l1``: the upload is (L_i(θ_i) − L_i(θ_j)) / ‖θ_j − θ_i‖₁ with its sign,
+    the client still moves by the positive part only, and P adds the upload divided by |its sum| when
+    ``normalize_affinity`` (the FedFomo authors' code), as it is otherwise: a worse model lowers P."""
+    args = {"affinity": "signed", "distance": "l1", "normalize_affinity": normalize}
+    loop = make_loop(tiny_config("fedfomo", args, data={"val_frac": 0.2}, trainer={"fraction": 1.0}))
+    exchanged_round(loop)
+    cid = 0
+    ctx = loop.client(cid)
+    own = ctx.state["personal"]
+    data, net, flat = loop.worker.data, loop.worker.module.net, loop.worker.flat
+    val, p = data.clients[cid].val, flat.num_params
+
+    def val_loss(state):
+        with torch.no_grad():
+            return float(F.cross_entropy(functional_call(net, flat.param_dict(state[:p]), (data.x[val],)), data.y[val]))
+
+    grad, _ = _full_grad(loop, cid, own, val)
+    better = own.clone()
+    better[:p] -= 0.5 * grad
+    others = torch.stack([loop.clients[1]["personal"], loop.init_state, better])
+    starts = []
+    fit = ClientContext.fit
+    monkeypatch.setattr(ClientContext, "fit", lambda self, start, **kw: starts.append(start) or fit(self, start, **kw))
+    upload = loop.method.local_update(ctx, {"models": others, "ids": torch.tensor([1, 2, 3])})
+    signed = torch.tensor([val_loss(own) - val_loss(m) for m in others])
+    expected = signed / torch.stack([(m[:p] - own[:p]).abs().sum() for m in others])
+    assert (expected < 0).any() and (expected > 0).any()
+    torch.testing.assert_close(upload["fomo"], expected, rtol=1e-4, atol=1e-6)
+    positive = expected.clamp_min(0)
+    torch.testing.assert_close(starts[0], own + ((positive / positive.sum())[:, None] * (others - own)).sum(0))
+    before = loop.server["P"][cid, 1:4].clone()
+    loop.method.aggregate(loop.server, {cid: upload})
+    added = expected / expected.sum().abs() if normalize else expected
+    torch.testing.assert_close(loop.server["P"][cid, 1:4] - before, added, rtol=1e-4, atol=1e-6)
 
 
 def _fomo_server(args, affinity):
@@ -188,8 +226,8 @@ def test_select_models_takes_each_slot_from_the_ranking_or_the_permutation():
 def test_fedfomo_distances_are_over_the_parameters_only(bn_model, monkeypatch):
     import pfl.methods.fedfomo as fomo
 
-    seen, weights = [], fomo.fomo_weights
-    monkeypatch.setattr(fomo, "fomo_weights", lambda own, losses, d: seen.append(d) or weights(own, losses, d))
+    seen, deltas = [], fomo.affinity_deltas
+    monkeypatch.setattr(fomo, "affinity_deltas", lambda own, losses, d: seen.append(d) or deltas(own, losses, d))
     loop = make_loop(tiny_config("fedfomo", model=bn_model, trainer={"fraction": 1.0}))
     p = loop.worker.flat.num_params
     exchanged_round(loop)  # round 0: nothing to download
