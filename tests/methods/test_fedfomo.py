@@ -109,37 +109,44 @@ def test_fedfomo_affinity_delta_of_a_model_at_zero_distance_divides_by_1e_12():
     assert w.tolist() == torch.tensor([0.5 / 1e-12, -1.0, 0.25]).tolist()
 
 
-def test_fedfomo_weights_and_the_move_follow_the_formula(monkeypatch):
-    loop = make_loop(tiny_config("fedfomo", data={"val_frac": 0.2}, trainer={"fraction": 1.0}))
+def _client_zero_downloads_three_models(monkeypatch, args):
+    """After one round of a fedfomo run with ``args``, client 0's local update over three downloaded models:
+    client 1's, the initial one and one a step down client 0's validation loss (a positive weight). Returns
+    (loop, upload, own model, the three models, the validation loss of a state, the start of its fit)."""
+    loop = make_loop(tiny_config("fedfomo", args, data={"val_frac": 0.2}, trainer={"fraction": 1.0}))
     exchanged_round(loop)
-    cid = 0
-    ctx = loop.client(cid)
+    ctx = loop.client(0)
     own = ctx.state["personal"]
     data, net, flat = loop.worker.data, loop.worker.module.net, loop.worker.flat
-    val, p = data.clients[cid].val, flat.num_params
+    val, p = data.clients[0].val, flat.num_params
 
     def val_loss(state):
         with torch.no_grad():
             return float(F.cross_entropy(functional_call(net, flat.param_dict(state[:p]), (data.x[val],)), data.y[val]))
 
-    grad, _ = _full_grad(loop, cid, own, val)
+    grad, _ = _full_grad(loop, 0, own, val)
     better = own.clone()
-    better[:p] -= 0.5 * grad  # a step down client 0's validation loss: a positive weight
+    better[:p] -= 0.5 * grad
     others = torch.stack([loop.clients[1]["personal"], loop.init_state, better])
-    payload = {"models": others, "ids": torch.tensor([1, 2, 3])}
     starts = []
     fit = ClientContext.fit
     monkeypatch.setattr(ClientContext, "fit", lambda self, start, **kw: starts.append(start) or fit(self, start, **kw))
-    upload = loop.method.local_update(ctx, payload)
+    upload = loop.method.local_update(ctx, {"models": others, "ids": torch.tensor([1, 2, 3])})
+    return loop, upload, own, others, val_loss, starts[0]
+
+
+def test_fedfomo_weights_and_the_move_follow_the_formula(monkeypatch):
+    loop, upload, own, others, val_loss, start = _client_zero_downloads_three_models(monkeypatch, {})
+    p = loop.worker.flat.num_params
     gains = torch.tensor([max(0.0, val_loss(own) - val_loss(m)) for m in others])
     dists = torch.stack([(m[:p] - own[:p]).norm() for m in others])
     expected = gains / dists
     assert (expected == 0).any() and (expected > 0).any()  # both cases are exercised
     torch.testing.assert_close(upload["fomo"], expected, rtol=1e-4, atol=1e-6)
     move = own + ((expected / expected.sum())[:, None] * (others - own)).sum(0)
-    torch.testing.assert_close(starts[0], move, rtol=1e-4, atol=1e-6)
-    loop.method.aggregate(loop.server, {cid: upload})
-    torch.testing.assert_close(loop.server["P"][cid, 1:4], expected, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(start, move, rtol=1e-4, atol=1e-6)
+    loop.method.aggregate(loop.server, {0: upload})
+    torch.testing.assert_close(loop.server["P"][0, 1:4], expected, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("normalize", [True, False])
@@ -148,36 +155,18 @@ def test_fedfomo_signed_affinity_and_l1_distance_follow_the_authors_rule(monkeyp
     the client still moves by the positive part only, and P adds the upload divided by |its sum| when
     ``normalize_affinity`` (the FedFomo authors' code), as it is otherwise: a worse model lowers P."""
     args = {"affinity": "signed", "distance": "l1", "normalize_affinity": normalize}
-    loop = make_loop(tiny_config("fedfomo", args, data={"val_frac": 0.2}, trainer={"fraction": 1.0}))
-    exchanged_round(loop)
-    cid = 0
-    ctx = loop.client(cid)
-    own = ctx.state["personal"]
-    data, net, flat = loop.worker.data, loop.worker.module.net, loop.worker.flat
-    val, p = data.clients[cid].val, flat.num_params
-
-    def val_loss(state):
-        with torch.no_grad():
-            return float(F.cross_entropy(functional_call(net, flat.param_dict(state[:p]), (data.x[val],)), data.y[val]))
-
-    grad, _ = _full_grad(loop, cid, own, val)
-    better = own.clone()
-    better[:p] -= 0.5 * grad
-    others = torch.stack([loop.clients[1]["personal"], loop.init_state, better])
-    starts = []
-    fit = ClientContext.fit
-    monkeypatch.setattr(ClientContext, "fit", lambda self, start, **kw: starts.append(start) or fit(self, start, **kw))
-    upload = loop.method.local_update(ctx, {"models": others, "ids": torch.tensor([1, 2, 3])})
+    loop, upload, own, others, val_loss, start = _client_zero_downloads_three_models(monkeypatch, args)
+    p = loop.worker.flat.num_params
     signed = torch.tensor([val_loss(own) - val_loss(m) for m in others])
     expected = signed / torch.stack([(m[:p] - own[:p]).abs().sum() for m in others])
     assert (expected < 0).any() and (expected > 0).any()
     torch.testing.assert_close(upload["fomo"], expected, rtol=1e-4, atol=1e-6)
     positive = expected.clamp_min(0)
-    torch.testing.assert_close(starts[0], own + ((positive / positive.sum())[:, None] * (others - own)).sum(0))
-    before = loop.server["P"][cid, 1:4].clone()
-    loop.method.aggregate(loop.server, {cid: upload})
+    torch.testing.assert_close(start, own + ((positive / positive.sum())[:, None] * (others - own)).sum(0))
+    before = loop.server["P"][0, 1:4].clone()
+    loop.method.aggregate(loop.server, {0: upload})
     added = expected / expected.sum().abs() if normalize else expected
-    torch.testing.assert_close(loop.server["P"][cid, 1:4] - before, added, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(loop.server["P"][0, 1:4] - before, added, rtol=1e-4, atol=1e-6)
 
 
 def _fomo_server(args, affinity):
