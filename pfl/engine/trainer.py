@@ -210,13 +210,13 @@ class ClientTrainer:
         scaler = self.scaler
         extra = [t for term in terms for t in term.trained() if t.grad is not None] if scaler is not None else []
         if scaler is not None:
+            scale = scaler.get_scale()  # read once (on a GPU a read waits for the device); unscale_ keeps it
             scaler.unscale_(optimizer)
             for tensor in extra:
-                tensor.grad.mul_(1.0 / scaler.get_scale())
+                tensor.grad.mul_(1.0 / scale)
         for term in terms:
             term.on_grad(self.flat.params, self.flat.grads)
         if scaler is not None:
-            scale = scaler.get_scale()
             scaler.step(optimizer)
             scaler.update()
             if scaler.get_scale() < scale:  # the step was skipped: leave the parameters alone

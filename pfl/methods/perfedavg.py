@@ -72,24 +72,18 @@ class PerFedAvg(Method):
         theta, grads = flat.params, flat.grads
         started, steps = time.perf_counter(), 0
         batches = list(client.batches())
-        if self.variant == "hf":
-            for first, second, third in zip(batches[0::3], batches[1::3], batches[2::3], strict=False):
-                start = theta.clone()
-                client.gradient(first)
-                theta.sub_(grads, alpha=alpha)
-                client.gradient(second)
+        size = 3 if self.variant == "hf" else 2  # batches per step: (B, B') or (B, B', B'')
+        for group in zip(*(batches[i::size] for i in range(size)), strict=False):
+            start = theta.clone()
+            client.gradient(group[0])
+            theta.sub_(grads, alpha=alpha)
+            client.gradient(group[1])
+            outer = grads  # FO: ∇f(θ'; B'); HF: that minus α times the Hessian-vector product on B''
+            if size == 3:
                 outer = grads.clone()
-                hvp = self._hessian_vector(client, start, outer, third)
-                theta.copy_(start).sub_(outer.sub_(hvp, alpha=alpha), alpha=beta)
-                steps += 1
-        else:
-            for first, second in zip(batches[0::2], batches[1::2], strict=False):
-                start = theta.clone()
-                client.gradient(first)
-                theta.sub_(grads, alpha=alpha)
-                client.gradient(second)
-                theta.copy_(start).sub_(grads, alpha=beta)
-                steps += 1
+                outer.sub_(self._hessian_vector(client, start, outer, group[2]), alpha=alpha)
+            theta.copy_(start).sub_(outer, alpha=beta)
+            steps += 1
         client.record_fit(steps, client.epochs, started)
         return Upload(flat.snapshot(), upload_weight(self.weighting, client))
 

@@ -49,8 +49,6 @@ from pfl.runner.sweep import run_parallel
 from pfl.runner.warm_workers import WorkerPool
 from pfl.safe_files import write_atomic
 
-# What the suite sets every run's trainer.accelerator to: the part of pfl.config.ACCELERATORS whose device
-# its time records can name (suite_estimate.device_label: the GPU, or the CPU).
 QUICK_SHARE = 10  # QUICK runs 1/10 of each run's rounds, on the first seed only
 LR_DIR = "_lr"
 UNSTABLE = "unstable.json"  # in <claim>/_lr/: label -> the chosen lrs at which one of its claim runs diverged

@@ -12,6 +12,8 @@ from pfl.errors import CommandParser, require
 from pfl.runner.claims import all_claims
 from pfl.suggest import choice_fix
 
+# What the suite sets every run's trainer.accelerator to: the part of pfl.config.ACCELERATORS whose device
+# its time records can name (suite_estimate.device_label: the GPU, or the CPU).
 SUITE_ACCELERATORS = ("auto", "cpu", "cuda")
 
 
@@ -35,11 +37,11 @@ def check_suite_options(keys: list[str], only: list[str] | None, workers: int, a
             "give auto (a GPU when there is one), cpu or cuda")  # fmt: skip
 
 
-def parser() -> CommandParser:
-    """``python -m pfl reproduce``'s options."""
+def parser(keys: list[str]) -> CommandParser:
+    """``python -m pfl reproduce``'s options; ``keys``: the suite's claims, named in ``--only``'s help."""
     p = CommandParser(prog="python -m pfl reproduce", description="Run the paper-reproduction suite.")
     p.add_argument("--out", type=Path, default=Path("reproduce"))
-    p.add_argument("--only", nargs="*", default=None, help=f"claims to run: {', '.join(c.key for c in all_claims())}")
+    p.add_argument("--only", nargs="*", default=None, help=f"claims to run: {', '.join(keys)}")
     p.add_argument("--quick", action="store_true", help="first seed, 1/10 of the rounds, no lr grid (a smoke test)")
     p.add_argument(
         "--workers", type=int, default=None, help="runs in parallel (default: one per core; they share a GPU)"
@@ -66,7 +68,8 @@ def parser() -> CommandParser:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The parsed command line, its options checked (``check_suite_options``); ``workers`` filled in."""
-    args = parser().parse_args(argv)
+    keys = [c.key for c in all_claims()]
+    args = parser(keys).parse_args(argv)
     args.workers = default_workers() if args.workers is None else args.workers
-    check_suite_options([c.key for c in all_claims()], args.only, args.workers, args.accelerator)
+    check_suite_options(keys, args.only, args.workers, args.accelerator)
     return args
