@@ -10,6 +10,9 @@ float's exact ``repr``::
     python -m bench.same_numbers --write before.json      # on the old code
     python -m bench.same_numbers --check before.json      # on the new code: exit 1 on any difference
 
+The file also records the platform of its runs (``pfl.numeric_platform``): a check on another platform (another
+CPU's kernels, another torch) says so first, since numbers can differ there without any change in the code.
+
 Cost: about 2 CPU-minutes (one thread per run).
 """
 
@@ -23,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pfl import numeric_platform
 from pfl.federation.loop import comparable_metrics
 from pfl.methods.registry import methods
 from pfl.runner.args import parse_fit_args
@@ -83,14 +87,18 @@ def scenarios() -> Iterator[tuple[str, list[str]]]:
         yield label, method_argv(name) + COMMON + extra
 
 
-def collect(only: list[str] | None = None) -> dict[str, dict[str, str]]:
+def collect(only: list[str] | None = None) -> tuple[dict[str, dict[str, str]], dict[str, Any] | None]:
+    """Each scenario's exact metrics, and the platform its runs recorded (None: no scenario ran)."""
     out: dict[str, dict[str, str]] = {}
+    platform = None
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for label, argv in scenarios():
             if only and label not in only:
                 continue
-            out[label] = exact(comparable_metrics(run(argv, root / label)))
+            summary = run(argv, root / label)
+            platform = platform or summary.get("platform")
+            out[label] = exact(comparable_metrics(summary))
             print(f"{label}: {len(out[label])} metrics", flush=True)
         if not only or "pgfed+resume" in only:
             # A run killed after round 2 and resumed: the resumed run's numbers, which must also not change.
@@ -100,8 +108,27 @@ def collect(only: list[str] | None = None) -> dict[str, dict[str, str]]:
             run_experiment(first, run_dir=folder)
             summary = run(argv, root / "resume", resume=folder)
             out["pgfed+resume"] = exact(comparable_metrics(summary))
+            platform = platform or summary.get("platform")
             print(f"pgfed+resume: {len(out['pgfed+resume'])} metrics", flush=True)
-    return out
+    return out, platform
+
+
+def read_numbers(path: Path) -> tuple[dict[str, dict[str, str]], dict[str, Any] | None]:
+    """A written file's metrics and platform (a file written before platforms were recorded: None)."""
+    data = json.loads(path.read_text())
+    if "runs" in data and "platform" in data:
+        return data["runs"], data["platform"]
+    return data, None
+
+
+def platform_note(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str | None:
+    """A line when the file's runs and these ran on different platforms (None: the same one, or unknown)."""
+    if before is None or after is None or before == after:
+        return None
+    return (
+        f"platforms differ: the file's runs on {numeric_platform.label(before)}, these on "
+        f"{numeric_platform.label(after)}; numbers can differ by platform alone"
+    )
 
 
 def differences(before: dict[str, dict[str, str]], after: dict[str, dict[str, str]]) -> list[str]:
@@ -124,12 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--check", type=Path, help="compare this code's metrics with FILE")
     parser.add_argument("--only", nargs="*", help="scenarios to run (default: all)")
     args = parser.parse_args(argv)
-    numbers = collect(args.only)
+    numbers, platform = collect(args.only)
     if args.write is not None:
-        args.write.write_text(json.dumps(numbers, indent=1, sort_keys=True) + "\n")
+        args.write.write_text(json.dumps({"platform": platform, "runs": numbers}, indent=1, sort_keys=True) + "\n")
         print(f"{len(numbers)} runs, {sum(map(len, numbers.values()))} metrics -> {args.write}")
         return 0
-    before = json.loads(args.check.read_text())
+    before, written_on = read_numbers(args.check)
+    note = platform_note(written_on, platform)
+    if note:
+        print(note)
     if args.only:
         before = {k: v for k, v in before.items() if k in args.only}
     diff = differences(before, numbers)

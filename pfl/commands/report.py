@@ -9,10 +9,11 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from pfl import numeric_platform
 from pfl.errors import CommandParser, ConfigError
 from pfl.metrics.compare_plots import check_output, clients_figure, curve_figure, plot_groups
 from pfl.metrics.plots import save_figure
-from pfl.metrics.report import FORMATS, report
+from pfl.metrics.report import FORMATS, load_summary, report
 from pfl.runner.fit_help import method_defaults
 from pfl.runner.wandb_report import log_report, report_identity
 
@@ -101,6 +102,12 @@ def draw_plots(args: argparse.Namespace) -> dict[Path, Figure]:
     return figures
 
 
+def platform_note(run_dirs: list[Path]) -> str | None:
+    """A note when the runs computed their numbers on more than one platform (None: on one)."""
+    records = [load_summary(folder).get("platform") for folder in run_dirs]
+    return numeric_platform.where_computed(records) if numeric_platform.mixed(records) else None
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     check_plots(args)
@@ -118,5 +125,8 @@ def main(argv: list[str]) -> int:
         keys = {args.plot: "curves", args.plot_clients: "clients"}
         where = log_report(identity, runs, {keys[path]: path for path in figures}, next(iter(figures)).parent)
         print(where, file=sys.stderr)
+    note = platform_note(args.run_dirs)
+    if note is not None:
+        print(f"note: {note}", file=sys.stderr)
     print(table, end="")
     return 0

@@ -56,6 +56,7 @@ import torch
 from torch import Tensor
 from torch.serialization import get_unsafe_globals_in_checkpoint
 
+from pfl import numeric_platform
 from pfl.errors import ConfigError
 from pfl.federation.distributed import move
 from pfl.federation.progress import RunProgress
@@ -72,6 +73,7 @@ SEGMENT_BYTES = 64 * 2**20  # map entries beyond this go to separate files, writ
 CHECKPOINT_COST_RATIO = 20.0  # with checkpoint_every > 1: checkpoint once this many times its cost has passed
 MAX_LINKS = 200  # a new base after this many links at the latest (bounds the files resume opens)
 SETTINGS = "settings"  # the run's settings, recorded in every link (compared with config.yaml on resume)
+PLATFORM = "platform"  # where the run computed its numbers, recorded in every link (compared on resume)
 # The names pfl gives chain files (``CheckpointChain.save``): a link id is the round (9 digits or more)
 # and 8 random hex digits; a segment is ``<link id>.<map name>.<k>.pt``. A name read from a file becomes a
 # path only when it has exactly this form, so it cannot leave the chain folder (``/``, ``..``, absolute).
@@ -638,6 +640,18 @@ def recorded_settings(run_dir: Path) -> dict[str, Any] | None:
     return None
 
 
+def other_platform(recorded: object, current: dict[str, Any]) -> str | None:
+    """What to say when a checkpoint written on the ``recorded`` platform is resumed on ``current``
+    (None: the same one, or a checkpoint of an earlier version of pfl, which recorded none)."""
+    if not isinstance(recorded, dict) or recorded == current:
+        return None
+    return (
+        f"this run's checkpoint was written on {numeric_platform.label(recorded)} and the run continues on "
+        f"{numeric_platform.label(current)}: its rounds from here can differ from those of a run never stopped "
+        '(docs/reproduce.md, "Same numbers")'
+    )
+
+
 def check_values(checkpoint: Checkpoint) -> None:
     """UnreadableCheckpoint unless ``checkpoint`` holds what a run is restored from, of the types pfl
     writes: ``round`` and ``train_samples`` counts, ``train_seconds`` a number, a ``server`` state, all
@@ -744,6 +758,7 @@ class Checkpointer:
         }
         if self.settings is not None:
             values[SETTINGS] = self.settings
+        values[PLATFORM] = numeric_platform.record(run.device)
         return values
 
     def state_dict(self) -> dict[str, Any]:
@@ -801,6 +816,9 @@ class Checkpointer:
         history = checkpoint.list("history")
         items = checkpoint.map_items("clients"), checkpoint.map_items("trained")
         self._restore(checkpoint.values, history, *items)
+        note = other_platform(checkpoint.values.get(PLATFORM), numeric_platform.record(self._parts().device))
+        if note is not None:
+            print(f"warning: {note}", file=sys.stderr)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state_dict()`` (or a checkpoint of an earlier version, whose evaluation state

@@ -22,6 +22,7 @@ import numpy as np
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from pfl import numeric_platform
 from pfl.engine.device_wait import wait_for
 from pfl.engine.flat import FlatModule
 from pfl.engine.trainer import ClientTrainer
@@ -254,6 +255,7 @@ class FederatedLoop:
             times.rounds_s += seconds
         summary = self.summary(metrics)
         summary["timing"] = asdict(times)  # this process's: a resume times only the rounds it ran
+        summary["platform"] = numeric_platform.record(self.device)  # where its numbers were computed
         for cb in self.callbacks:
             cb.on_fit_end(self, summary)
         return summary

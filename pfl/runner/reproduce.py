@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from pfl import numeric_platform
 from pfl.config import RunConfig
 from pfl.errors import EXIT_DIVERGED, ConfigError, require
 from pfl.methods import methods
@@ -426,6 +427,7 @@ def _run_claims(
     reused = sum(j.name not in ran and j.done() for c in ready for j in jobs[c.key])
     timing = SuiteTime(time.perf_counter() - t0, workers, len(ran), reused, per_claim, times.invocations())
     timing.device = times.device
+    timing.platforms = platform_lines([j.run_dir for runs in (*done.values(), *grid_done.values()) for j in runs])
     if quick:
         timing.estimate = full_suite_estimate(ready, out, jobs, times, configs)
     report = out / "REPORT.md"
@@ -510,7 +512,7 @@ def _run(
     dirs = {j.name: j.run_dir for j in jobs}
 
     def finished(name: str, code: int, wall: float, cpu: float | None) -> None:
-        times.record(name, code, wall, cpu, _run_timing(dirs[name]))
+        times.record(name, code, wall, cpu, _summary_entry(dirs[name], "timing"))
 
     try:
         run_parallel(todo, workers, what=what, on_finish=finished, fresh=fresh, pool=pool)
@@ -522,13 +524,20 @@ def _run(
     return set(todo)
 
 
-def _run_timing(folder: Path) -> object:
-    """The ``timing`` of the run's ``summary.json`` (its rounds' and evaluations' seconds): None where the
-    run wrote none (a pfl older than it, or a run that failed before its summary)."""
+def _summary_entry(folder: Path, key: str) -> object:
+    """``key`` of the run's ``summary.json`` (``timing``: its rounds' and evaluations' seconds; ``platform``:
+    where it ran): None where the run wrote none (a pfl older than it, or a run that failed before its
+    summary)."""
     try:
-        return json.loads((folder / "summary.json").read_text()).get("timing")
-    except (OSError, ValueError):
+        return json.loads((folder / "summary.json").read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
         return None
+
+
+def platform_lines(folders: list[Path]) -> list[str]:
+    """The report's line on where its runs computed their numbers (``numeric_platform.where_computed``)."""
+    line = numeric_platform.where_computed(_summary_entry(folder, "platform") for folder in folders)
+    return [] if line is None else [line]
 
 
 INVOCATIONS = "invocations.json"
@@ -646,6 +655,7 @@ class SuiteTime:
     invocations: list[dict] = field(default_factory=list)  # every invocation that finished runs here
     device: str = field(default_factory=device_label)  # the training device of this invocation's runs
     estimate: list[str] = field(default_factory=list)  # QUICK: the full suite's estimated time
+    platforms: list[str] = field(default_factory=list)  # where the report's runs computed their numbers
 
     def lines(self) -> list[str]:
         runs = sum(c.runs for c in self.claims.values())
@@ -655,6 +665,7 @@ class SuiteTime:
         diverged = sum(c.diverged for c in self.claims.values())
         tries = f" and of {diverged} diverged run(s)" if diverged else ""
         return [
+            *self.platforms,
             f"Measured wall time of this invocation: {self.wall / 60:.1f} min with {self.workers} worker(s); "
             f"it ran {self.ran} run(s) and reused {self.reused}.",
             f"Recorded time of the report's {runs} runs{tries}: {cpu:.1f} CPU-minutes, "

@@ -3,6 +3,8 @@ before anything is read, and stdout stays the table."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from pfl.cli import main
@@ -20,6 +22,27 @@ def test_the_command_passes_its_options_to_the_table(tmp_path, capsys):
     assert main(["report", *runs, "--per-run"]) == 0
     out = capsys.readouterr().out
     assert out == report(runs, group=False) and "| 0.7000 (0.0500) |" in out  # four decimals by default
+
+
+def test_runs_of_different_platforms_get_a_note_on_stderr_and_the_table_is_unchanged(tmp_path, capsys):
+    runs = two_methods_three_seeds(tmp_path)
+    assert main(["report", *map(str, runs)]) == 0
+    table, err = capsys.readouterr()
+    assert "note:" not in err  # no run records a platform: one (unrecorded) platform
+    amd = {"torch": "2.14.1", "cpu": "AMD EPYC", "cpu_kernels": "AVX2", "threads": 1}
+    for i, run in enumerate(runs):
+        path = run / "summary.json"
+        platform = amd if i else {**amd, "cpu_kernels": "AVX512"}
+        path.write_text(json.dumps({**json.loads(path.read_text()), "platform": platform}))
+    assert main(["report", *map(str, runs)]) == 0
+    out, err = capsys.readouterr()
+    assert out == table
+    assert err.startswith(
+        "note: Numbers computed on 2 platforms "
+        f"(torch 2.14.1, AMD EPYC (AVX2 kernels, 1 thread): {len(runs) - 1} run(s); "
+    )
+    assert main(["report", *map(str, runs[1:])]) == 0
+    assert "note:" not in capsys.readouterr().err  # one platform: said nowhere
 
 
 def test_report_writes_both_figures_and_prints_the_same_table(runs, tmp_path, capsys):

@@ -22,6 +22,7 @@ from pfl.federation.checkpoint import (
     CHECKPOINT,
     DIGEST,
     META,
+    PLATFORM,
     PREVIOUS,
     CheckpointChain,
     MapDelta,
@@ -30,6 +31,7 @@ from pfl.federation.checkpoint import (
     check_meta,
     check_values,
     content_digest,
+    other_platform,
     read_checkpoint,
     recorded_settings,
 )
@@ -236,3 +238,30 @@ def test_settings_are_compared_where_both_sides_know_them(tmp_path):
         err.value
     )
     check_recorded_settings(tmp_path / "none", {"a": 2})  # no checkpoint records settings: nothing to compare
+
+
+# -- the platform -------------------------------------------------------------------------------------
+def test_a_resume_on_another_platform_says_so_in_one_line_and_on_the_same_one_says_nothing(copied, capsys):
+    recorded = read_checkpoint(copied / CHECKPOINT)[PLATFORM]
+    assert recorded["cpu_kernels"] and recorded["torch"] == torch.__version__  # every link records it
+    capsys.readouterr()
+    assert resume(copied, 4) == 0
+    assert "warning" not in capsys.readouterr().err  # the same platform
+    other = {**recorded, "cpu": "Intel Xeon", "cpu_kernels": "AVX512"}
+    rewrite(copied / CHECKPOINT, lambda state: state.update({PLATFORM: other}))
+    assert resume(copied, 5) == 0
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warning")]
+    assert line.startswith("warning: this run's checkpoint was written on torch ")
+    assert "Intel Xeon (AVX512 kernels" in line and "its rounds from here can differ" in line
+    assert read_checkpoint(copied / CHECKPOINT)[PLATFORM] == recorded  # the new links record this one's
+
+
+def test_only_a_recorded_platform_that_differs_is_said():
+    here = {"torch": "2.14.1", "cpu": "AMD EPYC", "cpu_kernels": "AVX2", "threads": 1}
+    assert other_platform(None, here) is None  # a checkpoint of an earlier pfl records none
+    assert other_platform(dict(here), here) is None
+    note = other_platform({**here, "threads": 2}, here)
+    assert note is not None and note.startswith(
+        "this run's checkpoint was written on torch 2.14.1, AMD EPYC (AVX2 kernels, 2 threads) and the run "
+        "continues on torch 2.14.1, AMD EPYC (AVX2 kernels, 1 thread): "
+    )

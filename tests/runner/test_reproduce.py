@@ -268,6 +268,8 @@ def test_the_report_has_the_header_table_the_section_and_the_paired_contrast(fak
     assert report.startswith("# Reproduction report\n\nGenerated ")
     assert f"on {device_label()}, embedded data; full: every claim over its seeds.\n" in report
     assert "QUICK" not in report
+    # the fake runs record no platform, as an older pfl's: said in the line after "Generated"
+    assert "embedded data; full: every claim over its seeds.\nNumbers computed on a platform not recorded" in report
     assert "| claim | verdict | runs | CPU-minutes | run-minutes |\n|---|---|---|---|---|\n" in report
     assert "| absent | not run | 0 | 0.0 | 0.0 |\n| tiny | held | 4 | 8.0 | 10.0 |\n" in report
     # this invocation's own time (125 s), not its runs' recorded 10 run-minutes
@@ -1055,6 +1057,30 @@ def test_the_contrast_table_has_a_column_per_seed_and_a_dash_where_a_seed_has_no
         == "| d | - | +nan | 0.0000 | +0.0000 | tie (indicative, 1 seed) |"
     )
     assert rep.contrast_table([], [0, 1]) == ["No contrast could be computed."]
+
+
+def test_the_report_names_the_platform_of_its_runs_and_each_with_its_count_where_they_differ(tmp_path):
+    amd = {"torch": "2.14.1", "cpu": "AMD EPYC", "cpu_kernels": "AVX2", "threads": 1}
+    intel = {**amd, "cpu": "Intel Xeon", "cpu_kernels": "AVX512"}
+    folders = []
+    for i, platform in enumerate([amd, intel, amd, None]):
+        folder = tmp_path / f"run{i}"
+        folder.mkdir()
+        summary = {"metrics": {}} if platform is None else {"metrics": {}, "platform": platform}
+        (folder / "summary.json").write_text(json.dumps(summary))
+        folders.append(folder)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "summary.json").write_text("[1, 2]")  # not a summary: read as unrecorded
+    assert rep.platform_lines(folders[:1] + folders[2:3]) == [
+        "Numbers computed on torch 2.14.1, AMD EPYC (AVX2 kernels, 1 thread)."
+    ]
+    (line,) = rep.platform_lines([*folders, tmp_path / "broken"])
+    assert line.startswith(
+        "Numbers computed on 3 platforms (torch 2.14.1, AMD EPYC (AVX2 kernels, 1 thread): 2 run(s); "
+        "a platform not recorded (runs of an older pfl): 2 run(s); "
+        "torch 2.14.1, Intel Xeon (AVX512 kernels, 1 thread): 1 run(s)). The same run can give other numbers"
+    )
+    assert rep.platform_lines([]) == []
 
 
 def test_a_result_counts_when_reused_or_written_since_the_suite_started(tmp_path):
