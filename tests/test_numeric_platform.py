@@ -75,3 +75,14 @@ def test_a_runs_summary_carries_its_platform_beside_its_metrics():
     summary = make_loop(tiny_config("fedavg", trainer={"rounds": 1})).fit()
     assert summary["platform"] == numeric_platform.record(torch.device("cpu"))
     assert not any(key.startswith(("platform", "cpu", "torch")) for key in summary["metrics"])
+
+
+def test_the_cpu_is_read_once_per_process_however_many_checkpoints_record_it(monkeypatch):
+    reads = []
+    monkeypatch.setattr(numeric_platform, "cpu_name", lambda: reads.append(1) or "Some CPU")
+    numeric_platform.this_cpu.cache_clear()
+    try:
+        assert [numeric_platform.record(torch.device("cpu"))["cpu"] for _ in range(3)] == ["Some CPU"] * 3
+        assert len(reads) == 1
+    finally:
+        numeric_platform.this_cpu.cache_clear()  # the next caller reads the real one

@@ -116,7 +116,7 @@ class PaddedFeed:
         return x[idx], y[idx], self.mask[lo:hi, :width].contiguous()  # a copy only when narrower
 
 
-def selected_pass(
+def compact_pass(
     step: Callable[..., tuple[Tensor, Tensor]],
     params: Tensor,
     inputs: tuple[Tensor, Tensor, Tensor],
@@ -124,10 +124,22 @@ def selected_pass(
     selected: Tensor | None,
 ) -> tuple[Tensor, Tensor]:
     """``step`` (gradients and losses) on the selected clients' rows of ``params`` and ``keys`` with the
-    step's ``inputs`` (a feed's, already those clients'), widened to one row per client."""
+    step's ``inputs`` (a feed's, already those clients'): one row per selected client (every client when
+    ``selected`` is None)."""
     if selected is None:
         return step(params, *inputs, *keys)
-    g, value = step(params[selected], *inputs, *(key[selected] for key in keys))
+    return step(params[selected], *inputs, *(key[selected] for key in keys))
+
+
+def selected_pass(
+    step: Callable[..., tuple[Tensor, Tensor]],
+    params: Tensor,
+    inputs: tuple[Tensor, Tensor, Tensor],
+    keys: tuple[Tensor, ...],
+    selected: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """``compact_pass`` widened to one row per client."""
+    g, value = compact_pass(step, params, inputs, keys, selected)
     return widen(g, selected, len(params)), widen(value, selected, len(params))
 
 
@@ -139,4 +151,4 @@ def widen(values: Tensor, selected: Tensor | None, clients: int) -> Tensor:
     return values.new_zeros((clients, *values.shape[1:])).index_copy_(0, selected, values)
 
 
-__all__ = ["Drawn", "PaddedFeed", "schedule_steps", "selected_pass", "stack_size", "widen"]
+__all__ = ["Drawn", "PaddedFeed", "compact_pass", "schedule_steps", "selected_pass", "stack_size", "widen"]

@@ -54,11 +54,11 @@ from lightning.fabric.plugins.precision import MixedPrecision
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from pfl.engine.batch_feed import PaddedFeed, schedule_steps, selected_pass
+from pfl.engine.batch_feed import PaddedFeed, compact_pass, schedule_steps, selected_pass, widen
 from pfl.engine.cuda_graphs import CapturedStep
 from pfl.engine.sam import SAMObjective
 from pfl.engine.stacked_loss import ParamsAt, StackedLoss
-from pfl.engine.terms import Term, add_scaled_, coefficient, stack_terms, stackable
+from pfl.engine.terms import Term, coefficient, scaled_sum, stack_terms, stackable
 from pfl.engine.trainer import ClientTrainer, FitSpec, FitStats, keyed_batches
 from pfl.models.dropout import KeyedDropout, dropout_key, step_key
 from pfl.optim.sharpness import perturbation
@@ -418,10 +418,15 @@ class StackedTrainer:
         feed = None
         if not self.buffer_views:
             feed = PaddedFeed(schedule, w.settings.batch_size, self.static_width, dtype, params.device, self.stack_rows)
+        # A plain step (no term, extra tensor or second pass) of some of the clients updates only their rows.
+        plain = personal is None and extra is None and reqs[0].sam is None and not terms
+        sgd = _StackSGD(lr, mom, wd)
         for s, drawn in enumerate(schedule):
             batches = [d[1] if d is not None else None for d in drawn]
+            every = all(d is not None for d in drawn)  # every client has a batch at this step
             # every pass of the step draws the step's masks; a custom loss takes its constants instead
             keys = self._keys(reqs, None, steps) if extra is None else extra.constants
+            sel = None
             if self.buffer_views:
                 active = torch.tensor([b is not None for b in batches], device=params.device).unsqueeze(1)
                 inputs = self._inputs(batches, augment)
@@ -443,33 +448,26 @@ class StackedTrainer:
                 ) -> tuple[Tensor, Tensor]:
                     return selected_pass(step, q, batch, keys, sel)
 
-            if personal is not None:
-                # PLGU-LF: θ's pass and SGD step, then w's only pass at w + ε(θ's gradient), its
-                # running statistics kept (``SAMObjective.perturbed_gradient`` with ``ascent_grad``).
-                ascent, loss = pass_at(personal.params, personal.bufs)
-                personal.step(ascent, active)
-                grads = pass_at(self._perturbed(reqs, params, ascent), bufs)[0]
-            elif extra is not None:  # a custom loss: the model's and the extra tensor's gradients in one pass
-                joint, loss = pass_at(extra.joined(params), bufs)
-                grads = extra.step(joint, active)
+            if plain and sel is not None:
+                g, value = compact_pass(step, params, (x, y, mask), keys, sel)
+                buf = sgd.step_rows(params, g, buf, sel, active)  # in place: only the selected rows move
+                loss = widen(value, sel, k).detach()
             else:
-                grads, loss = pass_at(params, bufs)
-                if reqs[0].sam is not None:  # the second pass leaves no statistics behind
-                    grads = pass_at(self._perturbed(reqs, params, grads), bufs.clone())[0]
-            for term in terms:
-                if hasattr(term, "active"):  # a stateful stacked term updates the active rows only
-                    term.active = active  # type: ignore[attr-defined]
-                term.on_grad(params, grads)
-            if wd:
-                grads = grads.add(params, alpha=wd)
-            if buf is not None:
-                buf = torch.where(active, buf * mom + grads, buf)
-                grads = buf
-            new = add_scaled_(params.clone(), grads, -lr)
-            for term in terms:
-                term.on_step(new, lr)
-            params = torch.where(active, new, params)
-            loss = loss.detach()
+                if personal is not None:
+                    # PLGU-LF: θ's pass and SGD step, then w's only pass at w + ε(θ's gradient), its
+                    # running statistics kept (``SAMObjective.perturbed_gradient`` with ``ascent_grad``).
+                    ascent, loss = pass_at(personal.params, personal.bufs)
+                    personal.step(ascent, active)
+                    grads = pass_at(self._perturbed(reqs, params, ascent), bufs)[0]
+                elif extra is not None:  # a custom loss: the model's and the extra tensor's gradients in one pass
+                    joint, loss = pass_at(extra.joined(params), bufs)
+                    grads = extra.step(joint, active)
+                else:
+                    grads, loss = pass_at(params, bufs)
+                    if reqs[0].sam is not None:  # the second pass leaves no statistics behind
+                        grads = pass_at(self._perturbed(reqs, params, grads), bufs.clone())[0]
+                params, buf = sgd.step(params, grads, buf, active, every, terms)
+                loss = loss.detach()
             for j, d in enumerate(drawn):
                 if d is not None:
                     steps[j] += 1
@@ -519,11 +517,19 @@ class StackedTrainer:
                 inputs = [None if d is None else (w.data.x[d[1]], w.data.y[d[1]]) for d in drawn]
                 active = torch.tensor([d is not None for d in drawn], device=params.device).unsqueeze(1)
                 grads, loss = self._unpadded(params, bufs, inputs, keys, self.unpadded_gradient_step)
-            else:
-                active, sel = feed.active[s], feed.selected[s]
+                total = torch.where(active, total + grads, total)
+            elif feed.selected[s] is None:
                 x, y, mask = feed.step(s, w.data.x, w.data.y)
-                grads, loss = selected_pass(self.gradient_step, params, (x, y, mask), keys, sel)
-            total = torch.where(active, total + grads, total)
+                grads, loss = self.gradient_step(params, x, y, mask, *keys)
+                every = all(d is not None for d in drawn)
+                total = total + grads if every else torch.where(feed.active[s], total + grads, total)
+            else:  # only the selected clients' rows gain a gradient
+                sel = feed.selected[s]
+                x, y, mask = feed.step(s, w.data.x, w.data.y)
+                grads, value = compact_pass(self.gradient_step, params, (x, y, mask), keys, sel)
+                kept = total[sel]
+                total.index_copy_(0, sel, torch.where(feed.active[s][sel], kept + grads, kept))
+                loss = widen(value, sel, len(reqs))
             losses.append(loss.detach())
         rows = torch.stack(losses).tolist() if losses else []  # one transfer: the float32 losses
         for j, r in enumerate(reqs):
@@ -630,6 +636,51 @@ class StackedTrainer:
         return grads, loss
 
 
+class _StackSGD:
+    """torch's SGD step (weight decay, momentum, lr) of a stacked fit's parameter rows, the clients with a
+    batch at the step (``active``) moving and the others kept; ``lr`` a float or a column per client,
+    ``mom`` a column per client, ``wd`` shared."""
+
+    def __init__(self, lr: float | Tensor, mom: Tensor, wd: float):
+        self.lr, self.mom, self.wd = lr, mom, wd
+
+    def step(
+        self, params: Tensor, grads: Tensor, buf: Tensor | None, active: Tensor, every: bool, terms: Sequence[Term]
+    ) -> tuple[Tensor, Tensor | None]:
+        """Every row's step, the terms' hooks around it: (parameters, momentum). ``every``: every client
+        has a batch (nothing to keep, so no selection)."""
+        for term in terms:
+            if hasattr(term, "active"):  # a stateful stacked term updates the active rows only
+                term.active = active  # type: ignore[attr-defined]
+            term.on_grad(params, grads)
+        if self.wd:
+            grads = grads.add(params, alpha=self.wd)
+        if buf is not None:
+            buf = buf * self.mom + grads if every else torch.where(active, buf * self.mom + grads, buf)
+            grads = buf
+        new = scaled_sum(params, grads, -self.lr)
+        for term in terms:
+            term.on_step(new, self.lr)
+        return (new if every else torch.where(active, new, params)), buf
+
+    def step_rows(
+        self, params: Tensor, grads: Tensor, buf: Tensor | None, sel: Tensor, active: Tensor
+    ) -> Tensor | None:
+        """The step of the rows ``sel`` only (a compacted step's clients; ``grads`` one row each), in place
+        on ``params`` and on the momentum, which it returns: the same arithmetic row by row as ``step``,
+        without reading or writing the rows of the clients the step left out."""
+        rows, moving = params[sel], active[sel]
+        if self.wd:
+            grads = grads.add(rows, alpha=self.wd)
+        if buf is not None:
+            kept = buf[sel]
+            grads = torch.where(moving, kept * self.mom[sel] + grads, kept)
+            buf.index_copy_(0, sel, grads)
+        lr = self.lr if isinstance(self.lr, float) else self.lr[sel]
+        params.index_copy_(0, sel, torch.where(moving, scaled_sum(rows, grads, -lr), rows))
+        return buf
+
+
 class _RowSGD:
     """torch's SGD step (weight decay, momentum, lr) for rows of tensors trained beside the model,
     each row with its own settings; ``buf`` the rows' momentum (None without momentum; a zero row
@@ -650,7 +701,7 @@ class _RowSGD:
         if self.buf is not None:
             self.buf = torch.where(active, self.buf * self.mom + grads, self.buf)
             grads = self.buf
-        return torch.where(active, add_scaled_(rows.clone(), grads, -self.lr), rows)
+        return torch.where(active, scaled_sum(rows, grads, -self.lr), rows)
 
 
 class _PersonalStack:

@@ -66,6 +66,13 @@ def add_scaled_(x: Tensor, y: Tensor, c: float | Tensor) -> Tensor:
     return x.add_(y * c.to(x.dtype))
 
 
+def scaled_sum(x: Tensor, y: Tensor, c: float | Tensor) -> Tensor:
+    """x + c·y as a new tensor: ``add_scaled_(x.clone(), y, c)``'s arithmetic without first copying x."""
+    if isinstance(c, float):
+        return torch.add(x, y, alpha=c)
+    return torch.add(x, y * c.to(x.dtype))
+
+
 def _rows(tensors: Sequence[Tensor]) -> Tensor:
     return torch.stack([t.reshape(-1) for t in tensors])
 
