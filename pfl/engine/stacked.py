@@ -450,7 +450,8 @@ class StackedTrainer:
 
             if plain and sel is not None:
                 g, value = compact_pass(step, params, (x, y, mask), keys, sel)
-                buf = sgd.step_rows(params, g, buf, sel, active)  # in place: only the selected rows move
+                moving = len(sel) == sum(d is not None for d in drawn)  # no selected row without a batch
+                buf = sgd.step_rows(params, g, buf, sel, active, moving)  # in place: only the selected rows
                 loss = widen(value, sel, k).detach()
             else:
                 if personal is not None:
@@ -664,20 +665,22 @@ class _StackSGD:
         return (new if every else torch.where(active, new, params)), buf
 
     def step_rows(
-        self, params: Tensor, grads: Tensor, buf: Tensor | None, sel: Tensor, active: Tensor
+        self, params: Tensor, grads: Tensor, buf: Tensor | None, sel: Tensor, active: Tensor, every: bool
     ) -> Tensor | None:
         """The step of the rows ``sel`` only (a compacted step's clients; ``grads`` one row each), in place
         on ``params`` and on the momentum, which it returns: the same arithmetic row by row as ``step``,
-        without reading or writing the rows of the clients the step left out."""
+        without reading or writing the rows of the clients the step left out. ``every``: each selected
+        client has a batch (no row to keep)."""
         rows, moving = params[sel], active[sel]
         if self.wd:
             grads = grads.add(rows, alpha=self.wd)
         if buf is not None:
             kept = buf[sel]
-            grads = torch.where(moving, kept * self.mom[sel] + grads, kept)
+            grads = kept * self.mom[sel] + grads if every else torch.where(moving, kept * self.mom[sel] + grads, kept)
             buf.index_copy_(0, sel, grads)
         lr = self.lr if isinstance(self.lr, float) else self.lr[sel]
-        params.index_copy_(0, sel, torch.where(moving, scaled_sum(rows, grads, -lr), rows))
+        new = scaled_sum(rows, grads, -lr)
+        params.index_copy_(0, sel, new if every else torch.where(moving, new, rows))
         return buf
 
 
