@@ -219,6 +219,31 @@ def test_padding_every_step_to_the_batch_size_changes_no_result():
     assert {width for static, width, _ in widths if not static} > {bs}  # short last batches, unpadded
 
 
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_a_stack_filled_up_with_clients_without_a_batch_moves_only_the_clients_with_one(momentum):
+    # Captured steps stack a power of two of rows: 3 clients with a batch of 5 train as 4 rows, one of them a
+    # client without a batch, whose parameters and momentum must not move (unlike the 3 others' rows).
+    loop = make_loop(tiny_config("fedavg", client={"momentum": momentum, "weight_decay": 0.01}))
+    w, start = loop.worker, loop.init_state
+    specs = [FitSpec(epochs=e, lr=lr) for e, lr in ((3, 0.05), (1, 0.05), (2, 0.02), (1, 0.05), (2, 0.1))]
+    results, stacked = [], {}
+    for rows in ("active", "powers"):
+        trainer = StackedTrainer(w)
+        trainer.static_width, trainer.stack_rows = rows == "powers", rows  # "powers": as cuda_graphs sets
+        step = trainer.step
+        counts = stacked[rows] = []
+        trainer.step = lambda p, *rest, step=step, counts=counts: counts.append(len(p)) or step(p, *rest)
+        requests = [FitRequest.of(w, k, start, 0, spec) for k, spec in enumerate(specs)]
+        trainer.train(requests)
+        results.append(torch.stack([r.out for r in requests]))
+    assert len(stacked["active"]) == len(stacked["powers"])  # one pass per step either way
+    filled = [n for n, m in zip(stacked["powers"], stacked["active"], strict=True) if n > m]
+    assert filled and 3 in [m for n, m in zip(stacked["powers"], stacked["active"], strict=True) if n > m]
+    torch.testing.assert_close(results[1], results[0], rtol=0, atol=1e-6)
+    sequential = torch.stack([_sequential(w, k, start, spec)[0] for k, spec in enumerate(specs)])
+    torch.testing.assert_close(results[1], sequential, rtol=0, atol=1e-5)
+
+
 def test_batchnorm_running_statistics_stack_per_client():
     from pfl.engine.sam import SAMObjective, sam_context
     from pfl.engine.stacked import model_problems
