@@ -31,7 +31,9 @@ Without BatchNorm's running statistics, a fit's padded batches are gathered step
 table built for the whole fit (``pfl.engine.batch_feed``), a few operations per step instead of a few per
 client (with augmentation, each client's real rows are then augmented from its own generator); a step
 trains only the clients with a batch at it, so the largest client of an unequal split no longer makes
-every other one compute on padding until it is done. The padded step, a custom loss's step and the
+every other one compute on padding until it is done; without terms, an extra tensor or a second pass,
+its SGD step then reads and writes only those clients' rows (``_StackSGD.step_rows``), and a step where
+every client has a batch selects nothing. The padded step, a custom loss's step and the
 full pass are each compiled (``trainer.compile``) or, on CUDA, replayed from CUDA graphs
 (``trainer.cuda_graphs``, ``pfl.engine.cuda_graphs``); every step is then padded to the batch size. A
 method's own gradient calls (``batch_gradients``) are not padded (each is its batch's mean, as the

@@ -244,6 +244,43 @@ def test_a_stack_filled_up_with_clients_without_a_batch_moves_only_the_clients_w
     torch.testing.assert_close(results[1], sequential, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", ["active", "powers"])
+def test_a_plain_step_of_some_clients_updates_their_rows_and_a_step_of_all_or_with_a_term_every_row(rows, monkeypatch):
+    import pfl.engine.stacked as stacked
+
+    calls: list[tuple] = []
+    step, step_rows = stacked._StackSGD.step, stacked._StackSGD.step_rows
+
+    def spy_step(self, params, grads, buf, active, every, terms):
+        calls.append(("all", every, bool(active.all()), len(params)))
+        return step(self, params, grads, buf, active, every, terms)
+
+    def spy_rows(self, params, grads, buf, sel, active, every):
+        calls.append(("rows", every, bool(active[sel].all()), len(sel)))
+        return step_rows(self, params, grads, buf, sel, active, every)
+
+    monkeypatch.setattr(stacked._StackSGD, "step", spy_step)
+    monkeypatch.setattr(stacked._StackSGD, "step_rows", spy_rows)
+    loop = make_loop(tiny_config("fedavg", client={"momentum": 0.5}))
+    w, start = loop.worker, loop.init_state
+    specs = [FitSpec(epochs=e) for e in (3, 1, 2, 1, 2)]
+    trainer = StackedTrainer(w)
+    trainer.static_width, trainer.stack_rows = rows == "powers", rows
+    trainer.train([FitRequest.of(w, k, start, 0, spec) for k, spec in enumerate(specs)])
+    # every client with a batch: every row, no selection; some: their rows only, a selection only for a
+    # row without a batch (a power of two filled up)
+    assert {c[0] for c in calls} == {"all", "rows"}
+    assert all(c[1] == c[2] and c[3] == 5 for c in calls if c[0] == "all")
+    assert all(c[1] == c[2] and c[3] < 5 for c in calls if c[0] == "rows")
+    assert any(not c[1] for c in calls if c[0] == "rows") == (rows == "powers")
+    calls.clear()
+    anchor = start[: w.flat.num_params].clone()
+    proximal = [FitSpec(epochs=e, terms=[Proximal(anchor, 0.1)]) for e in (3, 1, 2, 1, 2)]
+    trainer.train([FitRequest.of(w, k, start, 0, spec) for k, spec in enumerate(proximal)])
+    assert {c[0] for c in calls} == {"all"} and {c[1] for c in calls} == {True, False}  # a term: every row
+    assert all(c[1] == c[2] for c in calls)
+
+
 def test_batchnorm_running_statistics_stack_per_client():
     from pfl.engine.sam import SAMObjective, sam_context
     from pfl.engine.stacked import model_problems
