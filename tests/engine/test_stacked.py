@@ -447,6 +447,30 @@ def test_stacked_fits_with_per_client_lr_epochs_and_momentum_keep_to_the_trainin
         assert len({r.stats.steps for r in requests}) == 3 and all(r.stats.loss > 0 for r in requests)
 
 
+@pytest.mark.parametrize("rows", ["powers", "all"])
+def test_mean_gradients_of_stacks_holding_clients_without_a_batch_equal_the_workers(rows):
+    """As captured ("powers": a power of two of rows) and compiled ("all") steps stack them: the rows of
+    clients without a batch at a position gain nothing."""
+    from pfl.engine.stacked import GradientRequest
+
+    w = _worker().worker
+    cids = [0, 1, 2, 3]  # 3, 4, 4 and 4 batches: 3 clients at the last position, stacked as 4 rows
+    start = w.flat.snapshot()
+    states = [start + 0.01 * k for k in range(len(cids))]
+    expected = [w.mean_gradient(cid, state, 1) for cid, state in zip(cids, states, strict=True)]
+    requests = [GradientRequest(cid, state, 1) for cid, state in zip(cids, states, strict=True)]
+    trainer, stacked = StackedTrainer(w), []
+    trainer.static_width, trainer.stack_rows = True, rows
+    step = trainer.gradient_step
+    trainer.gradient_step = lambda p, *rest: stacked.append(len(p)) or step(p, *rest)
+    trainer.mean_gradients(requests)
+    batches = sum(math.ceil(len(w.split(c).train) / w.settings.batch_size) for c in cids)
+    assert batches == 15 and sum(stacked) == 16  # a row without a batch was stacked
+    for r, (grad, loss) in zip(requests, expected, strict=True):
+        torch.testing.assert_close(r.grad, grad, rtol=0, atol=1e-6)
+        assert r.loss == pytest.approx(loss, abs=1e-6)
+
+
 def test_stacked_mean_gradients_equal_the_workers_mean_gradients():
     """PGFed's full pass (``ClientTrainer.mean_gradient``), several clients of different sizes in one pass:
     the same gradient, loss and worker state (BatchNorm's running statistics moved) as one at a time."""
