@@ -37,6 +37,9 @@ def test_a_file_written_before_platforms_were_recorded_is_all_runs_and_no_platfo
     assert same_numbers.read_numbers(path) == (old, None)
     path.write_text(json.dumps({"platform": AMD, "runs": old}))
     assert same_numbers.read_numbers(path) == (old, AMD)
+    named_runs = {"runs": {"gm.acc": "0.5"}}  # an old file whose one label happens to be "runs"
+    path.write_text(json.dumps(named_runs))
+    assert same_numbers.read_numbers(path) == (named_runs, None)
 
 
 def test_a_platform_note_only_where_both_platforms_are_known_and_differ():
