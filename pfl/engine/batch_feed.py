@@ -131,18 +131,6 @@ def compact_pass(
     return step(params[selected], *inputs, *(key[selected] for key in keys))
 
 
-def selected_pass(
-    step: Callable[..., tuple[Tensor, Tensor]],
-    params: Tensor,
-    inputs: tuple[Tensor, Tensor, Tensor],
-    keys: tuple[Tensor, ...],
-    selected: Tensor | None,
-) -> tuple[Tensor, Tensor]:
-    """``compact_pass`` widened to one row per client."""
-    g, value = compact_pass(step, params, inputs, keys, selected)
-    return widen(g, selected, len(params)), widen(value, selected, len(params))
-
-
 def widen(values: Tensor, selected: Tensor | None, clients: int) -> Tensor:
     """A compacted step's per-row results (gradients or losses) as one row per client, zero for the
     clients it did not train (what a fully masked batch gives them)."""
@@ -151,4 +139,4 @@ def widen(values: Tensor, selected: Tensor | None, clients: int) -> Tensor:
     return values.new_zeros((clients, *values.shape[1:])).index_copy_(0, selected, values)
 
 
-__all__ = ["Drawn", "PaddedFeed", "compact_pass", "schedule_steps", "selected_pass", "stack_size", "widen"]
+__all__ = ["Drawn", "PaddedFeed", "compact_pass", "schedule_steps", "stack_size", "widen"]

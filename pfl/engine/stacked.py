@@ -56,7 +56,7 @@ from lightning.fabric.plugins.precision import MixedPrecision
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from pfl.engine.batch_feed import PaddedFeed, compact_pass, schedule_steps, selected_pass, widen
+from pfl.engine.batch_feed import PaddedFeed, compact_pass, schedule_steps, widen
 from pfl.engine.cuda_graphs import CapturedStep
 from pfl.engine.sam import SAMObjective
 from pfl.engine.stacked_loss import ParamsAt, StackedLoss
@@ -448,7 +448,8 @@ class StackedTrainer:
                 def pass_at(
                     q: Tensor, stats: Tensor, batch: tuple = (x, y, mask), keys: tuple = keys, sel: Tensor | None = sel
                 ) -> tuple[Tensor, Tensor]:
-                    return selected_pass(step, q, batch, keys, sel)
+                    g, value = compact_pass(step, q, batch, keys, sel)  # widened to one row per client
+                    return widen(g, sel, len(q)), widen(value, sel, len(q))
 
             if plain and sel is not None:
                 g, value = compact_pass(step, params, (x, y, mask), keys, sel)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pfl.engine.batch_feed import PaddedFeed, schedule_steps, selected_pass, stack_size, widen
+from pfl.engine.batch_feed import PaddedFeed, compact_pass, schedule_steps, stack_size, widen
 from pfl.engine.stacked import FitRequest, StackedTrainer
 from pfl.engine.trainer import FitSpec
 from tests.conftest import make_loop, tiny_config
@@ -126,7 +126,7 @@ def test_a_static_step_fills_its_rows_with_clients_without_a_batch_fully_masked(
         assert feed.active[0].flatten().tolist() == [j in batch for j in range(6)]
 
 
-def test_a_selected_pass_steps_the_selected_clients_rows_and_keys_and_widens_the_results():
+def test_a_compact_pass_steps_the_selected_clients_rows_and_keys_and_widen_spreads_its_results():
     calls = []
 
     def step(p, x, y, mask, key):
@@ -136,10 +136,13 @@ def test_a_selected_pass_steps_the_selected_clients_rows_and_keys_and_widens_the
     params = torch.arange(8.0).view(4, 2)
     keys = (torch.tensor([10.0, 20.0, 30.0, 40.0]),)
     batch = (torch.tensor(2.0), torch.tensor(1.0), torch.tensor(3.0))
-    g, loss = selected_pass(step, params, batch, keys, torch.tensor([3, 1]))
+    sel = torch.tensor([3, 1])
+    g, loss = compact_pass(step, params, batch, keys, sel)
     assert torch.equal(calls[-1][0], params[[3, 1]]) and torch.equal(calls[-1][1], torch.tensor([40.0, 20.0]))
-    assert torch.equal(g, torch.tensor([[0.0, 0.0], [24.0, 26.0], [0.0, 0.0], [52.0, 54.0]]))
-    assert torch.equal(loss, torch.tensor([0.0, 8.0, 0.0, 16.0], dtype=torch.float64))
-    g, loss = selected_pass(step, params, batch, keys, None)  # every client: the step's own results
+    assert torch.equal(g, torch.tensor([[52.0, 54.0], [24.0, 26.0]]))  # one row per selected client
+    assert torch.equal(widen(g, sel, 4), torch.tensor([[0.0, 0.0], [24.0, 26.0], [0.0, 0.0], [52.0, 54.0]]))
+    assert torch.equal(widen(loss, sel, 4), torch.tensor([0.0, 8.0, 0.0, 16.0], dtype=torch.float64))
+    g, loss = compact_pass(step, params, batch, keys, None)  # every client: the step's own results
+    assert widen(g, None, 4) is g
     assert torch.equal(calls[-1][0], params) and torch.equal(g, params * 2 + keys[0].unsqueeze(1))
     assert torch.equal(loss, (params.sum(1) + 3).to(torch.float64))
