@@ -452,9 +452,10 @@ class StackedTrainer:
                     return widen(g, sel, len(q)), widen(value, sel, len(q))
 
             if plain and sel is not None:
-                g, value = compact_pass(step, params, (x, y, mask), keys, sel)
+                rows = params[sel]  # the step's input and the rows it moves
+                g, value = step(rows, x, y, mask, *(key[sel] for key in keys))
                 moving = len(sel) == sum(d is not None for d in drawn)  # no selected row without a batch
-                buf = sgd.step_rows(params, g, buf, sel, active, moving)  # in place: only the selected rows
+                buf = sgd.step_rows(params, rows, g, buf, sel, active, moving)  # in place: only those rows
                 loss = widen(value, sel, k).detach()
             else:
                 if personal is not None:
@@ -668,13 +669,20 @@ class _StackSGD:
         return (new if every else torch.where(active, new, params)), buf
 
     def step_rows(
-        self, params: Tensor, grads: Tensor, buf: Tensor | None, sel: Tensor, active: Tensor, every: bool
+        self,
+        params: Tensor,
+        rows: Tensor,
+        grads: Tensor,
+        buf: Tensor | None,
+        sel: Tensor,
+        active: Tensor,
+        every: bool,
     ) -> Tensor | None:
-        """The step of the rows ``sel`` only (a compacted step's clients; ``grads`` one row each), in place
-        on ``params`` and on the momentum, which it returns: the same arithmetic row by row as ``step``,
-        without reading or writing the rows of the clients the step left out. ``every``: each selected
-        client has a batch (no row to keep)."""
-        rows, moving = params[sel], active[sel]
+        """The step of the rows ``sel`` only (a compacted step's clients: ``rows`` is ``params[sel]``,
+        ``grads`` one row each), in place on ``params`` and on the momentum, which it returns: the same
+        arithmetic row by row as ``step``, without reading or writing the rows of the clients the step left
+        out. ``every``: each selected client has a batch (no row to keep)."""
+        moving = active[sel]
         if self.wd:
             grads = grads.add(rows, alpha=self.wd)
         if buf is not None:

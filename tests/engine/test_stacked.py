@@ -255,9 +255,10 @@ def test_a_plain_step_of_some_clients_updates_their_rows_and_a_step_of_all_or_wi
         calls.append(("all", every, bool(active.all()), len(params)))
         return step(self, params, grads, buf, active, every, terms)
 
-    def spy_rows(self, params, grads, buf, sel, active, every):
+    def spy_rows(self, params, rows, grads, buf, sel, active, every):
+        assert torch.equal(rows, params[sel])
         calls.append(("rows", every, bool(active[sel].all()), len(sel)))
-        return step_rows(self, params, grads, buf, sel, active, every)
+        return step_rows(self, params, rows, grads, buf, sel, active, every)
 
     monkeypatch.setattr(stacked._StackSGD, "step", spy_step)
     monkeypatch.setattr(stacked._StackSGD, "step_rows", spy_rows)
