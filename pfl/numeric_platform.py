@@ -77,11 +77,15 @@ def label(rec: object) -> str:
     return ", ".join(parts)
 
 
-def where_computed(records: Iterable[object]) -> str | None:
-    """One sentence on where runs computed their numbers (their ``record``s): the platform, or each with its
-    number of runs where they differ, since the same run can give other numbers on another platform (None:
-    no runs)."""
-    counts = Counter(label(rec) for rec in records)
+def platform_counts(records: Iterable[object]) -> Counter[str]:
+    """How many runs computed their numbers on each platform (``label`` of each run's ``record``)."""
+    return Counter(label(rec) for rec in records)
+
+
+def where_computed(counts: Counter[str]) -> str | None:
+    """One sentence on where runs computed their numbers (``platform_counts``): the platform, or each with
+    its number of runs where they differ, since the same run can give other numbers on another platform
+    (None: no runs)."""
     if len(counts) < 2:
         return next((f"Numbers computed on {name}." for name in counts), None)
     each = "; ".join(f"{name}: {n} run(s)" for name, n in counts.most_common())
@@ -90,8 +94,3 @@ def where_computed(records: Iterable[object]) -> str | None:
         'platform (docs/reproduce.md, "Same numbers"): a difference between runs of different platforms need '
         "not come from the methods."
     )
-
-
-def mixed(records: Iterable[object]) -> bool:
-    """Whether runs with these ``record``s computed their numbers on more than one platform."""
-    return len({label(rec) for rec in records}) > 1

@@ -104,8 +104,8 @@ def draw_plots(args: argparse.Namespace) -> dict[Path, Figure]:
 
 def platform_note(run_dirs: list[Path]) -> str | None:
     """A note when the runs computed their numbers on more than one platform (None: on one)."""
-    records = [load_summary(folder).get("platform") for folder in run_dirs]
-    return numeric_platform.where_computed(records) if numeric_platform.mixed(records) else None
+    counts = numeric_platform.platform_counts(load_summary(folder).get("platform") for folder in run_dirs)
+    return numeric_platform.where_computed(counts) if len(counts) > 1 else None
 
 
 def main(argv: list[str]) -> int:

@@ -523,18 +523,16 @@ class StackedTrainer:
                 active = torch.tensor([d is not None for d in drawn], device=params.device).unsqueeze(1)
                 grads, loss = self._unpadded(params, bufs, inputs, keys, self.unpadded_gradient_step)
                 total = torch.where(active, total + grads, total)
-            elif feed.selected[s] is None:
-                x, y, mask = feed.step(s, w.data.x, w.data.y)
-                grads, loss = self.gradient_step(params, x, y, mask, *keys)
-                every = all(d is not None for d in drawn)
-                total = total + grads if every else torch.where(feed.active[s], total + grads, total)
-            else:  # only the selected clients' rows gain a gradient
+            else:
                 sel = feed.selected[s]
-                x, y, mask = feed.step(s, w.data.x, w.data.y)
-                grads, value = compact_pass(self.gradient_step, params, (x, y, mask), keys, sel)
-                kept = total[sel]
-                total.index_copy_(0, sel, torch.where(feed.active[s][sel], kept + grads, kept))
-                loss = widen(value, sel, len(reqs))
+                grads, loss = compact_pass(self.gradient_step, params, feed.step(s, w.data.x, w.data.y), keys, sel)
+                if sel is None:
+                    every = all(d is not None for d in drawn)
+                    total = total + grads if every else torch.where(feed.active[s], total + grads, total)
+                else:  # only the selected clients' rows gain a gradient
+                    kept = total[sel]
+                    total.index_copy_(0, sel, torch.where(feed.active[s][sel], kept + grads, kept))
+                    loss = widen(loss, sel, len(reqs))
             losses.append(loss.detach())
         rows = torch.stack(losses).tolist() if losses else []  # one transfer: the float32 losses
         for j, r in enumerate(reqs):
@@ -658,12 +656,7 @@ class _StackSGD:
             if hasattr(term, "active"):  # a stateful stacked term updates the active rows only
                 term.active = active  # type: ignore[attr-defined]
             term.on_grad(params, grads)
-        if self.wd:
-            grads = grads.add(params, alpha=self.wd)
-        if buf is not None:
-            buf = buf * self.mom + grads if every else torch.where(active, buf * self.mom + grads, buf)
-            grads = buf
-        new = scaled_sum(params, grads, -self.lr)
+        new, buf = self._descent(params, grads, buf, self.mom, self.lr, active, every)
         for term in terms:
             term.on_step(new, self.lr)
         return (new if every else torch.where(active, new, params)), buf
@@ -683,16 +676,33 @@ class _StackSGD:
         arithmetic row by row as ``step``, without reading or writing the rows of the clients the step left
         out. ``every``: each selected client has a batch (no row to keep)."""
         moving = active[sel]
+        lr = self.lr if isinstance(self.lr, float) else self.lr[sel]
+        kept = None if buf is None else buf[sel]
+        new, kept = self._descent(rows, grads, kept, self.mom[sel], lr, moving, every)
+        if buf is not None:
+            buf.index_copy_(0, sel, kept)
+        params.index_copy_(0, sel, new if every else torch.where(moving, new, rows))
+        return buf
+
+    def _descent(
+        self,
+        rows: Tensor,
+        grads: Tensor,
+        buf: Tensor | None,
+        mom: Tensor,
+        lr: float | Tensor,
+        active: Tensor,
+        every: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """The rows after torch's SGD step with weight decay and momentum (each row's momentum ``mom``,
+        learning rate ``lr``), before keeping the rows without a batch, and the momentum, in which those
+        rows are kept (``every``: there are none)."""
         if self.wd:
             grads = grads.add(rows, alpha=self.wd)
         if buf is not None:
-            kept = buf[sel]
-            grads = kept * self.mom[sel] + grads if every else torch.where(moving, kept * self.mom[sel] + grads, kept)
-            buf.index_copy_(0, sel, grads)
-        lr = self.lr if isinstance(self.lr, float) else self.lr[sel]
-        new = scaled_sum(rows, grads, -lr)
-        params.index_copy_(0, sel, new if every else torch.where(moving, new, rows))
-        return buf
+            buf = buf * mom + grads if every else torch.where(active, buf * mom + grads, buf)
+            grads = buf
+        return scaled_sum(rows, grads, -lr), buf
 
 
 class _RowSGD:

@@ -536,7 +536,8 @@ def _summary_entry(folder: Path, key: str) -> object:
 
 def platform_lines(folders: list[Path]) -> list[str]:
     """The report's line on where its runs computed their numbers (``numeric_platform.where_computed``)."""
-    line = numeric_platform.where_computed(_summary_entry(folder, "platform") for folder in folders)
+    counts = numeric_platform.platform_counts(_summary_entry(folder, "platform") for folder in folders)
+    line = numeric_platform.where_computed(counts)
     return [] if line is None else [line]
 
 
