@@ -17,10 +17,11 @@ class Ditto(PersonalFedAvg):
     """Ditto: FedAvg for the global model w; each client also keeps a personal model v trained on
     f_i(v) + λ/2·‖v − w‖².
 
-    ``prox="exact"`` takes the λ-term as an exact proximal step after each SGD step (stable for any
-    λ; λ → ∞ gives v = w). ``prox="gradient"`` adds λ(v − w) to the gradient, as the paper's
-    Algorithm 1 and the official code do;
-    ``prox="autograd"`` writes the same objective as a Lightning ``training_step``
+    ``prox="gradient"`` (the default) adds λ(v − w) to the gradient: one SGD step on the whole personal
+    objective, as the paper's Algorithm 1 and the official code take it. ``prox="exact"`` takes the
+    λ-term as an exact proximal step after each SGD step on f_i, v ← (v + ηλw)/(1 + ηλ): equal to the
+    gradient step to first order in ηλ, and stable for any λ (λ → ∞ gives v = w, where the gradient
+    step diverges once ηλ > 2). ``prox="autograd"`` writes the same objective as a Lightning ``training_step``
     (``pfl.engine.objectives.ProximalObjective``) and lets autograd take its gradient.
     ``client_momentum`` applies to both fits, ``keep_momentum`` to the global model's; the personal fit
     starts from zero momentum.
@@ -28,8 +29,8 @@ class Ditto(PersonalFedAvg):
     Args:
         lam: λ, pull of the personal model towards the global model.
         personal_epochs: local epochs on the personal model per participation.
-        prox: exact (proximal step, stable for any λ), gradient (the paper's Algorithm 1 and the
-            official code) or autograd (the gradient form as a training_step).
+        prox: gradient (the paper's Algorithm 1 and the official code), exact (the λ-term as an
+            exact proximal step, stable for any λ) or autograd (the gradient form as a training_step).
     """
 
     name = "ditto"
@@ -39,7 +40,7 @@ class Ditto(PersonalFedAvg):
         self,
         lam: float = 0.75,
         personal_epochs: int = 1,
-        prox: ProxMode = "exact",
+        prox: ProxMode = "gradient",
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -60,7 +61,7 @@ class Ditto(PersonalFedAvg):
             context = {"anchor": anchor, "mu": self.lam}
             client.state["personal"] = client.fit(start, objective=ProximalObjective, context=context, **fit)
         else:
-            term = ProximalStep(anchor, self.lam) if self.prox == "exact" else Proximal(anchor, self.lam)
+            term = Proximal(anchor, self.lam) if self.prox == "gradient" else ProximalStep(anchor, self.lam)
             client.state["personal"] = client.fit(start, terms=[term], **fit)
         return super().local_update(client, payload)
 

@@ -52,7 +52,7 @@ def test_fedavg_one_client_equals_plain_sgd():
 
 
 def test_ditto_huge_lambda_pins_personal_to_global():
-    loop = make_loop(tiny_config("ditto", {"lam": 1e9}))
+    loop = make_loop(tiny_config("ditto", {"lam": 1e9, "prox": "exact"}))  # the exact step: stable for any λ
     for _ in range(2):
         received = loop.server["global"].clone()
         loop.run_round()

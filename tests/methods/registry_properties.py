@@ -74,7 +74,7 @@ PAPER_DEFAULTS += ("fedrod", "lgfedavg", "local", "perfedavg", "pfedme", "pgfed"
 BOUNDS: dict[str, tuple[tuple[str, Any, Any], ...]] = {
     "apfl": (("mix", 0.0, -0.01), ("mix", 1.0, 1.01), ("eval_mix", "local", "mixed"), ("mix_lr", 0.0, -0.01))
     + (("mix_decay", 0.0, -0.01),),
-    "ditto": (("lam", 0.0, -0.01), ("personal_epochs", 1, 0), ("prox", "gradient", "exactly")),
+    "ditto": (("lam", 0.0, -0.01), ("personal_epochs", 1, 0), ("prox", "exact", "exactly")),
     "fedala": (("eta", 0.0, -0.01), ("rand_percent", 0.5, 0.0), ("rand_percent", 100.0, 100.01), ("layer_idx", 0, -1))
     + (("threshold", 0.0, -0.01), ("num_pre_loss", 1, 0), ("max_start_epochs", 1, 0)),
     "fedamp": (("alpha_k", 1e-6, 0.0), ("alpha_k", 1.0, float("inf")), ("sigma", 1e-6, 0.0), ("lam", 0.0, -0.01)),

@@ -107,7 +107,10 @@ def test_quick_runs_the_first_seed_shortened_and_marks_verdicts_indicative(tmp_p
 def test_the_lr_grid_picks_the_best_validation_lr_and_the_runs_use_it(tmp_path, monkeypatch, run_claims):
     monkeypatch.chdir(ROOT)
     grid = LrGrid((1e-5, 0.5), labels=("ditto",), rounds=3)
-    claim = tiny_claim(seeds=(0,), base=[*TINY, "--data.val_frac", "0.2"], lr_grid=grid)
+    # the edge step is 25 000: Ditto's exact proximal step keeps that run finite, so it counts as a grid run
+    runs = {"local": ["--method.name", "local"], "ditto": ["--method.name", "ditto", "--method.lam", "0.1"]}
+    runs["ditto"] += ["--method.prox", "exact"]
+    claim = tiny_claim(seeds=(0,), base=[*TINY, "--data.val_frac", "0.2"], lr_grid=grid, runs=runs)
     monkeypatch.setattr(rep, "all_claims", lambda: [claim])
     report = run_claims(tmp_path).read_text()
     scores = {
