@@ -78,10 +78,13 @@ def sweep(argv: list[str]) -> None:
         help="start a new process for every run (default: each worker process runs one run after another)",
     )
     args = parser.parse_args(argv)
-    from pfl.metrics.report import report
+    from pfl.metrics.report import platform_note, report
     from pfl.runner.sweep import run_sweep  # after the parse: --help and a bad option need no torch
 
     dirs = run_sweep(args.file, args.count, args.workers, args.root, args.set, args.fresh_processes, args.resume)
+    note = platform_note(dirs)  # as pfl report's: stdout stays the table
+    if note is not None:
+        print(f"note: {note}", file=sys.stderr)
     print(report(dirs), end="")
 
 

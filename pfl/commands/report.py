@@ -9,11 +9,10 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from pfl import numeric_platform
 from pfl.errors import CommandParser, ConfigError
 from pfl.metrics.compare_plots import check_output, clients_figure, curve_figure, plot_groups
 from pfl.metrics.plots import save_figure
-from pfl.metrics.report import FORMATS, load_summary, report
+from pfl.metrics.report import FORMATS, platform_note, report
 from pfl.runner.fit_help import method_defaults
 from pfl.runner.wandb_report import log_report, report_identity
 
@@ -100,12 +99,6 @@ def draw_plots(args: argparse.Namespace) -> dict[Path, Figure]:
     if args.plot_clients is not None:
         figures[args.plot_clients] = clients_figure(groups)[0]
     return figures
-
-
-def platform_note(run_dirs: list[Path]) -> str | None:
-    """A note when the runs computed their numbers on more than one platform (None: on one)."""
-    counts = numeric_platform.platform_counts(load_summary(folder).get("platform") for folder in run_dirs)
-    return numeric_platform.where_computed(counts) if len(counts) > 1 else None
 
 
 def main(argv: list[str]) -> int:

@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from pfl import numeric_platform
 from pfl.errors import ConfigError
 
 # The config.yaml a run of a method with every option at its default would write (None: unknown method).
@@ -70,6 +71,13 @@ def load_summary(run_dir: Path) -> dict[str, Any]:
             "RUN_DIR", f"{run_dir} has no summary.json", "pass directories written by `python -m pfl fit`"
         )
     return json.loads(path.read_text())
+
+
+def platform_note(run_dirs: list[Path]) -> str | None:
+    """A note when the runs computed their numbers on more than one platform (None: on one), for a
+    table of them (``pfl report``, ``pfl sweep``): the same run can give other numbers on another."""
+    counts = numeric_platform.platform_counts(load_summary(folder).get("platform") for folder in run_dirs)
+    return numeric_platform.where_computed(counts) if len(counts) > 1 else None
 
 
 def load_config(run_dir: Path) -> dict[str, Any] | None:

@@ -158,9 +158,11 @@ def parse_fit_args(
     one costs as much as a parse)."""
     argv, resume_dir = _rewrite_resume(hyphenate(list(argv)))
     name, argv = method_from_argv(argv)
+    predating: list[str] = []
     if resume_dir is not None:
-        check_resume_method(resume_dir, name)
-        argv = [*argv[:2], *predating_args(resume_dir / "config.yaml", name), *argv[2:]]  # after --config DIR
+        check_resume_method(resume_dir, name)  # name is the recorded method from here on
+        predating = predating_args(resume_dir / "config.yaml", name)
+        argv = [*argv[:2], *predating, *argv[2:]]  # after --config DIR
     if parsers is None:
         parser = build_fit_parser(name)
     elif name in parsers:
@@ -169,7 +171,7 @@ def parse_fit_args(
         parser = parsers[name] = build_fit_parser(name)
     ns = _parse(parser, argv)
     if resume_dir is not None:
-        check_resume_overrides(resume_dir, ns)
+        check_resume_overrides(resume_dir, ns, parser, predating)
     method_args = ns.method.clone().as_dict()
     method_args.pop("name", None)
     method = build_method(method_class(name), method_args)
@@ -235,12 +237,14 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def resume_changes(run_dir: Path, ns: Namespace) -> dict[str, tuple[Any, Any]]:
-    """``{key: (recorded, now)}`` for every setting ``ns`` changes from ``run_dir/config.yaml``."""
-    path = run_dir / "config.yaml"
-    recorded_method = method_in_file(path)[0] or DEFAULT_METHOD
-    recorded_args = ["--config", str(path), *predating_args(path, recorded_method)]
-    recorded = _flatten(_parse(build_fit_parser(recorded_method), recorded_args, "--resume").as_dict())
+def resume_changes(
+    run_dir: Path, ns: Namespace, parser: ArgumentParser, predating: list[str]
+) -> dict[str, tuple[Any, Any]]:
+    """``{key: (recorded, now)}`` for every setting ``ns`` changes from ``run_dir/config.yaml``, read by
+    ``parser``, the recorded method's (a resume keeps it: ``check_resume_method``), with ``predating``, its
+    ``predating_args`` for that file."""
+    recorded_args = ["--config", str(run_dir / "config.yaml"), *predating]
+    recorded = _flatten(_parse(parser, recorded_args, "--resume").as_dict())
     now = _flatten(ns.as_dict())
     keys = list(recorded) + [k for k in now if k not in recorded]
     return {k: (recorded.get(k), now.get(k)) for k in keys if recorded.get(k) != now.get(k)}
@@ -279,9 +283,10 @@ def check_resume_method(run_dir: Path, name: str) -> None:
         )
 
 
-def check_resume_overrides(run_dir: Path, ns: Namespace) -> None:
-    """Refuse a resume whose overrides change what the recorded run is (``RESUME_ALLOWED``)."""
-    refused = {k: v for k, v in resume_changes(run_dir, ns).items() if k not in RESUME_ALLOWED}
+def check_resume_overrides(run_dir: Path, ns: Namespace, parser: ArgumentParser, predating: list[str]) -> None:
+    """Refuse a resume whose overrides change what the recorded run is (``RESUME_ALLOWED``); ``parser`` and
+    ``predating`` read the recorded config.yaml (``resume_changes``)."""
+    refused = {k: v for k, v in resume_changes(run_dir, ns, parser, predating).items() if k not in RESUME_ALLOWED}
     if refused:
         listing = ", ".join(f"{k} ({a!r} -> {b!r})" for k, (a, b) in refused.items())
         raise ConfigError(

@@ -1,6 +1,6 @@
-"""The reproduction suite's command line and the checks of its options: the standard library and the
-claims' names only, so that ``pfl reproduce --help`` and a refused option answer without importing torch
-(``pfl.runner.reproduce`` does the work)."""
+"""The reproduction suite's command line and the checks of its options: the standard library, the
+claims' names and the worker processes' check only, so that ``pfl reproduce --help`` and a refused option
+answer without importing torch (``pfl.runner.reproduce`` does the work)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pfl.errors import CommandParser, require
 from pfl.runner.claims import all_claims
+from pfl.runner.warm_workers import require_workers
 from pfl.suggest import choice_fix
 
 # What the suite sets every run's trainer.accelerator to: the part of pfl.config.ACCELERATORS whose device
@@ -20,11 +21,6 @@ SUITE_ACCELERATORS = ("auto", "cpu", "cuda")
 def default_workers() -> int:
     """Runs in parallel: one per core (each run trains with one thread; on a GPU machine they share the card)."""
     return max(1, os.cpu_count() or 1)
-
-
-def require_workers(workers: int) -> None:
-    """Refuse a number of worker processes below 1 (``--workers``), before anything runs."""
-    require(workers >= 1, "--workers", f"{workers} is not a number of worker processes", "give 1 or more")
 
 
 def check_suite_options(keys: list[str], only: list[str] | None, workers: int, accelerator: str) -> None:

@@ -40,9 +40,8 @@ from pfl.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, ConfigError, require, yaml
 from pfl.metrics.report import report
 from pfl.runner.args import parse_fit_args
 from pfl.runner.config_files import shipped_config
-from pfl.runner.reproduce_options import require_workers
 from pfl.runner.rundir import check_creatable
-from pfl.runner.warm_workers import WarmWorker, WorkerPool, close_all
+from pfl.runner.warm_workers import WarmWorker, WorkerPool, close_all, require_workers
 
 SEARCH_METHODS = ("grid", "random", "bayes")
 DISTRIBUTIONS = ("uniform", "log_uniform_values", "int_uniform", "normal", "categorical")

@@ -20,6 +20,10 @@ What W&B keeps must be what pfl reports:
   ``selected_round``, written once after every logged row has reached W&B's service (see
   ``write_summary``); per-round keys that pfl does not report (the last round's values under
   ``eval.select: best_test``) are removed. A sweep therefore optimises the number pfl reports.
+- Platform: summary.json's ``platform`` (where the run computed its numbers, ``pfl.numeric_platform``)
+  goes into the run's config at the end, as ``platform``: its one-line ``label`` and its fields
+  (``platform_config``), so runs of a sweep across machines can be grouped and filtered by machine.
+  It is config, not summary: the summary stays the reported numbers.
 - Console: W&B starts silently; one line at the end says where the run is (and how to upload it).
 """
 
@@ -30,6 +34,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from pfl import numeric_platform
 from pfl.config import RunConfig
 from pfl.data.ecosystem import dataset_label
 from pfl.data.sources import is_natural
@@ -162,6 +167,8 @@ class WandbRun(Callback):
         for plot in sorted(self.run_dir.glob("*.png")):  # written by FileOutputs, which runs first
             media[f"plots/{plot.stem}"] = wandb.Image(str(plot), caption=plot.stem)
         write_summary(self.run.summary, summary, media, loop.history)
+        # a resume on another machine replaces the platform a finished run's first process recorded
+        self.run.config.update({"platform": platform_config(summary["platform"])}, allow_val_change=True)
         offline = self.run.offline
         where = self.run.settings.sync_dir if offline else self.run.url
         self.run.finish()
@@ -171,6 +178,12 @@ class WandbRun(Callback):
             print(f"W&B run {self.identity.id} (offline): {where}\n  upload it with: wandb sync {where}", flush=True)
         else:
             print(f"W&B run {self.identity.id} (online): {where}", flush=True)
+
+
+def platform_config(rec: dict[str, Any]) -> dict[str, Any]:
+    """summary.json's ``platform`` as the W&B config's ``platform``: ``label`` (``numeric_platform.label``,
+    one value to group runs by) and the recorded fields (``torch``, ``cpu``, ``cpu_kernels``, ...)."""
+    return {"label": numeric_platform.label(rec), **rec}
 
 
 def reported_summary(summary: dict[str, Any]) -> dict[str, Any]:

@@ -34,11 +34,17 @@ import traceback
 from pathlib import Path
 from typing import IO, Any
 
-from pfl.errors import EXIT_BAD_INPUT, EXIT_DIVERGED
+from pfl.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, require
 
 MAX_RUNS = 40  # per worker process, then a fresh one (bounds what leaks across runs)
 STDERR_LIMIT = 20_000  # characters of a run's stderr kept for its error line
 CLEAN_EXITS = (0, EXIT_BAD_INPUT, EXIT_DIVERGED)  # pfl.cli's own verdicts: the process is sound
+
+
+def require_workers(workers: int) -> None:
+    """Refuse a number of worker processes below 1 (``--workers`` of ``pfl sweep`` and ``pfl reproduce``),
+    before anything runs."""
+    require(workers >= 1, "--workers", f"{workers} is not a number of worker processes", "give 1 or more")
 
 
 def run_child(argv: list[str], env: dict[str, str]) -> tuple[int, str, float | None]:

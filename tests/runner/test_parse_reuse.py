@@ -1,12 +1,15 @@
 """What a fit parse keeps for the next one (a suite or sweep parses hundreds of runs): the parser's defaults,
-worked out once, and what a config file names, read once per text."""
+worked out once, and what a config file names, read once per text; and what a resume's parse reads once."""
 
 from __future__ import annotations
 
 import jsonargparse
+import pytest
+import yaml
 
-from pfl.runner import method_choice
-from pfl.runner.args import build_fit_parser
+from pfl.errors import ConfigError
+from pfl.runner import args, method_choice
+from pfl.runner.args import build_fit_parser, default_config
 from pfl.runner.method_choice import method_from_argv, method_in_file
 
 
@@ -50,3 +53,23 @@ def test_a_config_file_naming_its_method_through_the_environment_follows_it(tmp_
     assert method_from_argv(["--config", str(mine)])[0] == "ditto"
     monkeypatch.setenv("PFL_TEST_METHOD", "local")
     assert method_from_argv(["--config", str(mine)])[0] == "local"
+
+
+def test_a_resume_reads_its_recorded_method_and_builds_its_parser_once(tmp_path, monkeypatch):
+    """The recorded method names the parser of both the resume's options and its recorded settings, and
+    which options predate the recorded run: each is worked out once."""
+    run = tmp_path / "old"
+    run.mkdir()
+    recorded = default_config("pfedme")
+    del recorded["method"]["weighting"]  # a run from before the option: it trained with weighting: samples
+    (run / "config.yaml").write_text(yaml.safe_dump(recorded))
+    named, built, predating = [], [], []
+    monkeypatch.setattr(args, "method_in_file", lambda path: named.append(path) or method_in_file(path))
+    monkeypatch.setattr(args, "build_fit_parser", lambda name: built.append(name) or build_fit_parser(name))
+    predating_args = args.predating_args
+    monkeypatch.setattr(args, "predating_args", lambda path, name: predating.append(name) or predating_args(path, name))
+    cfg = args.parse_fit_args(["--resume", str(run), "--trainer.rounds", "60"])[0]
+    assert cfg.method.weighting == "samples" and cfg.trainer.rounds == 60
+    assert (named, built, predating) == ([run / "config.yaml"], ["pfedme"], ["pfedme"])
+    with pytest.raises(ConfigError, match=r"may not change method\.weighting \('samples' -> 'uniform'\)"):
+        args.parse_fit_args(["--resume", str(run), "--method.weighting", "uniform"])

@@ -242,6 +242,40 @@ def test_a_sweep_with_failed_runs_saves_the_table_of_those_that_finished(tmp_pat
     assert not (tmp_path / "other" / "results.md").exists()
 
 
+def test_the_sweeps_table_notes_runs_of_more_than_one_platform_on_stderr(tmp_path, monkeypatch, capsys):
+    import pfl.runner.sweep as sweep
+    from pfl.cli import main
+    from tests.helpers.reports import config, write_run
+
+    path = ROOT / "sweeps" / "fedprox_mu.yaml"  # 4 runs
+    amd = {"torch": "2.14.1", "cpu": "AMD EPYC", "cpu_kernels": "AVX2", "threads": 1}
+    kernels: list[str] = []
+
+    def finish(argvs, workers, fresh):  # the runs as fit writes them, each on the platform of its kernels
+        for mu, (argv, cpu_kernels) in enumerate(zip(argvs.values(), kernels, strict=True)):
+            root, name = Path(argv[argv.index("--tracking.root") + 1]), argv[argv.index("--tracking.name") + 1]
+            cfg = config("fedprox", 0, root, name, mu=mu)
+            run = write_run(root, name, "fedprox", {"pm.l_acc.mean": 0.5}, config=cfg)
+            summary = json.loads((run / "summary.json").read_text())
+            summary["platform"] = {**amd, "cpu_kernels": cpu_kernels}
+            (run / "summary.json").write_text(json.dumps(summary))
+
+    monkeypatch.setattr(sweep, "run_parallel", finish)
+    kernels[:] = ["AVX2"] * 4
+    assert main(["sweep", str(path), "--root", str(tmp_path / "one")]) == 0
+    out, err = capsys.readouterr()
+    assert out == (tmp_path / "one" / "results.md").read_text() and "| mu" in out  # stdout: the table alone
+    assert err == ""  # one platform: nothing to note
+    kernels[:] = ["AVX2", "AVX512", "AVX2", "AVX2"]
+    assert main(["sweep", str(path), "--root", str(tmp_path / "two")]) == 0
+    out, err = capsys.readouterr()
+    assert out == (tmp_path / "two" / "results.md").read_text()
+    assert err.count("\n") == 1 and err.startswith(
+        "note: Numbers computed on 2 platforms (torch 2.14.1, AMD EPYC (AVX2 kernels, 1 thread): 3 run(s); "
+        "torch 2.14.1, AMD EPYC (AVX512 kernels, 1 thread): 1 run(s)). The same run can give other numbers"
+    )
+
+
 def test_a_refused_second_sweep_names_the_first_three_runs_it_found(tmp_path, monkeypatch):
     import pfl.runner.sweep as sweep
 

@@ -1,6 +1,7 @@
 """W&B tells the truth, read back from the offline run's own transaction log (``run-<id>.wandb``):
-its summary equals summary.json, ids are unique across sweeps and reruns, a killed and resumed run is
-one W&B run with the whole history, and W&B's console output stays out of the progress bar."""
+its summary equals summary.json, its config carries summary.json's platform, ids are unique across sweeps
+and reruns, a killed and resumed run is one W&B run with the whole history, and W&B's console output stays
+out of the progress bar."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from pfl import numeric_platform
 from pfl.cli import main
 from pfl.runner import wandb_identity, wandb_run
 from pfl.runner.args import parse_fit_args
@@ -113,6 +115,25 @@ def summary(recs: list[Any]) -> dict[str, Any]:
     return out
 
 
+def run_config(recs: list[Any]) -> dict[str, Any]:
+    """The run's final config: the run record's, then every config record's updates and removals, in order."""
+    out: dict[str, Any] = {}
+    for r in recs:
+        kind = r.WhichOneof("record_type")
+        if kind in ("run", "config"):
+            items = r.run.config if kind == "run" else r.config
+            for item in items.update:
+                out[_key(item)] = json.loads(item.value_json)
+            for item in items.remove:
+                out.pop(_key(item), None)
+    return out
+
+
+def platform_entries(reported: dict[str, Any]) -> dict[str, Any]:
+    """What the W&B config's ``platform`` holds for a run whose summary.json is ``reported``."""
+    return {"label": numeric_platform.label(reported["platform"]), **reported["platform"]}
+
+
 def offline_logs(run_dir: Path) -> list[Path]:
     return sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
 
@@ -150,6 +171,10 @@ def test_wandb_summary_equals_summary_json(offline, capfd):
     assert all(same(kept[k], v) for k, v in expected.items()), {k: (kept[k], v) for k, v in expected.items()}
     # the history is every evaluated round at step = round
     assert [row["_step"] for row in history(recs)] == [1, 2, 3, 4]
+    # the platform is config (W&B groups and filters runs by it), beside the run's settings
+    config = run_config(recs)
+    assert config["platform"] == platform_entries(reported) and config["platform"]["cpu_kernels"]
+    assert config["seed"] == 0 and config["client"]["lr"] == 0.5
     # W&B started silently: none of its console lines, one line of pfl's at start and one at the end
     out = capfd.readouterr()
     assert "wandb:" not in out.out + out.err
@@ -290,6 +315,33 @@ def test_killed_then_resumed_run_is_one_wandb_run_with_the_whole_history(offline
     reported = json.loads((run_dir / "summary.json").read_text())
     kept = reported_metrics(summary(recs))
     assert all(same(kept[k], v) for k, v in reported["metrics"].items())
+    assert run_config(recs)["platform"] == platform_entries(reported)  # the resumed process's, as in summary.json
+
+
+def test_a_resumed_run_replaces_the_platform_its_wandb_config_holds(tmp_path):
+    """Online, W&B's resume brings back the config of the run's earlier process: a finished run resumed
+    with more rounds on another machine changes its platform there, which W&B refuses unless allowed."""
+    from wandb.sdk.wandb_config import Config
+
+    class Run:
+        config, summary, offline, url = Config(), {}, False, "https://wandb.ai/r"
+
+        def finish(self):
+            pass
+
+    class Loop:
+        selected_rows: list = []
+        history: list = []
+
+    ident = wandb_identity.WandbIdentity("x-1", "x", "p", "g")
+    callback = wandb_run.WandbRun(ident, tmp_path, {})
+    callback.run, callback.mode = Run(), "disabled"
+    callback.run.config.update({"platform": {"label": "an earlier machine", "cpu": "Intel"}})
+    amd = {"torch": "2.14.1", "cpu": "AMD EPYC", "cpu_kernels": "AVX2", "threads": 1}
+    reported = {"metrics": {"pm.l_acc.mean": 0.5}, "selected_round": 3, "platform": amd}
+    callback.on_fit_end(Loop(), reported)
+    assert dict(callback.run.config) == {"platform": platform_entries(reported)}
+    assert callback.run.summary == {"pm.l_acc.mean": 0.5, "selected_round": 3}  # the platform is no summary entry
 
 
 # -- sweep files and the runner's progress -----------------------------------------------------------

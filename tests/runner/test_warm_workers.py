@@ -24,6 +24,7 @@ from pfl.runner.warm_workers import (
     WorkerPool,
     close_all,
     release_memory,
+    require_workers,
     run_child,
     run_one,
     serve,
@@ -83,6 +84,14 @@ def test_a_failed_process_is_replaced_and_reported_as_python_m_pfl_would_end(tmp
         assert w.run(["methods"])[0] == 0 and w.proc.pid != pid
     finally:
         w.close()
+
+
+def test_a_number_of_workers_below_one_is_refused_in_one_line_naming_the_option():
+    require_workers(1)  # the least: one worker process
+    for workers in (0, -1):
+        with pytest.raises(ConfigError) as refused:
+            require_workers(workers)
+        assert str(refused.value) == f"--workers: {workers} is not a number of worker processes (give 1 or more)"
 
 
 def test_a_worker_is_replaced_after_max_runs():
