@@ -50,6 +50,7 @@ def imported_by(*argv: str) -> set[str]:
         ["reproduce", "--help"],
         ["reproduce", "--only", "fedora_rotatd"],
         ["reproduce", "--workers", "0"],
+        ["reproduce", "--only", "pgfed_table", "--runs", "pfedmee"],
     ],
     ids=" ".join,
 )

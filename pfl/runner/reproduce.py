@@ -40,10 +40,11 @@ from pfl.runner.claims import (
     claim_verdict,
     client_pairs,
     client_rows,
+    only_runs,
     verdict_text,
 )
 from pfl.runner.fit_help import method_defaults
-from pfl.runner.reproduce_options import check_suite_options, parse_args
+from pfl.runner.reproduce_options import check_runs, check_suite_options, parse_args
 from pfl.runner.rundir import check_creatable
 from pfl.runner.suite_estimate import Planned, device_label, estimate, evaluations, split_of
 from pfl.runner.sweep import run_parallel
@@ -316,6 +317,7 @@ def run_claims(
     fresh: bool = False,
     keep_checkpoints: bool = False,
     pool: WorkerPool | None = None,
+    runs: list[str] | None = None,
 ) -> Path:
     """Run the claims over their seeds in ``workers`` processes and write ``out/REPORT.md``. ``quick``:
     the first seed and 1/10 of the rounds, no lr grid (a smoke test: every verdict is indicative).
@@ -324,11 +326,15 @@ def run_claims(
     machine's cores, one run per worker). ``fresh``: a new process per run instead of warm workers
     (``pfl.runner.warm_workers``). ``keep_checkpoints``: each run leaves its final checkpoint (``checkpoint_flags``).
     The warm workers serve every phase (lr grid, its edge steps, the claims' runs) and end with the suite, or
-    wait in ``pool`` when one is given (several suites in one session)."""
+    wait in ``pool`` when one is given (several suites in one session). ``runs``: only these labels of the
+    claims (``only_runs``: a partial table of each claim that has any of them)."""
     every = all_claims()
     check_suite_options([c.key for c in every], only, workers, accelerator)
+    check_runs(every, only, runs)
     check_creatable(out, "--out")
     claims = [c for c in every if not only or c.key in only]
+    if runs:
+        claims = [p for p in (only_runs(c, runs) for c in claims) if p is not None]
     settings = (quick, workers, reuse, accelerator, fresh, keep_checkpoints)
     if pool is not None:
         return _run_claims(out, claims, *settings, pool)
@@ -757,21 +763,35 @@ def claim_section(
     seeds = sorted(s)
     lines += [f"Mean ± std over {len(seeds)} seed(s) ({', '.join(map(str, seeds))}):", ""]
     lines += render(header, rows, best).splitlines()
+    if claim.partial:
+        lines += ["", f"Partial: only the runs {', '.join(claim.runs)} (`--runs`); the verdict covers their contrasts."]
     if claim.notes is not None:
-        lines += ["", *claim.notes(s)]
+        lines += ["", *_sentences(claim, claim.notes, s)]
     try:
         contrasts = claim.contrasts(s)
     except (KeyError, ValueError) as missing:  # a run every contrast needs failed on every seed
         contrasts, lines = [], [*lines, "", f"Not decidable: {missing!s} has no result."]
     result = claim_verdict(contrasts) + (" (indicative, 1 seed)" if len(seeds) < 2 else "")
+    result += " (partial)" if claim.partial else ""
     lines += ["", *contrast_table(contrasts, seeds), "", f"**Verdict: {result}**"]
     if not result.startswith("held") and claim.diagnose is not None:
-        lines += ["", "Measured causes:", "", *(f"- {sentence}" for sentence in claim.diagnose(s))]
+        lines += ["", "Measured causes:", "", *(f"- {sentence}" for sentence in _sentences(claim, claim.diagnose, s))]
     title = f"{claim.paper}: {claim.key} ({result})"
     plot = seed_plot(s, claim.plot_metric, out / f"{claim.key}.png", claim.winner, title)
     lines += ["", f"![{claim.key}]({plot.name})", "", *comparison_plots(claim.key, finished, out, title)]
     lines += [f"({spent.text()})", ""]
     return lines, result
+
+
+def _sentences(claim: Claim, write: Callable[[SeedSummaries], list[str]], s: SeedSummaries) -> list[str]:
+    """A claim's notes or causes (``write``); for a partial table (``--runs``), a run they need that did not
+    run is named instead."""
+    try:
+        return write(s)
+    except KeyError as missing:
+        if not claim.partial:
+            raise
+        return [f"Not computed: needs the run {missing!s}, not among `--runs`."]
 
 
 def comparison_plots(key: str, finished: list[Job], out: Path, title: str) -> list[str]:
@@ -888,6 +908,7 @@ def run_parsed(args: argparse.Namespace) -> None:
             args.accelerator,
             args.fresh_processes,
             args.keep_checkpoints,
+            runs=args.runs,
         )  # fmt: skip
     )
 

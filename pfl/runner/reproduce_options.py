@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from pfl.errors import CommandParser, require
-from pfl.runner.claims import all_claims
+from pfl.runner.claims import Claim, all_claims
 from pfl.runner.warm_workers import require_workers
 from pfl.suggest import choice_fix
 
@@ -33,11 +33,26 @@ def check_suite_options(keys: list[str], only: list[str] | None, workers: int, a
             "give auto (a GPU when there is one), cpu or cuda")  # fmt: skip
 
 
+def check_runs(claims: list[Claim], only: list[str] | None, runs: list[str] | None) -> None:
+    """Refuse, in one line naming ``--runs``, a label that is no run of the claims chosen (``only``: all when
+    None), with the closest label."""
+    labels = sorted({label for c in claims if not only or c.key in only for label in c.runs})
+    for label in runs or []:
+        require(label in labels, "--runs", f"{label!r} is not a run of the claims chosen", choice_fix(label, labels))
+
+
 def parser(keys: list[str]) -> CommandParser:
     """``python -m pfl reproduce``'s options; ``keys``: the suite's claims, named in ``--only``'s help."""
     p = CommandParser(prog="python -m pfl reproduce", description="Run the paper-reproduction suite.")
     p.add_argument("--out", type=Path, default=Path("reproduce"))
     p.add_argument("--only", nargs="*", default=None, help=f"claims to run: {', '.join(keys)}")
+    p.add_argument(
+        "--runs",
+        nargs="+",
+        default=None,
+        help="only these runs (labels) of the claims, with their lr grids: a partial table, whose verdict covers "
+        "the contrasts among them",
+    )
     p.add_argument("--quick", action="store_true", help="first seed, 1/10 of the rounds, no lr grid (a smoke test)")
     p.add_argument(
         "--workers", type=int, default=None, help="runs in parallel (default: one per core; they share a GPU)"
@@ -64,8 +79,10 @@ def parser(keys: list[str]) -> CommandParser:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The parsed command line, its options checked (``check_suite_options``); ``workers`` filled in."""
-    keys = [c.key for c in all_claims()]
+    claims = all_claims()
+    keys = [c.key for c in claims]
     args = parser(keys).parse_args(argv)
     args.workers = default_workers() if args.workers is None else args.workers
     check_suite_options(keys, args.only, args.workers, args.accelerator)
+    check_runs(claims, args.only, args.runs)
     return args

@@ -323,6 +323,40 @@ def test_only_the_named_claims_run(fake, tmp_path, monkeypatch):
     assert fake.calls[0][1][0] == "other/local/s0" and "## Paper: tiny" not in report and "| tiny |" not in report
 
 
+def test_runs_limits_each_claim_to_those_labels_and_its_verdict_to_their_contrasts(fake, tmp_path, monkeypatch):
+    scores = {**SCORES, ("fedavg", 0): 0.4, ("fedavg", 1): 0.45}
+    fake.score = lambda name, argv: scores[(name.split("/")[-2], int(flag(argv, "--seed")))]
+    runs = {**RUNS, "fedavg": ["--method.name", "fedavg"]}
+    seen: list[list[str]] = []
+
+    def causes(s):
+        seen.append(sorted({label for runs in s.values() for label in runs}))
+        return [f"{s[0]['fedavg']}"]  # a cause that reads a run left out
+
+    claim = tiny_claim(runs=runs, contrasts=beats("fedavg", ["local", "ditto"], "pm.l_acc"), diagnose=causes)
+    without = tiny_claim(key="without", runs={"solo": runs["fedavg"]})  # none of the labels asked for
+    monkeypatch.setattr(rep, "all_claims", lambda: [claim, without])
+    tiny = section(rep.run_claims(tmp_path, runs=["local", "fedavg"]).read_text(), "tiny")
+    ran = {name for _, jobs, _ in fake.calls for name in jobs}
+    assert ran == {"tiny/local/s0", "tiny/local/s1", "tiny/fedavg/s0", "tiny/fedavg/s1"}
+    assert "Partial: only the runs local, fedavg (`--runs`); the verdict covers their contrasts." in tiny
+    assert "fedavg - local (pm.l_acc)" in tiny and "fedavg - ditto" not in tiny  # no result: left out
+    assert "**Verdict: not held (partial)**" in tiny and seen == [["fedavg", "local"]]
+    assert "- Not computed: needs the run 'fedavg', not among `--runs`." not in tiny  # fedavg ran: no KeyError
+    assert "## Paper: without" not in rep.run_claims(tmp_path / "b", runs=["local"]).read_text()
+    assert not (tmp_path / "without").exists()
+
+
+def test_a_partial_claims_notes_name_a_run_they_need_that_did_not_run(fake, tmp_path, monkeypatch):
+    claim = tiny_claim(notes=lambda s: [f"ditto scored {s[0]['ditto']['metrics']['pm.l_acc.mean']}"])
+    monkeypatch.setattr(rep, "all_claims", lambda: [claim])
+    tiny = section(rep.run_claims(tmp_path, runs=["local"]).read_text(), "tiny")
+    assert "\n\nNot computed: needs the run 'ditto', not among `--runs`.\n" in tiny
+    monkeypatch.setattr(rep, "all_claims", lambda: [tiny_claim(notes=claim.notes, runs={"local": RUNS["local"]})])
+    with pytest.raises(KeyError):  # a whole claim's notes that fail are a fault, not a partial table
+        rep.run_claims(tmp_path / "whole")
+
+
 def test_a_claim_not_held_lists_its_measured_causes_and_one_held_does_not(fake, tmp_path, monkeypatch):
     causes = lambda s: [f"{len(s)} seeds measured", "second cause"]  # noqa: E731
     monkeypatch.setattr(
@@ -464,13 +498,14 @@ def test_every_phase_of_a_suite_runs_in_one_pool_of_warm_workers_that_ends_with_
     [
         ({"only": ["tiny", "tinny"]}, r"--only: 'tinny' is not a claim of the suite \(did you mean tiny\?\)"),
         ({"workers": 0}, r"--workers: 0 is not a number of worker processes \(give 1 or more\)"),
+        ({"runs": ["local", "dito"]}, r"--runs: 'dito' is not a run of the claims chosen \(did you mean ditto\?\)"),
         (
             {"accelerator": "gpu"},
             r"--accelerator: 'gpu' is not one the suite runs on \(give auto \(a GPU when there is one\), cpu or cuda\)",
         ),
     ],
 )
-def test_an_unknown_claim_accelerator_or_no_worker_is_refused_before_anything_runs(fake, tmp_path, kw, problem):
+def test_an_unknown_claim_or_run_accelerator_or_no_worker_is_refused_before_anything_runs(fake, tmp_path, kw, problem):
     with pytest.raises(ConfigError, match=f"^{problem}$"):
         rep.run_claims(tmp_path / "out", **kw)
     assert fake.calls == [] and not (tmp_path / "out").exists()
@@ -1172,21 +1207,25 @@ def test_seed_plot_of_a_metric_no_run_measured_is_an_empty_axis_from_0_to_1(tmp_
 
 def test_the_command_passes_its_options_to_the_suite_and_prints_the_reports_path(monkeypatch, capsys):
     calls = []
-    monkeypatch.setattr(rep, "run_claims", lambda *a: calls.append(a) or Path("out/REPORT.md"))
+    monkeypatch.setattr(rep, "run_claims", lambda *a, runs: calls.append((*a, runs)) or Path("out/REPORT.md"))
     monkeypatch.setattr(options, "all_claims", lambda: [tiny_claim(key="a"), tiny_claim(key="b")])
     monkeypatch.setattr(options.os, "cpu_count", lambda: 2)
     rep.main([])
-    assert calls[-1] == (Path("reproduce"), None, False, 2, False, "auto", False, False)
+    assert calls[-1] == (Path("reproduce"), None, False, 2, False, "auto", False, False, None)
     rep.main(["--out", "x", "--only", "a", "b", "--quick", "--workers", "3", "--reuse", "--accelerator", "cpu"])
-    assert calls[-1] == (Path("x"), ["a", "b"], True, 3, True, "cpu", False, False)
+    assert calls[-1] == (Path("x"), ["a", "b"], True, 3, True, "cpu", False, False, None)
     assert capsys.readouterr().out == "out/REPORT.md\nout/REPORT.md\n"
     rep.main(["--fresh-processes"])
-    assert calls[-1][-2:] == (True, False)
-    rep.main(["--keep-checkpoints"])
-    assert calls[-1][-2:] == (False, True)
+    assert calls[-1][-3:] == (True, False, None)
+    rep.main(["--keep-checkpoints", "--runs", "ditto", "local"])
+    assert calls[-1][-3:] == (False, True, ["ditto", "local"])
     with pytest.raises(ConfigError, match=r"^reproduce: argument --accelerator: invalid choice: 'tpu'.*\(usage: "):
         rep.main(["--accelerator", "tpu"])  # one line, as every bad input of the command line
-    for argv, field in ((["--only", "a", "c"], "--only"), (["--workers", "0"], "--workers")):
+    for argv, field in (
+        (["--only", "a", "c"], "--only"),
+        (["--workers", "0"], "--workers"),
+        (["--runs", "x"], "--runs"),
+    ):
         with pytest.raises(ConfigError) as err:
             rep.main(argv)  # refused by the parse, before the suite is asked for anything
         assert err.value.field == field

@@ -14,7 +14,7 @@ import math
 import pkgutil
 import statistics
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -120,9 +120,24 @@ class Claim:
     lr_grid: LrGrid | None = None
     plot_metric: str = "pm.l_acc.mean"
     notes: Callable[[SeedSummaries], list[str]] | None = None  # flags printed under the table (any verdict)
+    partial: bool = False  # only some of the claim's runs (``only_runs``): its verdict covers their contrasts
 
     def methods(self) -> set[str]:
         return {args[args.index("--method.name") + 1] for args in self.runs.values() if "--method.name" in args}
+
+
+def only_runs(claim: Claim, labels: Iterable[str]) -> Claim | None:
+    """``claim`` restricted to its runs among ``labels`` (None when it has none of them): their lr grids and
+    seeds run, and only the contrasts with a result on some seed are reported (those between runs that ran)."""
+    kept = {label: argv for label, argv in claim.runs.items() if label in set(labels)}
+    if not kept:
+        return None
+    full = claim.contrasts
+
+    def contrasts(s: SeedSummaries) -> list[Contrast]:
+        return [c for c in full(s) if c.diffs]
+
+    return replace(claim, runs=kept, contrasts=contrasts, partial=True)
 
 
 def method_args(name: str, *extra: str) -> list[str]:
