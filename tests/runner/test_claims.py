@@ -22,6 +22,7 @@ from pfl.runner.claims import (
     client_pairs,
     client_scores,
     method_args,
+    only_runs,
     paired,
     standing,
     verdict,
@@ -29,6 +30,19 @@ from pfl.runner.claims import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+# -- a partial claim (--runs) --------------------------------------------------------------------------
+def test_only_runs_keeps_those_labels_and_the_contrasts_with_a_result():
+    runs = {"a": method_args("fedavg"), "b": method_args("local"), "c": method_args("ditto")}
+    claim = Claim("k", "P", "a beats b and c", [], runs, beats("a", ["b", "c"], "acc"), winner="a")
+    part = only_runs(claim, ["c", "a", "z"])
+    assert part.runs == {"a": runs["a"], "c": runs["c"]} and part.partial and not claim.partial
+    assert (part.key, part.winner, list(claim.runs)) == ("k", "a", ["a", "b", "c"])  # the claim itself unchanged
+    s = {seed: {"a": {"metrics": {"acc": 0.9}}, "c": {"metrics": {"acc": 0.7 + seed / 10}}} for seed in (0, 1)}
+    assert [(c.name, c.diffs) for c in part.contrasts(s)] == [("a - c (acc)", pytest.approx({0: 0.2, 1: 0.1}))]
+    assert [c.name for c in claim.contrasts(s)] == ["a - b (acc)", "a - c (acc)"]  # whole: every contrast
+    assert only_runs(claim, ["z"]) is None
 
 
 # -- verdicts -------------------------------------------------------------------------------------
