@@ -347,6 +347,14 @@ def test_runs_limits_each_claim_to_those_labels_and_its_verdict_to_their_contras
     assert not (tmp_path / "without").exists()
 
 
+def test_runs_are_checked_against_the_runs_of_the_claims_chosen_only():
+    claims = [tiny_claim(), tiny_claim(key="other", runs={"solo": RUNS["local"]})]
+    options.check_runs(claims, ["other"], ["solo"])
+    options.check_runs(claims, None, ["ditto", "solo"])
+    with pytest.raises(ConfigError, match=r"^--runs: 'ditto' is not a run of the claims chosen \(choose one of solo\)$"):
+        options.check_runs(claims, ["other"], ["ditto"])
+
+
 def test_a_partial_claims_notes_name_a_run_they_need_that_did_not_run(fake, tmp_path, monkeypatch):
     claim = tiny_claim(notes=lambda s: [f"ditto scored {s[0]['ditto']['metrics']['pm.l_acc.mean']}"])
     monkeypatch.setattr(rep, "all_claims", lambda: [claim])
