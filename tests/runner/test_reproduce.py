@@ -340,6 +340,7 @@ def test_runs_limits_each_claim_to_those_labels_and_its_verdict_to_their_contras
     ran = {name for _, jobs, _ in fake.calls for name in jobs}
     assert ran == {"tiny/local/s0", "tiny/local/s1", "tiny/fedavg/s0", "tiny/fedavg/s1"}
     assert "Partial: only the runs local, fedavg (`--runs`); the verdict covers their contrasts." in tiny
+    assert tiny.index("| fedavg | fedavg |") < tiny.index("Partial: only")  # under the table of the runs that ran
     assert "fedavg - local (pm.l_acc)" in tiny and "fedavg - ditto" not in tiny  # no result: left out
     assert "**Verdict: not held (partial)**" in tiny and seen == [["fedavg", "local"]]
     assert "- Not computed: needs the run 'fedavg', not among `--runs`." not in tiny  # fedavg ran: no KeyError
