@@ -352,7 +352,8 @@ def test_runs_are_checked_against_the_runs_of_the_claims_chosen_only():
     claims = [tiny_claim(), tiny_claim(key="other", runs={"solo": RUNS["local"]})]
     options.check_runs(claims, ["other"], ["solo"])
     options.check_runs(claims, None, ["ditto", "solo"])
-    with pytest.raises(ConfigError, match=r"^--runs: 'ditto' is not a run of the claims chosen \(choose one of solo\)$"):
+    refused = r"^--runs: 'ditto' is not a run of the claims chosen \(choose one of solo\)$"
+    with pytest.raises(ConfigError, match=refused):
         options.check_runs(claims, ["other"], ["ditto"])
 
 
