@@ -43,6 +43,7 @@ def test_only_runs_keeps_those_labels_and_the_contrasts_with_a_result():
     assert [(c.name, c.diffs) for c in part.contrasts(s)] == [("a - c (acc)", pytest.approx({0: 0.2, 1: 0.1}))]
     assert [c.name for c in claim.contrasts(s)] == ["a - b (acc)", "a - c (acc)"]  # whole: every contrast
     assert only_runs(claim, ["z"]) is None
+    assert only_runs(claim, iter(["c", "a"])).runs == part.runs  # labels read once, a one-pass iterator too
 
 
 # -- verdicts -------------------------------------------------------------------------------------

@@ -129,7 +129,8 @@ class Claim:
 def only_runs(claim: Claim, labels: Iterable[str]) -> Claim | None:
     """``claim`` restricted to its runs among ``labels`` (None when it has none of them): their lr grids and
     seeds run, and only the contrasts with a result on some seed are reported (those between runs that ran)."""
-    kept = {label: argv for label, argv in claim.runs.items() if label in set(labels)}
+    wanted = set(labels)  # once: ``labels`` may be a one-pass iterator
+    kept = {label: argv for label, argv in claim.runs.items() if label in wanted}
     if not kept:
         return None
     full = claim.contrasts
