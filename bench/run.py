@@ -1,5 +1,5 @@
 """``make bench``: overhead vs plain PyTorch, scaling with N, per-method cost, vectorized clients,
-lockstep's handoff, checkpoint cost against N, a ResNet-18 round.
+lockstep's handoff, checkpoint cost against N, a ResNet-18 round, the quickstart notebook's run time.
 
 Writes bench/results.json and prints the tables that docs/performance.md quotes. Every timing is
 the best of a few interleaved blocks after a warm-up round, on ``--threads`` intra-op threads
@@ -23,6 +23,7 @@ import torch
 from bench.checkpoint import SHARE_CLIENTS, SHARE_LIMIT, SHARE_PER_ROUND, checkpoint_point, cost_share, method_shares
 from bench.common import bench_config, cifar_like, make_loop, mnist_like
 from bench.handoff import CALLS, CLIENTS, bench_worker, handoff_costs
+from bench.notebook import quickstart_seconds
 from bench.overhead import PlainFedAvg, overhead
 from bench.scaling import interleaved_round_s, method_costs
 from bench.vmap import compare
@@ -254,6 +255,7 @@ def report(results: dict) -> str:
             [results["resnet"]],
             [("params", "params", "d"), ("round_s", "s/round", ".2f"), ("samples_per_s", "samples/s", ".1f")],
         ),
+        f"\nQuickstart notebook (docs/quickstart.ipynb, executed in a Jupyter kernel): {results['quickstart_s']:.1f} s",
         f"\ntotal {results['seconds']:.0f} s",
     ]
     return "\n".join(parts)
@@ -278,6 +280,7 @@ def main(argv: list[str] | None = None) -> dict:
         "handoff": run_handoff(),
         "checkpoint": run_checkpoint(),
         "resnet": run_resnet(),
+        "quickstart_s": quickstart_seconds(),
     }
     results["seconds"] = time.perf_counter() - t0
     args.out.write_text(json.dumps(results, indent=2))

@@ -15,6 +15,7 @@ import copy
 import functools
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -160,8 +161,9 @@ def parse_fit_args(
     name, argv = method_from_argv(argv)
     predating: list[str] = []
     if resume_dir is not None:
-        check_resume_method(resume_dir, name)  # name is the recorded method from here on
-        predating = predating_args(resume_dir / "config.yaml", name)
+        recorded = RecordedConfig.read(resume_dir)
+        check_resume_method(recorded, name)  # name is the recorded method from here on
+        predating = predating_args(recorded, name)
         argv = [*argv[:2], *predating, *argv[2:]]  # after --config DIR
     if parsers is None:
         parser = build_fit_parser(name)
@@ -171,7 +173,7 @@ def parse_fit_args(
         parser = parsers[name] = build_fit_parser(name)
     ns = _parse(parser, argv)
     if resume_dir is not None:
-        check_resume_overrides(resume_dir, ns, parser, predating)
+        check_resume_overrides(recorded, ns, parser, predating)
     method_args = ns.method.clone().as_dict()
     method_args.pop("name", None)
     method = build_method(method_class(name), method_args)
@@ -237,26 +239,51 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class RecordedConfig:
+    """A run folder's config.yaml, read once by a resume: the method it names and, when the file uses
+    Lightning's class_path form, its text in pfl's form (``method_in_file``), which every check then
+    reads as the fit's own parse does."""
+
+    path: Path
+    method: str
+    rewritten: str | None
+
+    @classmethod
+    def read(cls, run_dir: Path) -> RecordedConfig:
+        path = run_dir / "config.yaml"
+        found, rewritten = method_in_file(path)
+        return cls(path, found or DEFAULT_METHOD, rewritten)
+
+    def config_args(self) -> list[str]:
+        """``--config`` as the parser reads this file."""
+        return ["--config", self.rewritten or str(self.path)]
+
+    def method_group(self) -> Any:
+        """The file's ``method:`` group in pfl's form (None when it has none)."""
+        return load_yaml(self.path, self.rewritten or read_text(self.path)).get("method")
+
+
 def resume_changes(
-    run_dir: Path, ns: Namespace, parser: ArgumentParser, predating: list[str]
+    recorded: RecordedConfig, ns: Namespace, parser: ArgumentParser, predating: list[str]
 ) -> dict[str, tuple[Any, Any]]:
-    """``{key: (recorded, now)}`` for every setting ``ns`` changes from ``run_dir/config.yaml``, read by
-    ``parser``, the recorded method's (a resume keeps it: ``check_resume_method``), with ``predating``, its
-    ``predating_args`` for that file."""
-    recorded_args = ["--config", str(run_dir / "config.yaml"), *predating]
-    recorded = _flatten(_parse(parser, recorded_args, "--resume").as_dict())
+    """``{key: (recorded, now)}`` for every setting ``ns`` changes from the ``recorded`` config.yaml, read
+    by ``parser``, the recorded method's (a resume keeps it: ``check_resume_method``), with ``predating``, its
+    ``predating_args``."""
+    recorded_args = [*recorded.config_args(), *predating]
+    before = _flatten(_parse(parser, recorded_args, "--resume").as_dict())
     now = _flatten(ns.as_dict())
-    keys = list(recorded) + [k for k in now if k not in recorded]
-    return {k: (recorded.get(k), now.get(k)) for k in keys if recorded.get(k) != now.get(k)}
+    keys = list(before) + [k for k in now if k not in before]
+    return {k: (before.get(k), now.get(k)) for k in keys if before.get(k) != now.get(k)}
 
 
-def predating_args(config: Path, name: str) -> list[str]:
-    """``--method.OPTION=VALUE`` for each of method ``name``'s ``predating_options`` that the recorded
-    ``config`` lacks: the run was trained before the option existed, under the rule that value gives."""
+def predating_args(recorded: RecordedConfig, name: str) -> list[str]:
+    """``--method.OPTION=VALUE`` for each of method ``name``'s ``predating_options`` that the ``recorded``
+    config.yaml lacks: the run was trained before the option existed, under the rule that value gives."""
     predating = method_class(name).predating_options
     if not predating:
         return []
-    method = load_yaml(config, read_text(config)).get("method")
+    method = recorded.method_group()
     given = set(method) if isinstance(method, DictConfig) else set()
     return [f"--method.{key}={value}" for key, value in predating.items() if key not in given]
 
@@ -271,22 +298,25 @@ def recorded_defaults(method_name: str) -> dict[str, Any] | None:
     return config
 
 
-def check_resume_method(run_dir: Path, name: str) -> None:
+def check_resume_method(recorded: RecordedConfig, name: str) -> None:
     """Refuse a resume that names another method than the recorded one: its options would be parsed
     against the recorded method's and fail on one of them, which misleads."""
-    recorded = method_in_file(run_dir / "config.yaml")[0] or DEFAULT_METHOD
-    if name != recorded:
+    if name != recorded.method:
         raise ConfigError(
             "--resume",
-            f"{run_dir} was recorded with method {recorded}; a resume may not change the method (got {name})",
+            f"{recorded.path.parent} was recorded with method {recorded.method}; a resume may not change the "
+            f"method (got {name})",
             f"resume without --method.name, or start a new run (another --tracking.name) to train {name}",
         )
 
 
-def check_resume_overrides(run_dir: Path, ns: Namespace, parser: ArgumentParser, predating: list[str]) -> None:
+def check_resume_overrides(
+    recorded: RecordedConfig, ns: Namespace, parser: ArgumentParser, predating: list[str]
+) -> None:
     """Refuse a resume whose overrides change what the recorded run is (``RESUME_ALLOWED``); ``parser`` and
     ``predating`` read the recorded config.yaml (``resume_changes``)."""
-    refused = {k: v for k, v in resume_changes(run_dir, ns, parser, predating).items() if k not in RESUME_ALLOWED}
+    run_dir = recorded.path.parent
+    refused = {k: v for k, v in resume_changes(recorded, ns, parser, predating).items() if k not in RESUME_ALLOWED}
     if refused:
         listing = ", ".join(f"{k} ({a!r} -> {b!r})" for k, (a, b) in refused.items())
         raise ConfigError(

@@ -67,7 +67,7 @@ def test_a_resume_reads_its_recorded_method_and_builds_its_parser_once(tmp_path,
     monkeypatch.setattr(args, "method_in_file", lambda path: named.append(path) or method_in_file(path))
     monkeypatch.setattr(args, "build_fit_parser", lambda name: built.append(name) or build_fit_parser(name))
     predating_args = args.predating_args
-    monkeypatch.setattr(args, "predating_args", lambda path, name: predating.append(name) or predating_args(path, name))
+    monkeypatch.setattr(args, "predating_args", lambda rec, name: predating.append(name) or predating_args(rec, name))
     cfg = args.parse_fit_args(["--resume", str(run), "--trainer.rounds", "60"])[0]
     assert cfg.method.weighting == "samples" and cfg.trainer.rounds == 60
     assert (named, built, predating) == ([run / "config.yaml"], ["pfedme"], ["pfedme"])

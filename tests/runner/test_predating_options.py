@@ -13,7 +13,7 @@ from pfl.cli import main
 from pfl.errors import ConfigError
 from pfl.methods.perfedavg import PerFedAvg
 from pfl.methods.pfedme import PFedMe
-from pfl.runner.args import default_config, parse_fit_args, predating_args, recorded_defaults
+from pfl.runner.args import RecordedConfig, default_config, parse_fit_args, predating_args, recorded_defaults
 from pfl.runner.fit_help import method_defaults
 from tests.helpers.reports import write_run
 
@@ -39,13 +39,13 @@ def test_a_resumed_run_from_before_the_option_keeps_the_rule_it_trained_with(tmp
     assert default_config(method)["method"]["weighting"] == "uniform"  # today's default: the paper's mean
     old = _recorded(tmp_path, "old", method, drop="weighting")
     new = _recorded(tmp_path, "new", method)
-    assert predating_args(old / "config.yaml", method) == ["--method.weighting=samples"]
-    assert predating_args(new / "config.yaml", method) == []
+    assert predating_args(RecordedConfig.read(old), method) == ["--method.weighting=samples"]
+    assert predating_args(RecordedConfig.read(new), method) == []
     assert parse_fit_args(["--resume", str(old), "--trainer.rounds", "60"])[0].method.weighting == "samples"
     assert parse_fit_args(["--resume", str(new), "--trainer.rounds", "60"])[0].method.weighting == "uniform"
     with pytest.raises(ConfigError, match=r"may not change method\.weighting \('samples' -> 'uniform'\)"):
         parse_fit_args(["--resume", str(old), "--method.weighting", "uniform"])
-    assert predating_args(old / "config.yaml", "fedavg") == []  # a method without such options reads nothing
+    assert predating_args(RecordedConfig.read(old), "fedavg") == []  # a method without such options reads nothing
 
 
 def test_the_report_counts_an_older_run_at_its_own_rule(tmp_path, capsys):
@@ -62,3 +62,21 @@ def test_the_report_counts_an_older_run_at_its_own_rule(tmp_path, capsys):
     assert main(["report", *map(str, runs), "--metrics", "gm.acc"]) == 0
     rows = capsys.readouterr().out.splitlines()[2:]
     assert [r.split(" | ")[:3] for r in rows] == [["| old +1", "pfedme", "samples"], ["| uniform", "pfedme", "uniform"]]
+
+
+def test_a_resume_reads_a_recorded_config_in_class_path_form_as_the_fit_does(tmp_path):
+    """A config.yaml edited into Lightning's class_path form: the resume's check of changed settings and
+    its predating options read it rewritten, as the fit's parse does (not as unknown keys, nor as lacking
+    the options it holds in init_args)."""
+    config = _config("pfedme", weighting="uniform")
+    method = config.pop("method")
+    del method["name"]
+    config["method"] = {"class_path": "pfl.methods.pfedme.PFedMe", "init_args": method}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    assert predating_args(RecordedConfig.read(run), "pfedme") == []  # weighting is recorded, in init_args
+    cfg = parse_fit_args(["--resume", str(run), "--trainer.rounds", "60"])[0]
+    assert (cfg.method.weighting, cfg.trainer.rounds) == ("uniform", 60)
+    with pytest.raises(ConfigError, match=r"may not change method\.weighting \('uniform' -> 'samples'\)"):
+        parse_fit_args(["--resume", str(run), "--method.weighting", "samples"])
