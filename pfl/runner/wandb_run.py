@@ -20,8 +20,8 @@ What W&B keeps must be what pfl reports:
   ``selected_round``, written once after every logged row has reached W&B's service (see
   ``write_summary``); per-round keys that pfl does not report (the last round's values under
   ``eval.select: best_test``) are removed. A sweep therefore optimises the number pfl reports.
-- Platform: summary.json's ``platform`` (where the run computed its numbers, ``pfl.numeric_platform``)
-  goes into the run's config at the end, as ``platform``: its one-line ``label`` and its fields
+- Platform: where the run computes its numbers (``pfl.numeric_platform``, summary.json's ``platform``)
+  goes into the run's config as it starts, as ``platform``: its one-line ``label`` and its fields
   (``platform_config``), so runs of a sweep across machines can be grouped and filtered by machine.
   It is config, not summary: the summary stays the reported numbers.
 - Console: W&B starts silently; one line at the end says where the run is (and how to upload it).
@@ -104,6 +104,10 @@ class WandbRun(Callback):
 
     def on_fit_start(self, loop: FederatedLoop) -> None:
         self.start()
+        # At the start, so a run killed before its end has it too; a resume on another machine replaces
+        # the platform the run's earlier process recorded (W&B refuses a changed config value unless allowed).
+        platform = platform_config(numeric_platform.record(loop.device))
+        self.run.config.update({"platform": platform}, allow_val_change=True)
         for row in loop.history:  # a resumed run: the rounds W&B does not hold yet
             self._log(row)
         if self.run.offline:
@@ -167,8 +171,6 @@ class WandbRun(Callback):
         for plot in sorted(self.run_dir.glob("*.png")):  # written by FileOutputs, which runs first
             media[f"plots/{plot.stem}"] = wandb.Image(str(plot), caption=plot.stem)
         write_summary(self.run.summary, summary, media, loop.history)
-        # a resume on another machine replaces the platform a finished run's first process recorded
-        self.run.config.update({"platform": platform_config(summary["platform"])}, allow_val_change=True)
         offline = self.run.offline
         where = self.run.settings.sync_dir if offline else self.run.url
         self.run.finish()

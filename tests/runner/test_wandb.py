@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from pfl import numeric_platform
 from pfl.cli import main
@@ -297,6 +298,7 @@ def test_killed_then_resumed_run_is_one_wandb_run_with_the_whole_history(offline
     assert not (run_dir / "summary.json").exists()
     (first,) = offline_logs(run_dir)
     run_id = run_record(records(first)).run_id
+    killed_platform = run_config(records(first))["platform"]  # recorded as it started, so the killed run has it
     assert [r["_step"] for r in history(records(first))] == [1, 2, 3]  # the killed run kept its rounds
 
     assert main(["fit", "--resume", str(run_dir), "--trainer.progress", "false"]) == 0
@@ -316,6 +318,7 @@ def test_killed_then_resumed_run_is_one_wandb_run_with_the_whole_history(offline
     kept = reported_metrics(summary(recs))
     assert all(same(kept[k], v) for k, v in reported["metrics"].items())
     assert run_config(recs)["platform"] == platform_entries(reported)  # the resumed process's, as in summary.json
+    assert killed_platform == platform_entries(reported)  # one machine: the killed process's is the same
 
 
 def test_a_resumed_run_replaces_the_platform_its_wandb_config_holds(tmp_path):
@@ -330,18 +333,16 @@ def test_a_resumed_run_replaces_the_platform_its_wandb_config_holds(tmp_path):
             pass
 
     class Loop:
-        selected_rows: list = []
+        device = torch.device("cpu")
         history: list = []
 
     ident = wandb_identity.WandbIdentity("x-1", "x", "p", "g")
     callback = wandb_run.WandbRun(ident, tmp_path, {})
     callback.run, callback.mode = Run(), "disabled"
     callback.run.config.update({"platform": {"label": "an earlier machine", "cpu": "Intel"}})
-    amd = {"torch": "2.14.1", "cpu": "AMD EPYC", "cpu_kernels": "AVX2", "threads": 1}
-    reported = {"metrics": {"pm.l_acc.mean": 0.5}, "selected_round": 3, "platform": amd}
-    callback.on_fit_end(Loop(), reported)
+    callback.on_fit_start(Loop())
+    reported = {"platform": numeric_platform.record(torch.device("cpu"))}  # this process's, as summary.json's
     assert dict(callback.run.config) == {"platform": platform_entries(reported)}
-    assert callback.run.summary == {"pm.l_acc.mean": 0.5, "selected_round": 3}  # the platform is no summary entry
 
 
 # -- sweep files and the runner's progress -----------------------------------------------------------
