@@ -14,8 +14,12 @@ from the initial l on its train split at the current g; a client never seen in t
 (``data.new_clients``) is evaluated the same way. ``local_layers: 0`` is FedAvg.
 
 Options: ``recon_lr`` (null: client.lr); ``reset_local: false`` keeps l_i between rounds and
-reconstructs from it (PAGE's baseline code keeps each client's head). Both phases use the whole
-train split: the paper's optional support/query split of the client data is not implemented.
+reconstructs from it (PAGE's baseline code keeps each client's head); ``support_query: true`` splits
+each client's train split into a support set (its samples at even positions), on which l is
+reconstructed, in training and in evaluation alike, and a disjoint query set (odd positions), on which
+g is updated: the paper's Algorithm 1. By default (false, as the authors' code's default) both phases
+use the whole train split. A client with fewer than 2 train samples cannot be split and uses its whole
+split for both.
 """
 
 from __future__ import annotations
@@ -38,29 +42,42 @@ class FedRecon(LayerSharing):
     description = "local layers reconstructed from scratch each round with the global part frozen, then global training"
 
     def __init__(
-        self, local_layers: int = 1, recon_epochs: int = 1, recon_lr: float | None = None, reset_local: bool = True
+        self,
+        local_layers: int = 1,
+        recon_epochs: int = 1,
+        recon_lr: float | None = None,
+        reset_local: bool = True,
+        support_query: bool = False,
     ):
         require(local_layers >= 0, "method.local_layers", f"must be >= 0 (got {local_layers})")
         require(recon_epochs >= 1, "method.recon_epochs", f"must be >= 1 (got {recon_epochs})")
         require(recon_lr is None or recon_lr > 0, "method.recon_lr", "must be > 0, or null for client.lr")
-        self.local_layers, self.recon_epochs, self.recon_lr, self.reset_local = (
-            local_layers,
-            recon_epochs,
-            recon_lr,
-            reset_local,
-        )
+        self.local_layers, self.recon_epochs, self.recon_lr = local_layers, recon_epochs, recon_lr
+        self.reset_local, self.support_query = reset_local, support_query
 
     def shared_mask(self, layout: ModelLayout) -> Tensor:
         self.check_layers("local_layers", self.local_layers, layout)
         return ~layout.state_mask(layout.tail(self.local_layers))
 
+    def phases(self, client: ClientContext) -> tuple[Tensor | None, Tensor | None]:
+        """The samples (pool indices) reconstruction and the global update train on: (support, query);
+        None is the whole train split."""
+        train = client.train_idx
+        if not self.support_query or len(train) < 2:
+            return None, None
+        return train[0::2], train[1::2]
+
     def reconstruct(self, client: ClientContext, start: Tensor, purpose: str) -> Tensor:
-        """``start`` with its local layers retrained for ``recon_epochs`` and everything else frozen."""
+        """``start`` with its local layers retrained for ``recon_epochs`` on the support samples and
+        everything else frozen."""
         if self.local_layers == 0:
             return start
         local = client.layout.tail(self.local_layers)
         frozen = Freeze(client.params(start), slice(0, local.start))
-        return client.fit(start, epochs=self.recon_epochs, lr=self.recon_lr, terms=[frozen], purpose=purpose)
+        support = self.phases(client)[0]
+        return client.fit(
+            start, epochs=self.recon_epochs, lr=self.recon_lr, terms=[frozen], purpose=purpose, indices=support
+        )
 
     def base(self, client: ClientContext) -> Tensor:
         """Where the local layers start from: the initial model, or the client's last ones."""
@@ -73,7 +90,8 @@ class FedRecon(LayerSharing):
         else:
             rebuilt = self.reconstruct(client, start, "reconstruct")
             local = client.layout.tail(self.local_layers)
-            trained = client.fit(rebuilt, terms=[Freeze(client.params(rebuilt), local)])
+            query = self.phases(client)[1]
+            trained = client.fit(rebuilt, terms=[Freeze(client.params(rebuilt), local)], indices=query)
         if not self.reset_local:
             client.state["personal"] = trained
         return Upload(trained[self.mask(client.layout)], client.num_samples)

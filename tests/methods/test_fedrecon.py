@@ -84,3 +84,82 @@ def test_fedrecon_new_client_reconstructs_from_the_initial_local_layers():
     start = method.compose(loop.server["global"][method.mask(loop.server.layout)], client.init_state, client.layout)
     assert torch.equal(got, method.reconstruct(client, start, "new_client"))
     assert torch.equal(got[: head.start], loop.server["global"][: head.start]) and not torch.equal(got, start)
+
+
+# -- support_query: the paper's split of each client's data (Algorithm 1) --
+def _relabelled(cfg, cid: int, positions: slice | None = None):
+    """A loop of ``cfg`` whose client ``cid`` has the labels of its train samples at ``positions`` changed."""
+    loop = make_loop(cfg)
+    if positions is not None:
+        data = loop.worker.data
+        idx = loop.client(cid).train_idx[positions]
+        data.y[idx] = (data.y[idx] + 1) % loop.client(cid).num_classes
+    return loop
+
+
+def _phases_of(loop) -> tuple[torch.Tensor, torch.Tensor]:
+    """Client 0's reconstructed state and its upload in round 0."""
+    client, method = loop.client(0), loop.method
+    shared = loop.server["global"][method.mask(loop.server.layout)]
+    start = method.compose(shared, client.init_state, client.layout)
+    rebuilt = method.reconstruct(client, start, "reconstruct")
+    return rebuilt, method.local_update(client, {"shared": shared}).state
+
+
+EVEN, ODD = slice(0, None, 2), slice(1, None, 2)
+
+
+def test_fedrecon_support_query_reconstructs_on_the_support_and_updates_on_the_query():
+    """Reconstruction reads only the support samples (even positions of the train split); the global
+    update reads the query samples (odd positions); the two sets split the train split."""
+    cfg = tiny_config("fedrecon", {"local_layers": 1, "support_query": True}, data=SYNTHETIC)
+    plain = _phases_of(_relabelled(cfg, 0))
+    query_changed = _phases_of(_relabelled(cfg, 0, ODD))
+    support_changed = _phases_of(_relabelled(cfg, 0, EVEN))
+    assert torch.equal(query_changed[0], plain[0])  # the query's labels do not reach l
+    assert not torch.equal(support_changed[0], plain[0])
+    assert not torch.equal(query_changed[1], plain[1])  # the query trains g
+    loop = make_loop(cfg)
+    support, query = loop.method.phases(loop.client(0))
+    train = loop.client(0).train_idx
+    assert torch.equal(support, train[EVEN]) and torch.equal(query, train[ODD])
+
+
+def test_fedrecon_without_the_split_reconstructs_on_the_whole_train_split():
+    cfg = tiny_config("fedrecon", {"local_layers": 1}, data=SYNTHETIC)
+    assert cfg.method.support_query is False
+    loop = make_loop(cfg)
+    assert loop.method.phases(loop.client(0)) == (None, None)
+    assert not torch.equal(_phases_of(_relabelled(cfg, 0, ODD))[0], _phases_of(loop)[0])  # odd samples count
+
+
+def test_fedrecon_a_client_too_small_to_split_uses_its_whole_split_for_both_phases():
+    from pfl.methods.fedrecon import FedRecon
+
+    class One:
+        train_idx = torch.tensor([7])
+
+    class Two:
+        train_idx = torch.tensor([7, 3])
+
+    assert FedRecon(support_query=True).phases(One()) == (None, None)
+    support, query = FedRecon(support_query=True).phases(Two())
+    assert (support.tolist(), query.tolist()) == ([7], [3])
+
+
+def test_fedrecon_support_query_rounds_train_in_lockstep_as_sequentially():
+    from tests.engine.test_lockstep_real_runs import CLIENT, DATA, _vectorized
+    from tests.helpers.same_runs import assert_close, assert_same_metrics
+
+    def loop():
+        method = {"local_layers": 1, "support_query": True}
+        return make_loop(
+            tiny_config("fedrecon", method, trainer={"rounds": 2, "eval_every": 2}, client=CLIENT, data=DATA)
+        )
+
+    seq, vec = loop(), _vectorized(loop())
+    seq.fit(), vec.fit()
+    assert vec.dispatcher.lockstep.stacked_fits > 0 and vec.dispatcher.lockstep.sequential_fits == 0
+    assert_close(vec.server.state, seq.server.state, "server")
+    assert_close(dict(vec.clients.items()), dict(seq.clients.items()), "clients")
+    assert_same_metrics(vec.history[-1], seq.history[-1])
