@@ -125,6 +125,17 @@ def test_fedrecon_support_query_reconstructs_on_the_support_and_updates_on_the_q
     assert torch.equal(support, train[EVEN]) and torch.equal(query, train[ODD])
 
 
+def test_fedrecon_support_query_global_update_reads_only_the_query(monkeypatch):
+    """With the reconstruction held fixed, the global update reads the query samples and not the support."""
+    from pfl.methods.fedrecon import FedRecon
+
+    monkeypatch.setattr(FedRecon, "reconstruct", lambda self, client, start, purpose: start)
+    cfg = tiny_config("fedrecon", {"local_layers": 1, "support_query": True}, data=SYNTHETIC)
+    plain = _phases_of(_relabelled(cfg, 0))[1]
+    assert torch.equal(_phases_of(_relabelled(cfg, 0, EVEN))[1], plain)
+    assert not torch.equal(_phases_of(_relabelled(cfg, 0, ODD))[1], plain)
+
+
 def test_fedrecon_without_the_split_reconstructs_on_the_whole_train_split():
     cfg = tiny_config("fedrecon", {"local_layers": 1}, data=SYNTHETIC)
     assert cfg.method.support_query is False
