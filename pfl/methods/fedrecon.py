@@ -36,7 +36,16 @@ from pfl.methods.registry import register
 
 @register
 class FedRecon(LayerSharing):
-    """FedRecon; the module docstring states the round."""
+    """FedRecon; the module docstring states the round.
+
+    Args:
+        local_layers: the last layers that stay on the client and are reconstructed (0: FedAvg).
+        recon_epochs: epochs of reconstruction (global layers frozen) before the global update.
+        recon_lr: learning rate of reconstruction (null: client.lr).
+        reset_local: reconstruct from the initial local layers each round (false: from the client's last ones).
+        support_query: reconstruct on the train split's even-position samples and update the global layers
+            on the odd ones (the paper's split); false uses the whole train split for both.
+    """
 
     name = "fedrecon"
     description = "local layers reconstructed from scratch each round with the global part frozen, then global training"
