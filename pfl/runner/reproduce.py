@@ -378,12 +378,14 @@ def _run_claims(
     print(f"{len(configs.parsed)} configurations checked in {time.perf_counter() - checking:.0f} s", flush=True)
     started = time.time()
     ran = launch([j for c in ready for j in grids[c.key]], "lr grid")
+    ran_here = set(ran)  # every phase's runs that this invocation trained (the report's count)
     grid_done = {key: _finished_jobs(grid, started, ran) for key, grid in grids.items()}
     # A choice on the grid's edge may lie past it: one more lr in that direction, and the choice again.
     edges = {c.key: edge_steps(c, choose_lrs(c, out, {j.run_dir for j in grid_done[c.key]})[0]) for c in ready}
     beyond = {c.key: grid_jobs(c, out, edges[c.key], configs) if edges[c.key] else [] for c in ready}
     started = time.time()
     ran = launch([j for c in ready for j in beyond[c.key]], "lr grid edge")
+    ran_here |= ran
     grid_lines: dict[str, list[str]] = {}
     for c in ready:
         grid_done[c.key] += _finished_jobs(beyond[c.key], started, ran)
@@ -409,6 +411,7 @@ def _run_claims(
             jobs[c.key] = claim_jobs(c, out, quick, chosen, configs)
             again += [j for j in jobs[c.key] if j.label in moved]
         ran |= launch(again, "reproduce (the next lr after a divergence)")
+    ran_here |= ran
     done = {key: _finished_jobs(claim_runs, started, ran) for key, claim_runs in jobs.items()}
 
     # each claim's time: its finished runs and grid runs, and every try of its runs that diverged
@@ -430,8 +433,8 @@ def _run_claims(
             )
         lines, verdicts[claim.key] = claim_section(claim, jobs[claim.key], done[claim.key], out, per_claim[claim.key])
         sections += lines
-    reused = sum(j.name not in ran and j.done() for c in ready for j in jobs[c.key])
-    timing = SuiteTime(time.perf_counter() - t0, workers, len(ran), reused, per_claim, times.invocations())
+    reused = sum(j.name not in ran_here and j.done() for c in ready for j in tried[c.key])
+    timing = SuiteTime(time.perf_counter() - t0, workers, len(ran_here), reused, per_claim, times.invocations())
     timing.device = times.device
     timing.platforms = platform_lines([j.run_dir for runs in (*done.values(), *grid_done.values()) for j in runs])
     if quick:

@@ -478,6 +478,9 @@ def test_the_grid_runs_first_and_the_claims_runs_use_the_lr_it_chose(fake, tmp_p
     assert "| ditto | ditto | 0.3 | 2 | **0.6500 ± 0.0707** |" in report and "| local | local | 0.05 | 2 |" in report
     assert "| tiny | held | 7 (3 lr grid) | 14.0 | 17.5 |" in report
     assert report.rstrip().endswith("(7 (3 lr grid) runs, 14.0 CPU-minutes, 17.5 run-minutes)")
+    assert "it ran 7 run(s) and reused 0." in report  # every phase's runs: the grid's, its edge's, the claim's
+    again = rep.run_claims(tmp_path, reuse=True).read_text()
+    assert fake.calls[-1][1] == [] and "it ran 0 run(s) and reused 7." in again
 
 
 def test_every_phase_of_a_suite_runs_in_one_pool_of_warm_workers_that_ends_with_it(fake, tmp_path, monkeypatch):
