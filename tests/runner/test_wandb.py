@@ -343,6 +343,7 @@ def test_a_resumed_run_replaces_the_platform_its_wandb_config_holds(tmp_path):
     callback.on_fit_start(Loop())
     reported = {"platform": numeric_platform.record(torch.device("cpu"))}  # this process's, as summary.json's
     assert dict(callback.run.config) == {"platform": platform_entries(reported)}
+    assert callback.run.summary == {}  # the platform is no summary entry
 
 
 # -- sweep files and the runner's progress -----------------------------------------------------------
