@@ -17,9 +17,9 @@ Options: ``recon_lr`` (null: client.lr); ``reset_local: false`` keeps l_i betwee
 reconstructs from it (PAGE's baseline code keeps each client's head); ``support_query: true`` splits
 each client's train split into a support set (its samples at even positions), on which l is
 reconstructed, in training and in evaluation alike, and a disjoint query set (odd positions), on which
-g is updated: the paper's Algorithm 1. By default (false, as the authors' code's default) both phases
-use the whole train split. A client with fewer than 2 train samples cannot be split and uses its whole
-split for both.
+g is updated: the paper's Algorithm 1 and the authors' experiment commands (the default); false uses the
+whole train split for both phases (their library's default). A client with fewer than 2 train samples
+cannot be split and uses its whole split for both.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class FedRecon(LayerSharing):
         recon_lr: learning rate of reconstruction (null: client.lr).
         reset_local: reconstruct from the initial local layers each round (false: from the client's last ones).
         support_query: reconstruct on the train split's even-position samples and update the global layers
-            on the odd ones (the paper's split); false uses the whole train split for both.
+            on the odd ones (the paper's split, the default); false uses the whole train split for both.
     """
 
     name = "fedrecon"
@@ -56,7 +56,7 @@ class FedRecon(LayerSharing):
         recon_epochs: int = 1,
         recon_lr: float | None = None,
         reset_local: bool = True,
-        support_query: bool = False,
+        support_query: bool = True,
     ):
         require(local_layers >= 0, "method.local_layers", f"must be >= 0 (got {local_layers})")
         require(recon_epochs >= 1, "method.recon_epochs", f"must be >= 1 (got {recon_epochs})")

@@ -68,7 +68,7 @@ def test_fedrecon_round_reconstructs_then_trains_the_global_part_and_can_keep_th
     client = b.client(0)
     start = b.method.compose(payload["shared"], client.init_state, client.layout)
     rebuilt = b.method.reconstruct(client, start, "reconstruct")
-    trained = client.fit(rebuilt, terms=[Freeze(client.params(rebuilt), head)])
+    trained = client.fit(rebuilt, terms=[Freeze(client.params(rebuilt), head)], indices=b.method.phases(client)[1])
     assert torch.equal(upload.state, trained[mask]) and torch.equal(a.clients[0]["personal"], trained)
     assert torch.equal(trained[head], rebuilt[head]) and not torch.equal(rebuilt[head], start[head])
     assert a.method.base(a.client(0)) is a.clients[0]["personal"]
@@ -136,9 +136,17 @@ def test_fedrecon_support_query_global_update_reads_only_the_query(monkeypatch):
     assert not torch.equal(_phases_of(_relabelled(cfg, 0, ODD))[1], plain)
 
 
-def test_fedrecon_without_the_split_reconstructs_on_the_whole_train_split():
+def test_fedrecon_splits_by_default_as_the_paper_does():
     cfg = tiny_config("fedrecon", {"local_layers": 1}, data=SYNTHETIC)
-    assert cfg.method.support_query is False
+    assert cfg.method.support_query is True
+    loop = make_loop(cfg)
+    support, query = loop.method.phases(loop.client(0))
+    train = loop.client(0).train_idx
+    assert torch.equal(support, train[EVEN]) and torch.equal(query, train[ODD])
+
+
+def test_fedrecon_without_the_split_reconstructs_on_the_whole_train_split():
+    cfg = tiny_config("fedrecon", {"local_layers": 1, "support_query": False}, data=SYNTHETIC)
     loop = make_loop(cfg)
     assert loop.method.phases(loop.client(0)) == (None, None)
     assert not torch.equal(_phases_of(_relabelled(cfg, 0, ODD))[0], _phases_of(loop)[0])  # odd samples count
