@@ -160,6 +160,9 @@ def test_page_compares_what_table_1_compares_with_both_controls():
         "page - feddyn (gm.acc)" not in names and "page - dapfl (gm.acc)" in names and "page - ditto (gm.acc)" in names
     )
     assert "page - page_fixed (control, pm.l_acc)" in names and "page - page_random (control, gm.acc)" in names
+    # Table 1's rows on Synthetic: pFedMe on both accuracies; FedRecon has none there ("/")
+    assert "page - pfedme (pm.l_acc)" in names and "page - pfedme (gm.acc)" in names
+    assert not any("fedrecon" in name for name in names)
     argv = page.CLAIMS[0].runs["page_random"]
     assert argv[argv.index("--method.actions") + 1] == "random"
 
