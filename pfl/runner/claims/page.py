@@ -96,10 +96,10 @@ CLAIMS = [
         key="page_table1_synthetic",
         paper="PAGE (WWW'24), Table 1",
         statement="On Synthetic (100 clients, all taking part every round) PAGE reaches the highest personalized "
-        "accuracy (each client's trained model on its own test split) of FedAvg, FedProx, SCAFFOLD, FedDyn, pFedMe, "
-        "Ditto, FedALA, FedRoD and Dap-FL, and a global accuracy (global model on the server's test set) above FedAvg's, "
-        "FedProx's, Dap-FL's and the PFL baselines'; its agents do better than the same method with actions frozen "
-        "at the baselines' values or drawn at random",
+        "accuracy (each client's trained model on its own test split) of FedAvg, FedProx, SCAFFOLD, FedDyn, "
+        "pFedMe, Ditto, FedALA, FedRoD and Dap-FL, and a global accuracy (global model on the server's test set) "
+        "above FedAvg's, FedProx's, Dap-FL's and the PFL baselines'; its agents do better than the same method with "
+        "actions frozen at the baselines' values or drawn at random",
         base=PAGE_BASE,
         runs=_runs(),
         contrasts=page_contrasts,
