@@ -269,7 +269,7 @@ def test_the_lr_grids_are_the_ones_docs_paper_vs_code_states():
     lines = (ROOT / "docs" / "paper_vs_code.md").read_text().splitlines()
     rows = {line.split("|")[1].strip(): line for line in lines if line.startswith("| ")}  # the paper's and pfl's
     row_of = {"fedora_rotated": "FedORA Tables 1 and 3", "fedora_rotated_big": "FedORA Tables 1 and 3",
-              "fedpg_table1": "FedPG Table 1", "plgu_tails": "PLGU Tables 1–2", "pgfed_table": "PGFed Table 2",
+              "fedpg_table1": "FedPG Table 1", "plgu_tails": "PLGU Tables 1–2", "pgfed_table": "PGFed Table 1",
               "page_table1_synthetic": "PAGE Table 1"}  # fmt: skip
     own_lr = {"page_table1_synthetic": {"page", "dapfl", "page_fixed", "page_random"}}  # the agents choose it
     for claim in all_claims():

@@ -1,4 +1,4 @@
-"""PGFed (ICCV'23): Table 2's personalized accuracy, PGFed against every baseline of the table pfl has,
+"""PGFed (ICCV'23): Table 1's personalized accuracy, PGFed against every baseline of the table pfl has,
 paired per seed."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ VARIANTS = ["pgfed", "pgfedmo", "pgfed_ce"]  # PGFed, its momentum variant, and 
 CLAIMS = [
     Claim(
         key="pgfed_table",
-        paper="PGFed (ICCV'23), Table 2",
+        paper="PGFed (ICCV'23), Table 1",
         statement="PGFed reaches a higher mean personalized accuracy than every baseline under Dirichlet(0.3) "
         "label skew (25 clients, 25% sampled, 5 local epochs)",
         base=PGFED_BASE,
