@@ -37,10 +37,29 @@ def test_plgu_contrasts_give_the_paired_differences():
             "fedrep": tails([0.55, 0.60, 0.61], [0.93, 0.91, 0.90], "pm"),
             "plgu_ghn": tails([0.50, 0.50, 0.50], [0.90, 0.90, 0.90], "pm"),
             "pfedhn": tails([0.50, 0.52, 0.49], [0.90, 0.90, 0.90], "pm"),
+            "ditto": {
+                **tails([0.70, 0.70, 0.70], [0.96, 0.96, 0.96]),
+                **tails([0.40, 0.45, 0.50], [0.99, 0.99, 0.99], "pm"),
+            },
+            "pfedme": {
+                **tails([0.72, 0.71, 0.70], [0.95, 0.95, 0.95]),
+                **tails([0.60, 0.60, 0.60], [0.95, 0.95, 0.95], "pm"),
+            },
         }
     )
+    for seed, bottom in enumerate([0.45, 0.50, 0.52]):  # PLGU-LF's personalized models
+        s[seed]["plgu_lf"]["metrics"].update({"pm.l_acc.bottom5": bottom, "pm.l_acc.top5": 0.97})
     c = {x.name: x for x in plgu.tails_contrasts()(s)}
-    assert len(c) == 11
+    # Table 1: PLGU-LF's global model against five; Table 2: three PLGU personalized models against four
+    assert len(c) == 2 * (5 + 3 * 4) + 1
+    assert c["plgu_lf - ditto (gm.l_acc.bottom5)"].diffs == pytest.approx({0: 0.10, 1: 0.0, 2: 0.05})
+    assert c["plgu_lf - pfedme (gm.l_acc.top5)"].diffs == pytest.approx({0: 0.0, 1: -0.01, 2: 0.01})
+    assert c["plgu_grep - ditto (pm.l_acc.bottom5)"].diffs == pytest.approx({0: 0.20, 1: 0.17, 2: 0.14})
+    assert c["plgu_ghn - pfedme (pm.l_acc.top5)"].diffs == pytest.approx({0: -0.05, 1: -0.05, 2: -0.05})
+    assert c["plgu_grep - pfedhn (pm.l_acc.bottom5)"].diffs == pytest.approx({0: 0.10, 1: 0.10, 2: 0.15})
+    assert c["plgu_ghn - fedrep (pm.l_acc.bottom5)"].diffs == pytest.approx({0: -0.05, 1: -0.10, 2: -0.11})
+    assert c["plgu_lf - ditto (pm.l_acc.bottom5)"].diffs == pytest.approx({0: 0.05, 1: 0.05, 2: 0.02})
+    assert c["plgu_lf - ditto (pm.l_acc.top5)"].margin == -0.02
     assert c["plgu_lf - fedavg (gm.l_acc.bottom5)"].diffs == pytest.approx({0: 0.05, 1: -0.02, 2: 0.05})
     assert c["plgu_lf - fedavg (gm.l_acc.bottom5)"].margin == 0
     top = c["plgu_lf - fedavg (gm.l_acc.top5)"]

@@ -41,14 +41,16 @@ def _runs() -> dict[str, list[str]]:
     return runs
 
 
-# (run, baseline, model): PLGU-LF's global model against FedAvg's and FedSAM's (Table 1, nominal and matched
-# rho), PLGU-GRep's and PLGU-GHN's personalized models against FedRep's and pFedHN's (Table 2).
+# (run, baseline, model), what the paper's tables compare: Table 1, PLGU-LF's global model against FedAvg's,
+# FedSAM's (at the nominal and at the matched rho), Ditto's and pFedMe's; Table 2, the personalized models of
+# PLGU-LF, PLGU-GRep and PLGU-GHN against Ditto's, pFedMe's, FedRep's and pFedHN's.
 PAIRS = (
-    ("plgu_lf", "fedavg", "gm"),
-    ("plgu_lf", "fedsam", "gm"),
-    ("plgu_lf", "fedsam_matched", "gm"),
-    ("plgu_grep", "fedrep", "pm"),
-    ("plgu_ghn", "pfedhn", "pm"),
+    *(("plgu_lf", base, "gm") for base in ("fedavg", "fedsam", "fedsam_matched", "ditto", "pfedme")),
+    *(
+        (run, base, "pm")
+        for run in ("plgu_grep", "plgu_ghn", "plgu_lf")
+        for base in ("fedrep", "pfedhn", "ditto", "pfedme")
+    ),
 )
 
 
@@ -74,7 +76,7 @@ def diagnose(s: SeedSummaries) -> list[str]:
     change over FedRep survives rho = 0 and comes with the extra SGD step."""
 
     def mean(label: str, key: str) -> float | None:
-        values = [runs[label]["metrics"][key] for runs in s.values() if label in runs]
+        values = [runs[label]["metrics"][key] for runs in s.values() if key in runs.get(label, {}).get("metrics", {})]
         return statistics.fmean(values) if values else None
 
     lines = []
@@ -102,10 +104,10 @@ CLAIMS = [
         key="plgu_tails",
         paper="PLGU (CVPR'23), Tables 1-2",
         statement="PLGU raises the bottom-5% client accuracy without lowering the top-5% by more than 2 points: "
-        "PLGU-LF's global model against FedAvg and FedSAM (at the paper's rho and at LWSAM's effective radius "
-        "rho/L), PLGU-GRep's and PLGU-GHN's personalized models against FedRep and pFedHN; PLGU-GRep's gain "
-        "comes from LWSAM (its rho = 0 control is lower) (Pat-3 label skew, 100 clients, 10 sampled per round, "
-        "K = 5, rho = 0.05)",
+        "PLGU-LF's global model against FedAvg, FedSAM (at the paper's rho and at LWSAM's effective radius rho/L), "
+        "Ditto and pFedMe (Table 1), the personalized models of PLGU-LF, PLGU-GRep and PLGU-GHN against Ditto, "
+        "pFedMe, FedRep and pFedHN (Table 2); PLGU-GRep's gain comes from LWSAM (its rho = 0 control is lower) "
+        "(Pat-3 label skew, 100 clients, 10 sampled per round, K = 5, rho = 0.05)",
         base=PLGU_BASE,
         runs=_runs(),
         contrasts=tails_contrasts(),
