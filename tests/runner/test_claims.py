@@ -160,9 +160,11 @@ def test_page_compares_what_table_1_compares_with_both_controls():
         "page - feddyn (gm.acc)" not in names and "page - dapfl (gm.acc)" in names and "page - ditto (gm.acc)" in names
     )
     assert "page - page_fixed (control, pm.l_acc)" in names and "page - page_random (control, gm.acc)" in names
-    # Table 1's rows on Synthetic: pFedMe on both accuracies; FedRecon has none there ("/")
-    assert "page - pfedme (pm.l_acc)" in names and "page - pfedme (gm.acc)" in names
-    assert not any("fedrecon" in name for name in names)
+    # Table 1's rows on Synthetic, FedRecon's aside (none there, "/"); SCAFFOLD and FedDyn on pm.l_acc only
+    personal = ["fedavg", "fedprox", "scaffold", "feddyn", "dapfl", "pfedme", "ditto", "fedala", "fedrod"]
+    assert {n for n in names if n.endswith("(pm.l_acc)")} == {f"page - {b} (pm.l_acc)" for b in personal}
+    glob = {f"page - {b} (gm.acc)" for b in personal if b not in ("scaffold", "feddyn")}
+    assert {n for n in names if n.endswith("(gm.acc)") and "control" not in n} == glob
     argv = page.CLAIMS[0].runs["page_random"]
     assert argv[argv.index("--method.actions") + 1] == "random"
 
@@ -361,3 +363,10 @@ def test_two_runs_clients_pair_up_by_id_in_the_references_order(tmp_path):
         problem = f"its clients are not those of {re.escape(str(tmp_path / 'local' / 'clients.csv'))}"
         with pytest.raises(ConfigError, match=f"^{where}: {problem} \\(remove the run's folder"):
             client_pairs(run, local, "pm.l_acc")
+
+
+def test_each_claim_cites_the_table_its_recorded_section_names():
+    """The recorded results' section of every claim is headed by the claim's paper and table (the report's form)."""
+    headings = {line for line in (ROOT / "docs" / "reproduce_results.md").read_text().splitlines() if line[:4] == "### "}
+    for claim in all_claims():
+        assert f"### {claim.paper}: {claim.key}" in headings, claim.key

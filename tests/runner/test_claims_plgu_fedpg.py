@@ -52,6 +52,14 @@ def test_plgu_contrasts_give_the_paired_differences():
     c = {x.name: x for x in plgu.tails_contrasts()(s)}
     # Table 1: PLGU-LF's global model against five; Table 2: three PLGU personalized models against four
     assert len(c) == 2 * (5 + 3 * 4) + 1
+    table1 = {f"plgu_lf - {b} (gm.l_acc.bottom5)" for b in ("fedavg", "fedsam", "fedsam_matched", "ditto", "pfedme")}
+    assert {name for name in c if "(gm.l_acc.bottom5)" in name} == table1
+    table2 = {
+        f"{r} - {b} (pm.l_acc.top5)"
+        for r in ("plgu_lf", "plgu_grep", "plgu_ghn")
+        for b in ("fedrep", "pfedhn", "ditto", "pfedme")
+    }
+    assert {name for name in c if "(pm.l_acc.top5)" in name} == table2
     assert c["plgu_lf - ditto (gm.l_acc.bottom5)"].diffs == pytest.approx({0: 0.10, 1: 0.0, 2: 0.05})
     assert c["plgu_lf - pfedme (gm.l_acc.top5)"].diffs == pytest.approx({0: 0.0, 1: -0.01, 2: 0.01})
     assert c["plgu_grep - ditto (pm.l_acc.bottom5)"].diffs == pytest.approx({0: 0.20, 1: 0.17, 2: 0.14})
