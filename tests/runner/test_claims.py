@@ -367,6 +367,7 @@ def test_two_runs_clients_pair_up_by_id_in_the_references_order(tmp_path):
 
 def test_each_claim_cites_the_table_its_recorded_section_names():
     """The recorded results' section of every claim is headed by the claim's paper and table (the report's form)."""
-    headings = {line for line in (ROOT / "docs" / "reproduce_results.md").read_text().splitlines() if line[:4] == "### "}
+    lines = (ROOT / "docs" / "reproduce_results.md").read_text().splitlines()
+    headings = {line for line in lines if line.startswith("### ")}
     for claim in all_claims():
         assert f"### {claim.paper}: {claim.key}" in headings, claim.key
