@@ -24,6 +24,7 @@ from pfl.runner.claims import (
     method_args,
     only_runs,
     paired,
+    seed_mean,
     standing,
     verdict,
     verdict_text,
@@ -371,3 +372,14 @@ def test_each_claim_cites_the_table_its_recorded_section_names():
     headings = {line for line in lines if line.startswith("### ")}
     for claim in all_claims():
         assert f"### {claim.paper}: {claim.key}" in headings, claim.key
+
+
+def test_seed_mean_reads_a_metric_or_its_mean_over_the_seeds_that_report_it():
+    s = {
+        0: {"a": {"metrics": {"acc": 0.5}}, "b": {"metrics": {"loss": 1.0}}},
+        1: {"a": {"metrics": {"acc.mean": 0.7}}},
+        2: {"b": {"metrics": {"acc": 0.9}}},
+    }
+    assert seed_mean(s, "a", "acc") == pytest.approx(0.6)  # seed 0's value, seed 1's mean; seed 2 has no run a
+    assert seed_mean(s, "b", "acc") == pytest.approx(0.9)  # seed 0's run b does not report acc
+    assert seed_mean(s, "a", "loss") is None and seed_mean(s, "c", "acc") is None

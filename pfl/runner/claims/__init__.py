@@ -151,6 +151,17 @@ def value(s: SeedSummaries, seed: int, label: str, key: str) -> float:
     return float(metrics[key] if key in metrics else metrics[f"{key}.mean"])
 
 
+def seed_mean(s: SeedSummaries, label: str, key: str) -> float | None:
+    """``key`` of run ``label`` (as ``value`` reads it) averaged over the seeds whose run reports it; None when
+    none does."""
+    values = [
+        value(s, seed, label, key)
+        for seed in s
+        if label in s[seed] and ({key, f"{key}.mean"} & s[seed][label]["metrics"].keys())
+    ]
+    return statistics.fmean(values) if values else None
+
+
 def paired(s: SeedSummaries, a: str, b: str, key: str) -> dict[int, float]:
     """``key`` of run ``a`` minus run ``b``, per seed that has both runs."""
     return {seed: value(s, seed, a, key) - value(s, seed, b, key) for seed in s if a in s[seed] and b in s[seed]}

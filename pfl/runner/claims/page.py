@@ -5,11 +5,10 @@ separate the agents from the rest of PAGE: its actions frozen at the baselines' 
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 from pfl.metrics.report import load_config
-from pfl.runner.claims import Claim, Contrast, LrGrid, SeedSummaries, method_args, paired, standing, value
+from pfl.runner.claims import Claim, Contrast, LrGrid, SeedSummaries, method_args, paired, seed_mean, standing
 
 # conf/experiment/page_embedded_synthetic.yaml (100 clients, all every round) run for 300 rounds, so the
 # agents' warm-up is a small part of the run: the paper's 1 000-round schedule (35 warm-up rounds, noise
@@ -62,12 +61,8 @@ def page_contrasts(s: SeedSummaries) -> list[Contrast]:
 def page_diagnose(s: SeedSummaries) -> list[str]:
     """Where PAGE stands on both accuracies, and what its agents add over the two controls (from the runs)."""
     sentences = [*standing("page", "pm.l_acc.mean")(s), *standing("page", "gm.acc")(s)]
-    means = {}
-    for label in ("page", *CONTROLS):
-        values = [value(s, seed, label, "pm.l_acc") for seed in s if label in s[seed]]
-        if values:
-            means[label] = statistics.fmean(values)
-    if len(means) == 3:
+    means = {label: seed_mean(s, label, "pm.l_acc") for label in ("page", *CONTROLS)}
+    if None not in means.values():
         sentences.append(
             f"pm.l_acc of the agents' actions against the controls: page {means['page']:.4f}, frozen at the baselines' "
             f"values {means['page_fixed']:.4f}, random {means['page_random']:.4f} (means over seeds)."

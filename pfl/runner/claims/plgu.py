@@ -4,10 +4,9 @@
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 
-from pfl.runner.claims import Claim, Contrast, LrGrid, SeedSummaries, method_args, paired
+from pfl.runner.claims import Claim, Contrast, LrGrid, SeedSummaries, method_args, paired, seed_mean
 
 # 10% of each client's training samples are its validation set, on which each run's learning rate is chosen
 # from {0.01, 0.05, 0.1} (the configured 0.05 in the middle) in runs of 60 of the 150 rounds.
@@ -74,22 +73,17 @@ def tails_contrasts(margin: float = TOP_MARGIN) -> Callable[[SeedSummaries], lis
 def diagnose(s: SeedSummaries) -> list[str]:
     """Measured, over the seeds: each pair's bottom-5% and top-5% means, and whether PLGU-GRep's bottom-5%
     change over FedRep survives rho = 0 and comes with the extra SGD step."""
-
-    def mean(label: str, key: str) -> float | None:
-        values = [runs[label]["metrics"][key] for runs in s.values() if key in runs.get(label, {}).get("metrics", {})]
-        return statistics.fmean(values) if values else None
-
     lines = []
     for run, base, model in PAIRS:
         low, top = f"{model}.l_acc.bottom5", f"{model}.l_acc.top5"
-        vals = [mean(run, low), mean(base, low), mean(run, top), mean(base, top)]
+        vals = [seed_mean(s, run, low), seed_mean(s, base, low), seed_mean(s, run, top), seed_mean(s, base, top)]
         if None not in vals:
             lines.append(
                 f"{run} vs {base} ({model}): bottom-5% {vals[0]:.4f} vs {vals[1]:.4f}, top-5% {vals[2]:.4f} vs "
                 f"{vals[3]:.4f}."
             )
     low = "pm.l_acc.bottom5"
-    grep = {lab: mean(lab, low) for lab in ("fedrep", "plgu_grep", "plgu_grep_rho0", "plgu_grep_pre")}
+    grep = {lab: seed_mean(s, lab, low) for lab in ("fedrep", "plgu_grep", "plgu_grep_rho0", "plgu_grep_pre")}
     if None not in grep.values():
         lines.append(
             f"PLGU-GRep's bottom-5% change over FedRep: {grep['plgu_grep'] - grep['fedrep']:+.4f} with LWSAM, "
